@@ -1,0 +1,43 @@
+"""How many nodes and worker processes a training launch gets on the machine it lands on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class LaunchPlan:
+    nnodes: int
+    nproc_per_node: int
+    notes: list[str] = field(default_factory=list)
+
+
+def plan_launch(
+    min_nodes: int,
+    max_nodes: int,
+    nproc_per_node: int,
+    in_pytorch_job: bool,
+    gpu_count: int,
+    local_cpu_workers: int,
+) -> LaunchPlan:
+    """Fit the configured launch to this machine.
+
+    Inside a Kubeflow PyTorchJob the configuration is used as declared. Elsewhere (a laptop, a
+    single pod) a multi-node request is clamped to one node, since no peers will ever join the
+    rendezvous, and the worker count follows the GPUs present, or `local_cpu_workers` on CPU.
+    """
+    if in_pytorch_job:
+        return LaunchPlan(max_nodes, nproc_per_node)
+    notes = []
+    if min_nodes > 1 or max_nodes > 1:
+        notes.append(
+            f"nnodes={min_nodes}:{max_nodes} requested but this run is not in a PyTorchJob; "
+            "clamping to 1 node (multi-node training needs the cluster)"
+        )
+    if gpu_count == 0:
+        notes.append(f"no GPU found; training with {local_cpu_workers} CPU worker processes (gloo)")
+        return LaunchPlan(1, local_cpu_workers, notes)
+    if gpu_count < nproc_per_node:
+        notes.append(f"{nproc_per_node} GPUs per node requested but {gpu_count} present; using {gpu_count}")
+        return LaunchPlan(1, gpu_count, notes)
+    return LaunchPlan(1, nproc_per_node, notes)

@@ -1,0 +1,263 @@
+"""The PyTorch training loop: one function per rank, DDP when launched with several workers.
+
+Run under torchrun / torch elastic (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR set) it joins the
+process group: NCCL on CUDA, gloo on CPU. Run as a plain process it trains alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from tasks.core.data import read_shard
+from tasks.core.model import ModelConfig, build_mlp, save_artifact
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainConfig:
+    """Hyperparameters. `batch_size` is the global batch per optimizer step, whatever the world size."""
+
+    epochs: int = 30
+    batch_size: int = 64
+    learning_rate: float = 3e-3
+    weight_decay: float = 1e-2
+    grad_accum_steps: int = 1
+    hidden_sizes: list[int] = field(default_factory=lambda: [256, 128])
+    dropout: float = 0.1
+    seed: int = 0
+    mixed_precision: bool = True
+    collective_timeout_s: int = 600
+
+    def __post_init__(self) -> None:
+        for name in ("epochs", "batch_size", "grad_accum_steps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.learning_rate <= 0:
+            raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
+
+    def micro_batch_size(self, world_size: int) -> int:
+        per_step = world_size * self.grad_accum_steps
+        if self.batch_size % per_step:
+            raise ValueError(
+                f"batch_size={self.batch_size} must be divisible by world_size x grad_accum_steps "
+                f"= {world_size} x {self.grad_accum_steps}"
+            )
+        return self.batch_size // per_step
+
+
+@dataclass
+class EpochMetrics:
+    epoch: int
+    train_loss: float
+    train_accuracy: float
+    val_loss: float
+    val_accuracy: float
+
+
+@dataclass
+class TrainOutcome:
+    """What one rank returns; rank 0's copy describes the run."""
+
+    history: list[EpochMetrics]
+    samples_per_second: float
+    train_seconds: float
+    device: str
+    world_size: int
+    backend: str
+    precision: str
+    rank: int
+    shard_rows: list[int]
+    model: nn.Module | None = None
+
+
+@dataclass
+class SplitPaths:
+    train: str
+    val: str
+    feature_names: list[str]
+    label_column: str
+    n_classes: int
+
+
+@dataclass
+class DistributedContext:
+    rank: int
+    world_size: int
+    device: torch.device
+    backend: str
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def init_distributed(timeout_s: int) -> DistributedContext:
+    """Join the process group that torchrun / torch elastic described in the environment."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    if world_size > 1 and not dist.is_initialized():
+        dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+    return DistributedContext(rank, world_size, device, backend if world_size > 1 else "none")
+
+
+def autocast_dtype(device: torch.device, enabled: bool) -> torch.dtype | None:
+    """bf16 where the GPU supports it, fp16 otherwise; full precision on CPU."""
+    if not enabled or device.type != "cuda":
+        return None
+    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+
+
+def all_reduce_sums(values: list[float], ctx: DistributedContext) -> list[float]:
+    tensor = torch.tensor(values, dtype=torch.float64, device=ctx.device)
+    if ctx.is_distributed:
+        dist.all_reduce(tensor)
+    return tensor.tolist()
+
+
+@torch.no_grad()
+def evaluate_shard(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, ctx, dtype, batch: int
+) -> tuple[float, float]:
+    model.eval()
+    loss_sum, correct = 0.0, 0.0
+    for xb, yb in zip(x.split(batch), y.split(batch), strict=True):
+        with torch.autocast(ctx.device.type, dtype=dtype, enabled=dtype is not None):
+            logits = model(xb)
+        loss_sum += F.cross_entropy(logits.float(), yb, reduction="sum").item()
+        correct += (logits.argmax(1) == yb).sum().item()
+    loss_sum, correct, count = all_reduce_sums([loss_sum, correct, float(len(y))], ctx)
+    return loss_sum / count, correct / count
+
+
+def train_epoch(
+    model, optimizer, scaler, x, y, config: TrainConfig, ctx, dtype, epoch: int
+) -> tuple[float, float, int]:
+    """One pass over this rank's shard; returns global (mean loss, accuracy, samples seen)."""
+    model.train()
+    micro = config.micro_batch_size(ctx.world_size)
+    accum = config.grad_accum_steps
+    steps = len(y) // (micro * accum)
+    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(config.seed * 1_000 + epoch))
+    order = order.to(x.device)
+    loss_sum, correct = 0.0, 0.0
+    for step in range(steps):
+        for m in range(accum):
+            idx = order[(step * accum + m) * micro : (step * accum + m + 1) * micro]
+            xb, yb = x[idx], y[idx]
+            sync_now = m == accum - 1
+            no_sync = model.no_sync() if ctx.is_distributed and not sync_now else nullcontext()
+            with no_sync, torch.autocast(ctx.device.type, dtype=dtype, enabled=dtype is not None):
+                logits = model(xb)
+                loss = F.cross_entropy(logits.float(), yb)
+            scaler.scale(loss / accum).backward()
+            loss_sum += loss.item() * len(yb)
+            correct += (logits.argmax(1) == yb).sum().item()
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+    seen = float(steps * accum * micro)
+    loss_sum, correct, seen = all_reduce_sums([loss_sum, correct, seen], ctx)
+    return loss_sum / seen, correct / seen, int(seen)
+
+
+def load_shards(splits: SplitPaths, ctx: DistributedContext):
+    """This rank's training shard and validation shard, moved to the device once."""
+    x, y, rows = read_shard(splits.train, splits.feature_names, splits.label_column, ctx.rank, ctx.world_size)
+    vx, vy, _ = read_shard(splits.val, splits.feature_names, splits.label_column, ctx.rank, ctx.world_size)
+    to_device = lambda a: torch.from_numpy(a).to(ctx.device, non_blocking=True)  # noqa: E731
+    return to_device(x), to_device(y), to_device(vx), to_device(vy), rows
+
+
+def train(config: TrainConfig, splits: SplitPaths, artifact_path: str | None = None) -> TrainOutcome:
+    """Train the MLP on this rank's shard; rank 0 writes the artifact to `artifact_path`."""
+    ctx = init_distributed(config.collective_timeout_s)
+    torch.manual_seed(config.seed)
+    if ctx.device.type == "cpu":
+        torch.use_deterministic_algorithms(True)
+    x, y, vx, vy, shard_rows = load_shards(splits, ctx)
+    micro = config.micro_batch_size(ctx.world_size)
+    if len(y) < micro * config.grad_accum_steps:
+        raise ValueError(
+            f"each of {ctx.world_size} ranks holds {len(y)} training rows, fewer than one optimizer step "
+            f"({micro} x {config.grad_accum_steps}); lower batch_size"
+        )
+
+    model_config = ModelConfig(
+        len(splits.feature_names), splits.n_classes, config.hidden_sizes, config.dropout
+    )
+    model = build_mlp(model_config).to(ctx.device)
+    ddp_model = DistributedDataParallel(model) if ctx.is_distributed else model
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay
+    )
+    dtype = autocast_dtype(ctx.device, config.mixed_precision)
+    scaler = torch.amp.GradScaler(ctx.device.type, enabled=dtype == torch.float16)
+
+    history, samples = [], 0
+    start = time.perf_counter()
+    for epoch in range(config.epochs):
+        train_loss, train_acc, seen = train_epoch(
+            ddp_model, optimizer, scaler, x, y, config, ctx, dtype, epoch
+        )
+        val_loss, val_acc = evaluate_shard(ddp_model, vx, vy, ctx, dtype, batch=max(micro, 1024))
+        samples += seen
+        history.append(EpochMetrics(epoch + 1, train_loss, train_acc, val_loss, val_acc))
+        if ctx.rank == 0:
+            log.info(
+                "epoch %d/%d train_loss=%.4f train_acc=%.4f val_loss=%.4f val_acc=%.4f",
+                epoch + 1,
+                config.epochs,
+                train_loss,
+                train_acc,
+                val_loss,
+                val_acc,
+            )
+    if ctx.device.type == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+
+    if ctx.rank == 0 and artifact_path:
+        save_artifact(model, model_config, artifact_path)
+    return TrainOutcome(
+        history=history,
+        samples_per_second=samples / seconds if seconds > 0 else 0.0,
+        train_seconds=seconds,
+        device=describe_device(ctx.device),
+        world_size=ctx.world_size,
+        backend=ctx.backend,
+        precision=str(dtype).removeprefix("torch.") if dtype else "float32",
+        rank=ctx.rank,
+        shard_rows=np.asarray(shard_rows).tolist(),
+        model=model,
+    )
+
+
+def describe_device(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return "cpu"
+
+
+def shutdown_distributed() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,64 @@
+"""Preprocessing on CPU: validate the input table, split it, standardise it."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from flytekit import current_context, task
+
+from tasks.core.data import (
+    EMBEDDED_DIGITS_LABEL,
+    DatasetError,
+    SplitConfig,
+    prepare_dataset,
+    write_embedded_digits,
+)
+from tasks.hardware import PREPROCESS_CPU
+from tasks.logs import setup_logging
+from tasks.storage import parquet_dataset
+from tasks.types import PreparedData
+
+log = logging.getLogger(__name__)
+
+
+def resolve_dataset(dataset: str, label_column: str, scratch: Path) -> str:
+    """The user's URI, or the embedded digits dataset when none was given."""
+    if dataset:
+        return dataset
+    if label_column != EMBEDDED_DIGITS_LABEL:
+        raise DatasetError(
+            f"the embedded digits dataset has label column '{EMBEDDED_DIGITS_LABEL}', not '{label_column}'; "
+            "pass --dataset to use your own data"
+        )
+    return write_embedded_digits(str(scratch))
+
+
+@task(requests=PREPROCESS_CPU.resources, limits=PREPROCESS_CPU.resources)
+def preprocess(
+    dataset: str, label_column: str, val_fraction: float, test_fraction: float, seed: int
+) -> PreparedData:
+    setup_logging()
+    scratch = Path(current_context().working_directory)
+    uri = resolve_dataset(dataset, label_column, scratch)
+    split = SplitConfig(val_fraction=val_fraction, test_fraction=test_fraction, seed=seed)
+    out_dir = scratch / "prepared"
+    prepared = prepare_dataset(uri, label_column, str(out_dir), split)
+    log.info(
+        "prepared %s: %s rows, %d features, %d classes",
+        dataset or "embedded digits",
+        prepared.rows,
+        len(prepared.feature_names),
+        len(prepared.class_labels),
+    )
+    splits = {name: parquet_dataset(str(Path(path).parent)) for name, path in prepared.paths.items()}
+    return PreparedData(
+        **splits,
+        feature_names=prepared.feature_names,
+        label_column=prepared.label_column,
+        class_labels=prepared.class_labels,
+        class_counts=prepared.class_counts,
+        rows=prepared.rows,
+        scaler=prepared.scaler,
+        source=dataset or "embedded:sklearn-digits",
+    )

@@ -1,0 +1,131 @@
+"""GPU training with PyTorch DDP, launched by torch elastic through flytekitplugins-kfpytorch.
+
+One node: a single pod runs one worker per GPU. More nodes: a Kubeflow PyTorchJob. Outside a
+PyTorchJob (a laptop, CI) the launch is fitted to the machine: one node, and 2 gloo workers on CPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from flytekit import current_context, task
+from flytekit.core.task import TaskPlugins
+from flytekit.types.file import FlyteFile
+from flytekitplugins.kfpytorch import Elastic
+from flytekitplugins.kfpytorch.task import PytorchElasticFunctionTask
+
+from tasks.core.launch import plan_launch
+from tasks.hardware import TRAIN_GPU
+from tasks.logs import setup_logging
+from tasks.storage import local_path
+from tasks.types import EpochRecord, PreparedData, TrainedModel
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class MachineFittedElastic(Elastic):
+    """`Elastic` whose launch is fitted to the machine when it runs outside a PyTorchJob."""
+
+    local_cpu_workers: int = 2
+
+
+class MachineFittedElasticTask(PytorchElasticFunctionTask):
+    def _execute(self, **kwargs):
+        import torch
+
+        configured = (self.task_config, self.min_nodes, self.max_nodes)
+        launch = plan_launch(
+            self.min_nodes,
+            self.max_nodes,
+            self.task_config.nproc_per_node,
+            in_pytorch_job="PET_NNODES" in os.environ,
+            gpu_count=torch.cuda.device_count(),
+            local_cpu_workers=self.task_config.local_cpu_workers,
+        )
+        for note in launch.notes:
+            log.warning(note)
+        self._task_config = replace(self.task_config, nproc_per_node=launch.nproc_per_node)
+        self.min_nodes = self.max_nodes = launch.nnodes
+        try:
+            return super()._execute(**kwargs)
+        finally:
+            self._task_config, self.min_nodes, self.max_nodes = configured
+
+
+TaskPlugins.register_pythontask_plugin(MachineFittedElastic, MachineFittedElasticTask)
+
+
+@task(
+    task_config=MachineFittedElastic(
+        nnodes=TRAIN_GPU.nnodes,
+        nproc_per_node=TRAIN_GPU.gpus_per_node,
+        local_cpu_workers=TRAIN_GPU.local_cpu_workers,
+    ),
+    requests=TRAIN_GPU.resources,
+    limits=TRAIN_GPU.resources,
+    accelerator=TRAIN_GPU.accelerator,
+    shared_memory=TRAIN_GPU.shared_memory,
+)
+def train_torch(
+    prepared: PreparedData,
+    epochs: int,
+    batch_size: int,
+    learning_rate: float,
+    weight_decay: float,
+    grad_accum_steps: int,
+    hidden_sizes: list[int],
+    dropout: float,
+    seed: int,
+    mixed_precision: bool,
+) -> TrainedModel:
+    """Runs in every DDP worker; rank 0's return value becomes the task output."""
+    from tasks.core.torch_training import SplitPaths, TrainConfig, shutdown_distributed, train
+
+    setup_logging()
+    config = TrainConfig(
+        epochs=epochs,
+        batch_size=batch_size,
+        learning_rate=learning_rate,
+        weight_decay=weight_decay,
+        grad_accum_steps=grad_accum_steps,
+        hidden_sizes=hidden_sizes,
+        dropout=dropout,
+        seed=seed,
+        mixed_precision=mixed_precision,
+    )
+    splits = SplitPaths(
+        train=local_path(prepared.train),
+        val=local_path(prepared.val),
+        feature_names=prepared.feature_names,
+        label_column=prepared.label_column,
+        n_classes=len(prepared.class_labels),
+    )
+    artifact = Path(current_context().working_directory) / "model.pt"
+    try:
+        outcome = train(config, splits, artifact_path=str(artifact))
+    finally:
+        shutdown_distributed()
+    log.info(
+        "rank %d: trained on %s x%d (%s, %s) at %.0f samples/s",
+        outcome.rank,
+        outcome.device,
+        outcome.world_size,
+        outcome.backend,
+        outcome.precision,
+        outcome.samples_per_second,
+    )
+    return TrainedModel(
+        artifact=FlyteFile(str(artifact)),
+        framework="pytorch",
+        device=outcome.device,
+        world_size=outcome.world_size,
+        backend=outcome.backend,
+        precision=outcome.precision,
+        history=[EpochRecord(**asdict(epoch)) for epoch in outcome.history],
+        samples_per_second=outcome.samples_per_second,
+        train_seconds=outcome.train_seconds,
+    )

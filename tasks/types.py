@@ -1,0 +1,82 @@
+"""Dataclasses that cross task boundaries. Tables travel as parquet, models as files."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from flytekit.types.file import FlyteFile
+from flytekit.types.structured import StructuredDataset
+
+from tasks.core.data import ScalerStats
+from tasks.core.metrics import ClassMetrics
+
+
+@dataclass
+class PreparedData:
+    """Standardised train/val/test splits; the label column holds class codes into `class_labels`."""
+
+    train: StructuredDataset
+    val: StructuredDataset
+    test: StructuredDataset
+    feature_names: list[str]
+    label_column: str
+    class_labels: list[str]
+    class_counts: dict[str, int]
+    rows: dict[str, int]
+    scaler: ScalerStats
+    source: str
+
+
+@dataclass
+class EpochRecord:
+    epoch: int
+    train_loss: float
+    train_accuracy: float
+    val_loss: float
+    val_accuracy: float
+
+
+@dataclass
+class TrainedModel:
+    """A model artifact plus how it was trained."""
+
+    artifact: FlyteFile
+    framework: str
+    device: str
+    world_size: int
+    backend: str
+    precision: str
+    history: list[EpochRecord]
+    samples_per_second: float
+    train_seconds: float
+
+
+@dataclass
+class EvaluationReport:
+    accuracy: float
+    macro_f1: float
+    confusion_matrix: list[list[int]]
+    per_class: list[ClassMetrics]
+    class_labels: list[str]
+    n_test: int
+    framework: str
+    trained_on: str
+    world_size: int
+    samples_per_second: float
+    train_seconds: float
+    dataset: str
+    notes: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        lines = [
+            f"dataset: {self.dataset}",
+            f"trained with {self.framework} on {self.trained_on} x{self.world_size} "
+            f"({self.samples_per_second:,.0f} samples/s, {self.train_seconds:.1f}s)",
+            f"test rows: {self.n_test}  accuracy: {self.accuracy:.4f}  macro-F1: {self.macro_f1:.4f}",
+            f"{'class':>12} {'support':>8} {'predicted':>9} {'precision':>9} {'recall':>7} {'f1':>6}",
+        ]
+        lines += [
+            f"{c.label:>12} {c.support:>8} {c.predicted:>9} {c.precision:>9.3f} {c.recall:>7.3f} {c.f1:>6.3f}"
+            for c in self.per_class
+        ]
+        return "\n".join(lines)

@@ -1,0 +1,66 @@
+"""preprocess (CPU) -> train (GPU, PyTorch DDP) -> evaluate (CPU)."""
+
+from __future__ import annotations
+
+from flytekit import workflow
+
+from tasks.evaluate import evaluate
+from tasks.preprocess import preprocess
+from tasks.train_torch import train_torch
+from tasks.types import EvaluationReport
+
+
+@workflow
+def training_pipeline(
+    dataset: str = "",
+    label_column: str = "label",
+    epochs: int = 30,
+    batch_size: int = 64,
+    learning_rate: float = 3e-3,
+    weight_decay: float = 1e-2,
+    grad_accum_steps: int = 1,
+    hidden_sizes: list[int] = [256, 128],  # noqa: B006 - Flyte needs the literal default
+    dropout: float = 0.1,
+    val_fraction: float = 0.15,
+    test_fraction: float = 0.15,
+    seed: int = 0,
+    mixed_precision: bool = True,
+) -> EvaluationReport:
+    """Train a classifier on a table and report test accuracy, macro-F1 and per-class counts.
+
+    Args:
+        dataset: parquet or CSV file (local path or fsspec URI such as s3://, gs://); empty
+            means the embedded handwritten digits dataset.
+        label_column: column holding the class; every other column is a numeric feature.
+        epochs: passes over the training split.
+        batch_size: global batch per optimizer step, split over the DDP workers.
+        learning_rate: AdamW learning rate.
+        weight_decay: AdamW weight decay.
+        grad_accum_steps: micro-batches accumulated per optimizer step.
+        hidden_sizes: widths of the MLP's hidden layers.
+        dropout: dropout after each hidden layer.
+        val_fraction: share of rows held out for validation.
+        test_fraction: share of rows held out for the final test.
+        seed: seeds the split, the initialisation and the shuffling.
+        mixed_precision: bf16/fp16 autocast on CUDA (ignored on CPU).
+    """
+    prepared = preprocess(
+        dataset=dataset,
+        label_column=label_column,
+        val_fraction=val_fraction,
+        test_fraction=test_fraction,
+        seed=seed,
+    )
+    trained = train_torch(
+        prepared=prepared,
+        epochs=epochs,
+        batch_size=batch_size,
+        learning_rate=learning_rate,
+        weight_decay=weight_decay,
+        grad_accum_steps=grad_accum_steps,
+        hidden_sizes=hidden_sizes,
+        dropout=dropout,
+        seed=seed,
+        mixed_precision=mixed_precision,
+    )
+    return evaluate(prepared=prepared, trained=trained)
