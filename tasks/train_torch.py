@@ -80,7 +80,7 @@ def train_torch(
     hidden_sizes: list[int],
     dropout: float,
     seed: int,
-    mixed_precision: bool,
+    precision: str,
 ) -> TrainedModel:
     """Runs in every DDP worker; rank 0's return value becomes the task output."""
     from tasks.core.torch_training import SplitPaths, TrainConfig, shutdown_distributed, train
@@ -95,7 +95,7 @@ def train_torch(
         hidden_sizes=hidden_sizes,
         dropout=dropout,
         seed=seed,
-        mixed_precision=mixed_precision,
+        precision=precision,
     )
     splits = SplitPaths(
         train=local_path(prepared.train),

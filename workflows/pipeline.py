@@ -24,7 +24,7 @@ def training_pipeline(
     val_fraction: float = 0.15,
     test_fraction: float = 0.15,
     seed: int = 0,
-    mixed_precision: bool = True,
+    precision: str = "auto",
 ) -> EvaluationReport:
     """Train a classifier on a table and report test accuracy, macro-F1 and per-class counts.
 
@@ -42,7 +42,8 @@ def training_pipeline(
         val_fraction: share of rows held out for validation.
         test_fraction: share of rows held out for the final test.
         seed: seeds the split, the initialisation and the shuffling.
-        mixed_precision: bf16/fp16 autocast on CUDA (ignored on CPU).
+        precision: auto (bf16 autocast on CUDA where supported, else fp16), bf16, fp16 or
+            fp32; CPU runs always train in fp32.
     """
     prepared = preprocess(
         dataset=dataset,
@@ -61,6 +62,6 @@ def training_pipeline(
         hidden_sizes=hidden_sizes,
         dropout=dropout,
         seed=seed,
-        mixed_precision=mixed_precision,
+        precision=precision,
     )
     return evaluate(prepared=prepared, trained=trained)

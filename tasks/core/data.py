@@ -17,6 +17,7 @@ import fsspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.csv as pa_csv
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from sklearn.model_selection import train_test_split
@@ -89,10 +90,17 @@ def open_dataset(uri: str) -> ds.Dataset:
         raise DatasetError(f"{uri}: no such file or directory")
     if filesystem.isfile(path) and filesystem.size(path) == 0:
         raise DatasetError(f"{uri}: the file is empty (0 bytes)")
+    if file_format == "csv":
+        # An empty CSV field is a missing value, not an empty-string label.
+        file_format = ds.CsvFileFormat(convert_options=pa_csv.ConvertOptions(strings_can_be_null=True))
     try:
-        return ds.dataset(path, filesystem=filesystem, format=file_format)
+        dataset = ds.dataset(path, filesystem=filesystem, format=file_format)
+        has_rows = dataset.head(1).num_rows > 0
     except (pa.ArrowInvalid, OSError) as err:
-        raise DatasetError(f"{uri}: cannot be read as {file_format}: {err}") from err
+        raise DatasetError(f"{uri}: cannot be read as {detect_format(uri)}: {err}") from err
+    if not has_rows:
+        raise DatasetError(f"{uri}: the dataset has no rows")
+    return dataset
 
 
 def iter_batches(dataset: ds.Dataset, uri: str, columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:

@@ -25,6 +25,9 @@ from tasks.core.model import ModelConfig, build_mlp, save_artifact
 
 log = logging.getLogger(__name__)
 
+# "auto": bf16 autocast on GPUs that support it, fp16 with a grad scaler on older ones.
+PRECISIONS = ("auto", "bf16", "fp16", "fp32")
+
 
 @dataclass
 class TrainConfig:
@@ -38,13 +41,15 @@ class TrainConfig:
     hidden_sizes: list[int] = field(default_factory=lambda: [256, 128])
     dropout: float = 0.1
     seed: int = 0
-    mixed_precision: bool = True
+    precision: str = "auto"
     collective_timeout_s: int = 600
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "grad_accum_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision='{self.precision}' is not one of {', '.join(PRECISIONS)}")
         if self.learning_rate <= 0:
             raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
 
@@ -120,10 +125,16 @@ def init_distributed(timeout_s: int) -> DistributedContext:
     return DistributedContext(rank, world_size, device, backend if world_size > 1 else "none")
 
 
-def autocast_dtype(device: torch.device, enabled: bool) -> torch.dtype | None:
-    """bf16 where the GPU supports it, fp16 otherwise; full precision on CPU."""
-    if not enabled or device.type != "cuda":
+def autocast_dtype(device: torch.device, precision: str) -> torch.dtype | None:
+    """The autocast dtype for CUDA; None (full float32) on CPU or when fp32 is asked for."""
+    if precision == "fp32" or device.type != "cuda":
         return None
+    if precision == "fp16":
+        return torch.float16
+    if precision == "bf16" and not torch.cuda.is_bf16_supported():
+        raise ValueError(
+            f"precision='bf16' asked for but {torch.cuda.get_device_name(device)} has no bf16 support"
+        )
     return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
 
 
@@ -210,7 +221,7 @@ def train(config: TrainConfig, splits: SplitPaths, artifact_path: str | None = N
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay
     )
-    dtype = autocast_dtype(ctx.device, config.mixed_precision)
+    dtype = autocast_dtype(ctx.device, config.precision)
     scaler = torch.amp.GradScaler(ctx.device.type, enabled=dtype == torch.float16)
 
     history, samples = [], 0

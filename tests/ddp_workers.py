@@ -1,0 +1,40 @@
+"""Entry points for worker processes started by the DDP tests (importable by spawned children)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+
+def train_and_report(config, splits) -> dict[str, Any]:
+    from tasks.core.torch_training import shutdown_distributed, train
+
+    try:
+        outcome = train(config, splits)
+    finally:
+        shutdown_distributed()
+    return {
+        "rank": outcome.rank,
+        "world_size": outcome.world_size,
+        "backend": outcome.backend,
+        "shard_rows": outcome.shard_rows,
+        "history": outcome.history,
+        "parameters": [p.detach().cpu().numpy().copy() for p in outcome.model.parameters()],
+    }
+
+
+def launch_local(entrypoint, *args, nproc: int = 2, run_id: str = "test") -> dict[int, Any]:
+    """Start `nproc` workers on this machine the way torchrun does and return each rank's result."""
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nproc,
+        run_id=run_id,
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",
+        max_restarts=0,
+        monitor_interval=0.1,
+        start_method="spawn",
+    )
+    return elastic_launch(config, entrypoint)(*args)

@@ -1,0 +1,168 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from tasks.core import data
+from tasks.core.data import DatasetError, SplitConfig, prepare_dataset, read_split
+
+
+def prepare(path: str, tmp_path, label: str = "species", **split) -> data.PreparedSplits:
+    return prepare_dataset(path, label, str(tmp_path / "out"), SplitConfig(**split))
+
+
+def split_frames(prepared: data.PreparedSplits) -> dict[str, pd.DataFrame]:
+    return {name: pq.read_table(path).to_pandas() for name, path in prepared.paths.items()}
+
+
+@pytest.mark.parametrize("name", ["data.parquet", "data.csv"])
+def test_prepares_parquet_and_csv(blobs, write_table, tmp_path, name):
+    prepared = prepare(write_table(blobs, name), tmp_path)
+    assert prepared.feature_names == ["f0", "f1", "f2", "f3"]
+    assert prepared.class_labels == ["setosa", "versicolor", "virginica"]
+    assert sum(prepared.rows.values()) == len(blobs)
+    frames = split_frames(prepared)
+    assert {n: len(f) for n, f in frames.items()} == prepared.rows
+    assert set(frames["train"]["species"]) == {0, 1, 2}
+
+
+def test_split_is_stratified_and_deterministic(blobs, write_table, tmp_path):
+    path = write_table(blobs)
+    first = prepare(path, tmp_path / "a", seed=7)
+    again = prepare(path, tmp_path / "b", seed=7)
+    other = prepare(path, tmp_path / "c", seed=8)
+    a, b, c = split_frames(first), split_frames(again), split_frames(other)
+    for name in data.SPLITS:
+        pd.testing.assert_frame_equal(a[name], b[name])
+    assert not a["test"].equals(c["test"])
+    overall = blobs["species"].value_counts(normalize=True).sort_index().to_numpy()
+    for frame in a.values():
+        shares = frame["species"].value_counts(normalize=True).sort_index().to_numpy()
+        np.testing.assert_allclose(shares, overall, atol=0.05)
+
+
+def test_splits_partition_the_rows(blobs, write_table, tmp_path):
+    blobs = blobs.assign(f0=np.arange(len(blobs), dtype=float))  # a row id that survives scaling
+    prepared = prepare(write_table(blobs), tmp_path)
+    mean, scale = prepared.scaler.mean[0], prepared.scaler.scale[0]
+    ids = [np.rint(f["f0"].to_numpy() * scale + mean).astype(int) for f in split_frames(prepared).values()]
+    together = np.concatenate(ids)
+    assert len(together) == len(set(together)) == len(blobs)
+
+
+def test_scaler_is_fitted_on_train_only(blobs, write_table, tmp_path):
+    blobs.loc[:, "f1"] = blobs["f1"] * 10 + 100
+    prepared = prepare(write_table(blobs), tmp_path)
+    frames = split_frames(prepared)
+    train = frames["train"][prepared.feature_names].to_numpy()
+    np.testing.assert_allclose(train.mean(axis=0), 0.0, atol=1e-5)
+    np.testing.assert_allclose(train.std(axis=0), 1.0, atol=1e-4)
+    whole_data_mean = blobs[prepared.feature_names].mean().to_numpy()
+    assert not np.allclose(prepared.scaler.mean, whole_data_mean, rtol=0, atol=1e-6)
+
+
+def test_streaming_in_small_batches_gives_the_same_result(blobs, write_table, tmp_path, monkeypatch):
+    path = write_table(blobs)
+    whole = split_frames(prepare(path, tmp_path / "whole"))
+    monkeypatch.setattr(data, "BATCH_ROWS", 17)
+    batched = split_frames(prepare(path, tmp_path / "batched"))
+    for name in data.SPLITS:
+        pd.testing.assert_frame_equal(whole[name], batched[name])
+
+
+def test_read_shard_splits_rows_between_ranks(blobs, write_table, tmp_path):
+    prepared = prepare(write_table(blobs.iloc[:101]), tmp_path, val_fraction=0.2, test_fraction=0.2)
+    n = prepared.rows["train"]
+    shards = [
+        data.read_shard(prepared.paths["train"], prepared.feature_names, "species", r, 2) for r in (0, 1)
+    ]
+    assert all(len(ids) == -(-n // 2) for _, _, ids in shards)
+    assert set(shards[0][2]) | set(shards[1][2]) == set(range(n))
+    assert not set(shards[0][2]) & set(shards[1][2])
+    features, labels = read_split(prepared.paths["train"], prepared.feature_names, "species")
+    np.testing.assert_array_equal(shards[1][0], features[shards[1][2]])
+    np.testing.assert_array_equal(shards[0][1], labels[shards[0][2]])
+
+
+def test_embedded_digits(tmp_path):
+    path = data.write_embedded_digits(str(tmp_path))
+    table = pq.read_table(path)
+    assert table.num_rows == 1797 and table.num_columns == 65
+    assert data.EMBEDDED_DIGITS_LABEL in table.column_names
+
+
+# --- bad input: each error names the file, the column and the problem -------------------------
+
+
+def with_nan(frame):
+    frame.loc[5, "f2"] = np.nan
+    return frame
+
+
+def with_inf(frame):
+    frame.loc[9, "f1"] = np.inf
+    return frame
+
+
+BAD_TABLES = {
+    "missing label column": (lambda f: f.drop(columns="species"), ["label column 'species' not found"]),
+    "nan in a feature": (with_nan, ["'f2'", "missing value", "row 5"]),
+    "inf in a feature": (with_inf, ["'f1'", "non-finite value inf", "row 9"]),
+    "single class": (lambda f: f.assign(species="setosa"), ["single class", "'setosa'"]),
+    "non-numeric feature": (lambda f: f.assign(colour="red"), ["'colour'", "not a number"]),
+    "rare class": (lambda f: pd.concat([f, f.iloc[:1].assign(species="rare")]), ["'rare' (1 rows)"]),
+    "too few rows": (lambda f: f.iloc[:12], ["too few rows", "val_fraction"]),
+    "label with missing value": (lambda f: f.assign(species=f["species"].where(f.index != 3)), ["row 3"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_TABLES))
+@pytest.mark.parametrize("name", ["data.parquet", "data.csv"])
+def test_bad_tables_are_rejected_with_a_clear_message(blobs, write_table, tmp_path, case, name):
+    mutate, expected = BAD_TABLES[case]
+    path = write_table(mutate(blobs.copy()), name)
+    with pytest.raises(DatasetError) as error:
+        prepare(path, tmp_path)
+    message = str(error.value)
+    assert path in message
+    for fragment in expected:
+        assert fragment in message
+
+
+@pytest.mark.parametrize("name", ["empty.csv", "empty.parquet"])
+def test_empty_file(tmp_path, name):
+    path = tmp_path / name
+    path.write_bytes(b"")
+    with pytest.raises(DatasetError, match="empty"):
+        prepare(str(path), tmp_path)
+
+
+def test_header_only_csv(tmp_path):
+    path = tmp_path / "header.csv"
+    path.write_text("f0,f1,species\n")
+    with pytest.raises(DatasetError, match="no rows"):
+        prepare(str(path), tmp_path)
+
+
+def test_missing_file_and_unknown_format(tmp_path):
+    with pytest.raises(DatasetError, match="no such file"):
+        prepare(str(tmp_path / "nope.parquet"), tmp_path)
+    with pytest.raises(DatasetError, match="file format"):
+        prepare(str(tmp_path / "data.xlsx"), tmp_path)
+
+
+def test_bad_input_is_left_untouched(blobs, write_table, tmp_path):
+    path = write_table(with_nan(blobs.copy()))
+    before = Path(path).read_bytes()
+    with pytest.raises(DatasetError):
+        prepare(path, tmp_path)
+    assert Path(path).read_bytes() == before
+
+
+def test_split_fractions_are_validated():
+    with pytest.raises(DatasetError, match="test_fraction"):
+        SplitConfig(test_fraction=0.0)

@@ -1,0 +1,84 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tasks.core.model import load_artifact
+from tasks.core.torch_training import TrainConfig, autocast_dtype, train
+
+
+@pytest.fixture(autouse=True)
+def single_process(monkeypatch):
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def parameters(outcome) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in outcome.model.parameters()]
+
+
+def test_trains_a_separable_problem_and_writes_the_artifact(blob_splits, tmp_path):
+    artifact = tmp_path / "model.pt"
+    outcome = train(TrainConfig(epochs=5, batch_size=32, hidden_sizes=[32]), blob_splits, str(artifact))
+    assert [e.epoch for e in outcome.history] == [1, 2, 3, 4, 5]
+    assert outcome.history[-1].val_accuracy >= 0.95
+    assert outcome.history[-1].train_loss < outcome.history[0].train_loss
+    assert outcome.samples_per_second > 0
+    assert (outcome.device, outcome.world_size, outcome.backend, outcome.precision) == (
+        "cpu",
+        1,
+        "none",
+        "float32",
+    )
+    model, config = load_artifact(str(artifact))
+    assert config.hidden_sizes == [32] and config.n_features == 4
+
+
+def test_same_seed_same_parameters_and_history(blob_splits):
+    config = TrainConfig(epochs=2, batch_size=16, seed=3)
+    first, second = train(config, blob_splits), train(config, blob_splits)
+    assert first.history == second.history
+    for a, b in zip(parameters(first), parameters(second), strict=True):
+        assert torch.equal(a, b)
+    third = train(TrainConfig(epochs=2, batch_size=16, seed=4), blob_splits)
+    assert not all(torch.equal(a, b) for a, b in zip(parameters(first), parameters(third), strict=True))
+
+
+def test_gradient_accumulation_matches_the_full_batch(blob_splits):
+    common = dict(epochs=2, batch_size=32, dropout=0.0, hidden_sizes=[16], seed=1)
+    full = train(TrainConfig(**common, grad_accum_steps=1), blob_splits)
+    accumulated = train(TrainConfig(**common, grad_accum_steps=4), blob_splits)
+    for a, b in zip(parameters(full), parameters(accumulated), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_batch_must_divide_over_workers_and_accumulation():
+    with pytest.raises(ValueError, match="divisible"):
+        TrainConfig(batch_size=30, grad_accum_steps=4).micro_batch_size(world_size=2)
+    assert TrainConfig(batch_size=64, grad_accum_steps=2).micro_batch_size(world_size=2) == 16
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [({"epochs": 0}, "epochs"), ({"batch_size": -1}, "batch_size"), ({"precision": "fp8"}, "precision")],
+)
+def test_config_validation(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        TrainConfig(**kwargs)
+
+
+def test_batch_larger_than_the_shard_is_refused(blob_splits):
+    with pytest.raises(ValueError, match="lower batch_size"):
+        train(TrainConfig(epochs=1, batch_size=4096), blob_splits)
+
+
+def test_cpu_always_trains_in_full_precision():
+    for precision in ("auto", "bf16", "fp16", "fp32"):
+        assert autocast_dtype(torch.device("cpu"), precision) is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_auto_precision_prefers_bf16():
+    expected = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    assert autocast_dtype(torch.device("cuda"), "auto") == expected
+    assert autocast_dtype(torch.device("cuda"), "fp32") is None
