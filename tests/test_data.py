@@ -166,3 +166,15 @@ def test_bad_input_is_left_untouched(blobs, write_table, tmp_path):
 def test_split_fractions_are_validated():
     with pytest.raises(DatasetError, match="test_fraction"):
         SplitConfig(test_fraction=0.0)
+
+
+def test_compressed_csv_and_parquet_directory(blobs, tmp_path):
+    compressed = tmp_path / "data.csv.gz"
+    blobs.to_csv(compressed, index=False)
+    directory = tmp_path / "parts.parquet"
+    directory.mkdir()
+    blobs.iloc[:150].to_parquet(directory / "a.parquet", index=False)
+    blobs.iloc[150:].to_parquet(directory / "b.parquet", index=False)
+    for path in (compressed, directory):
+        prepared = prepare(str(path), tmp_path / "out" / path.name)
+        assert sum(prepared.rows.values()) == len(blobs)
