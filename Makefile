@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-EXTRAS ?= torch,dev
+EXTRAS ?= torch,tf-cpu,dev
 
 .PHONY: install run test lint format clean
 

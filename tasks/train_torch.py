@@ -83,7 +83,8 @@ def train_torch(
     precision: str,
 ) -> TrainedModel:
     """Runs in every DDP worker; rank 0's return value becomes the task output."""
-    from tasks.core.torch_training import SplitPaths, TrainConfig, shutdown_distributed, train
+    from tasks.core.config import SplitPaths, TrainConfig
+    from tasks.core.torch_training import shutdown_distributed, train
 
     setup_logging()
     config = TrainConfig(

@@ -39,8 +39,8 @@ def write_table(tmp_path):
 @pytest.fixture(scope="session")
 def blob_splits(tmp_path_factory):
     """Prepared train/val/test parquet splits of `blobs_frame`, as the training loop reads them."""
+    from tasks.core.config import SplitPaths
     from tasks.core.data import SplitConfig, prepare_dataset
-    from tasks.core.torch_training import SplitPaths
 
     root = tmp_path_factory.mktemp("blobs")
     source = root / "blobs.parquet"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tasks.core.torch_training import TrainConfig
+from tasks.core.config import TrainConfig
 from tests.ddp_workers import launch_local, train_and_report
 
 pytestmark = pytest.mark.slow

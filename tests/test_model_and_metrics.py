@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 import torch
 
+from tasks.core.config import ModelConfig
 from tasks.core.metrics import classification_metrics
-from tasks.core.model import ModelConfig, build_mlp, load_artifact, predict, save_artifact
+from tasks.core.model import build_mlp, load_artifact, predict, save_artifact
 
 
 def test_mlp_shape_follows_config():

@@ -3,8 +3,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tasks.core.config import TrainConfig
 from tasks.core.model import load_artifact
-from tasks.core.torch_training import TrainConfig, autocast_dtype, train
+from tasks.core.torch_training import autocast_dtype, train
 
 
 @pytest.fixture(autouse=True)

@@ -2,28 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 
 import torch
 from torch import nn
 
-
-@dataclass
-class ModelConfig:
-    n_features: int
-    n_classes: int
-    hidden_sizes: list[int] = field(default_factory=lambda: [256, 128])
-    dropout: float = 0.1
-
-    def __post_init__(self) -> None:
-        if self.n_features < 1 or self.n_classes < 2:
-            raise ValueError(
-                f"need >= 1 feature and >= 2 classes, got {self.n_features} and {self.n_classes}"
-            )
-        if any(size < 1 for size in self.hidden_sizes):
-            raise ValueError(f"hidden_sizes must be positive, got {self.hidden_sizes}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+from tasks.core.config import ModelConfig
 
 
 def build_mlp(config: ModelConfig) -> nn.Sequential:

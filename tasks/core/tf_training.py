@@ -1,0 +1,184 @@
+"""The TensorFlow/Keras twin of the PyTorch training loop, under a `tf.distribute` strategy."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tasks.core.config import EpochMetrics, ModelConfig, SplitPaths, TrainConfig
+from tasks.core.data import read_split
+from tasks.core.tf_strategy import Environment, detect_environment, select_strategy
+
+log = logging.getLogger(__name__)
+
+TPU_STEPS_PER_EXECUTION = 32
+
+
+@dataclass
+class KerasOutcome:
+    history: list[EpochMetrics]
+    samples_per_second: float
+    train_seconds: float
+    device: str
+    replicas: int
+    strategy: str
+    precision: str
+    model: keras.Model
+
+
+def precision_policy(strategy_kind: str, gpu_count: int, precision: str) -> str:
+    """Keras dtype policy: bf16 on TPU, fp16 on GPU (bf16 if asked), float32 on CPU or when fp32 is asked."""
+    if precision == "fp32":
+        return "float32"
+    if strategy_kind == "tpu":
+        return "mixed_bfloat16"
+    if gpu_count == 0:
+        return "float32"
+    return "mixed_bfloat16" if precision == "bf16" else "mixed_float16"
+
+
+@contextmanager
+def dtype_policy(name: str):
+    previous = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy(name)
+    try:
+        yield
+    finally:
+        keras.mixed_precision.set_global_policy(previous)
+
+
+def build_keras_mlp(config: ModelConfig) -> keras.Model:
+    """Same architecture as the torch MLP; the logits layer stays float32 under mixed precision."""
+    inputs = keras.Input(shape=(config.n_features,), name="features")
+    x = inputs
+    for width in config.hidden_sizes:
+        x = keras.layers.Dense(width, activation="relu")(x)
+        x = keras.layers.Dropout(config.dropout)(x)
+    logits = keras.layers.Dense(config.n_classes, dtype="float32", name="logits")(x)
+    return keras.Model(inputs, logits, name="mlp")
+
+
+def batches(features, labels, batch: int, seed: int, shuffle: bool, drop_remainder: bool) -> tf.data.Dataset:
+    data = tf.data.Dataset.from_tensor_slices((features, labels))
+    if shuffle:
+        data = data.shuffle(len(labels), seed=seed, reshuffle_each_iteration=True)
+    return data.batch(batch, drop_remainder=drop_remainder).prefetch(tf.data.AUTOTUNE)
+
+
+class EpochLog(keras.callbacks.Callback):
+    def __init__(self, epochs: int):
+        super().__init__()
+        self.epochs = epochs
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs = logs or {}
+        log.info(
+            "epoch %d/%d train_loss=%.4f train_acc=%.4f val_loss=%.4f val_acc=%.4f",
+            epoch + 1, self.epochs, logs.get("loss", np.nan), logs.get("accuracy", np.nan),
+            logs.get("val_loss", np.nan), logs.get("val_accuracy", np.nan),
+        )  # fmt: skip
+
+
+def describe_device(strategy_kind: str, env: Environment) -> str:
+    if strategy_kind == "tpu":
+        kind = tf.config.list_logical_devices("TPU")
+        return f"TPU ({kind[0].device_type if kind else 'slice'})"
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        return tf.config.experimental.get_device_details(gpus[0]).get("device_name", "GPU")
+    return "cpu"
+
+
+def compile_model(model: keras.Model, config: TrainConfig, steps_per_execution: int) -> None:
+    optimizer = keras.optimizers.AdamW(
+        learning_rate=config.learning_rate,
+        weight_decay=config.weight_decay,
+        gradient_accumulation_steps=config.grad_accum_steps if config.grad_accum_steps > 1 else None,
+    )
+    model.compile(
+        optimizer=optimizer,
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
+        jit_compile=True,
+        steps_per_execution=steps_per_execution,
+    )
+
+
+def train_keras(
+    config: TrainConfig,
+    splits: SplitPaths,
+    artifact_path: str | None = None,
+    strategy: str = "auto",
+    allow_fallback: bool = False,
+    env: Environment | None = None,
+    resolver_factory: Callable | None = None,
+) -> KerasOutcome:
+    """Train the Keras MLP; `config.batch_size` is the global batch (per-replica x replicas)."""
+    env = env or detect_environment()
+    dist_strategy, kind = select_strategy(strategy, allow_fallback, env, resolver_factory)
+    replicas = dist_strategy.num_replicas_in_sync
+    micro_batch = config.micro_batch_size(replicas) * replicas  # global batch fed per step
+    keras.utils.set_random_seed(config.seed)
+    if kind == "default" and env.gpu_count == 0:
+        tf.config.experimental.enable_op_determinism()
+
+    x, y = read_split(splits.train, splits.feature_names, splits.label_column)
+    vx, vy = read_split(splits.val, splits.feature_names, splits.label_column)
+    if len(y) < micro_batch:
+        raise ValueError(
+            f"{len(y)} training rows are fewer than one global batch ({micro_batch}); lower batch_size"
+        )
+    static_shapes = kind == "tpu"
+    train_data = batches(x, y, micro_batch, config.seed, shuffle=True, drop_remainder=True)
+    val_data = batches(vx, vy, micro_batch, config.seed, shuffle=False, drop_remainder=static_shapes)
+
+    policy = precision_policy(kind, env.gpu_count, config.precision)
+    model_config = ModelConfig(
+        len(splits.feature_names), splits.n_classes, config.hidden_sizes, config.dropout
+    )
+    log.info(
+        "keras: %s, %d replicas x %d rows per step, policy %s",
+        kind,
+        replicas,
+        micro_batch // replicas,
+        policy,
+    )
+    with dtype_policy(policy), dist_strategy.scope():
+        model = build_keras_mlp(model_config)
+        compile_model(model, config, TPU_STEPS_PER_EXECUTION if kind == "tpu" else 1)
+        start = time.perf_counter()
+        fit = model.fit(train_data, validation_data=val_data, epochs=config.epochs, verbose=0,
+                        callbacks=[EpochLog(config.epochs)])  # fmt: skip
+        seconds = time.perf_counter() - start
+    if artifact_path:
+        model.save(artifact_path)
+
+    samples = (len(y) // micro_batch) * micro_batch * config.epochs
+    history = [
+        EpochMetrics(
+            i + 1, *(float(fit.history[k][i]) for k in ("loss", "accuracy", "val_loss", "val_accuracy"))
+        )
+        for i in range(config.epochs)
+    ]
+    return KerasOutcome(
+        history=history,
+        samples_per_second=samples / seconds if seconds > 0 else 0.0,
+        train_seconds=seconds,
+        device=describe_device(kind, env),
+        replicas=replicas,
+        strategy=kind,
+        precision=policy,
+        model=model,
+    )
+
+
+def predict_keras(path: str, features: np.ndarray, batch_size: int = 8192) -> np.ndarray:
+    model = keras.models.load_model(path)
+    return model.predict(features, batch_size=batch_size, verbose=0).argmax(axis=1)
