@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import tempfile
+from pathlib import Path
 
 from flytekit import task
 
@@ -18,12 +20,28 @@ log = logging.getLogger(__name__)
 
 def predict_test_split(trained: TrainedModel, features):
     """Class predictions from the artifact, with the framework that trained it."""
-    if trained.framework != "pytorch":
-        raise ValueError(f"cannot evaluate a model trained with '{trained.framework}'")
-    from tasks.core.model import load_artifact, predict
+    path = trained.artifact.download()
+    if trained.framework == "pytorch":
+        from tasks.core.model import load_artifact, predict
 
-    model, _ = load_artifact(trained.artifact.download())
-    return predict(model, features)
+        model, _ = load_artifact(path)
+        return predict(model, features)
+    if trained.framework == "tensorflow":
+        from tasks.core.tf_training import predict_keras
+
+        return predict_keras(with_suffix(path, ".keras"), features)
+    raise ValueError(
+        f"cannot evaluate a model trained with '{trained.framework}': expected pytorch or tensorflow"
+    )
+
+
+def with_suffix(path: str, suffix: str) -> str:
+    """Keras picks the loader from the file name; a downloaded artifact may have lost it."""
+    if path.endswith(suffix):
+        return path
+    linked = Path(tempfile.mkdtemp()) / f"model{suffix}"
+    linked.symlink_to(Path(path).resolve())
+    return str(linked)
 
 
 @task(requests=EVALUATE_CPU.resources, limits=EVALUATE_CPU.resources)
@@ -41,6 +59,9 @@ def evaluate(prepared: PreparedData, trained: TrainedModel) -> EvaluationReport:
         framework=trained.framework,
         trained_on=trained.device,
         world_size=trained.world_size,
+        strategy=trained.strategy,
+        accelerator=trained.accelerator,
+        accelerator_count=trained.accelerator_count,
         samples_per_second=trained.samples_per_second,
         train_seconds=trained.train_seconds,
         dataset=prepared.source,

@@ -5,10 +5,12 @@ Tasks refer to these profiles; change a GPU type or a size here, not in the task
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-from flytekit import Resources
-from flytekit.extras.accelerators import L4, GPUAccelerator
+from flytekit import PodTemplate, Resources
+from flytekit.extras.accelerators import L4, V5E, V5P, V6E, GPUAccelerator, MultiInstanceGPUAccelerator
+from kubernetes.client import V1Container, V1PodSpec, V1ResourceRequirements, V1Toleration
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,10 @@ class GpuTrainingProfile:
     def resources(self) -> Resources:
         return Resources(cpu=self.cpu, mem=self.mem, gpu=self.gpus_per_node)
 
+    @property
+    def device(self) -> str:
+        return self.accelerator.to_flyte_idl().device
+
 
 PREPROCESS_CPU = CpuProfile(cpu="2", mem="4Gi")
 EVALUATE_CPU = CpuProfile(cpu="1", mem="2Gi")
@@ -47,3 +53,82 @@ TRAIN_GPU = GpuTrainingProfile(
     mem="16Gi",
     shared_memory="2Gi",
 )
+
+
+# GKE's TPU node label values, the flytekit accelerator for each, and the single-host
+# topologies (one pod = one TPU VM). Multi-host slices need one pod per host and are not offered.
+TPU_GENERATIONS = {
+    "v5e": (V5E, ("1x1", "2x2", "2x4")),
+    "v5p": (V5P, ("2x2x1",)),
+    "v6e": (V6E, ("1x1", "2x2", "2x4")),
+}
+TPU_TAINT_KEY = "google.com/tpu"
+
+
+@dataclass(frozen=True)
+class TpuSliceProfile:
+    generation: str
+    topology: str
+    cpu: str
+    mem: str
+
+    def __post_init__(self) -> None:
+        if self.generation not in TPU_GENERATIONS:
+            raise ValueError(f"TPU generation '{self.generation}' is not one of {', '.join(TPU_GENERATIONS)}")
+        topologies = TPU_GENERATIONS[self.generation][1]
+        if self.topology not in topologies:
+            raise ValueError(
+                f"TPU {self.generation} topology '{self.topology}' is not a single-host slice; "
+                f"use one of {', '.join(topologies)}"
+            )
+
+    @property
+    def accelerator(self) -> MultiInstanceGPUAccelerator:
+        return TPU_GENERATIONS[self.generation][0].partitioned(self.topology)
+
+    @property
+    def gke_accelerator(self) -> str:
+        return self.accelerator.device
+
+    @property
+    def chips(self) -> int:
+        return math.prod(int(side) for side in self.topology.split("x"))
+
+    def pod_template(self) -> PodTemplate:
+        """What GKE needs to place the pod on a TPU node, even without an accelerator mapping in Flyte.
+
+        The task must not also set requests/limits: flytekit would replace these resources.
+        """
+        resources = {"cpu": self.cpu, "memory": self.mem, TPU_TAINT_KEY: str(self.chips)}
+        return PodTemplate(
+            primary_container_name="primary",
+            pod_spec=V1PodSpec(
+                containers=[
+                    V1Container(
+                        name="primary",
+                        resources=V1ResourceRequirements(requests=resources, limits=resources),
+                    )
+                ],
+                node_selector={
+                    "cloud.google.com/gke-tpu-accelerator": self.gke_accelerator,
+                    "cloud.google.com/gke-tpu-topology": self.topology,
+                },
+                tolerations=[V1Toleration(key=TPU_TAINT_KEY, operator="Exists", effect="NoSchedule")],
+            ),
+        )
+
+
+TRAIN_TPU = TpuSliceProfile(generation="v5e", topology="2x2", cpu="8", mem="32Gi")
+
+# Illustrative on-demand prices in USD per accelerator-hour (per GPU, per TPU chip, per CPU
+# worker process for local runs). Override them per run: they vary by region and contract.
+DEFAULT_PRICES_PER_HOUR = {
+    "cpu": 0.04,
+    "nvidia-l4": 0.71,
+    "nvidia-tesla-t4": 0.35,
+    "nvidia-tesla-a100": 2.93,
+    "nvidia-h100": 9.80,
+    "tpu-v5-lite-podslice": 1.20,
+    "tpu-v5p-slice": 4.20,
+    "tpu-v6e-slice": 2.70,
+}

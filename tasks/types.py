@@ -46,6 +46,9 @@ class TrainedModel:
     world_size: int
     backend: str
     precision: str
+    strategy: str
+    accelerator: str
+    accelerator_count: int
     history: list[EpochRecord]
     samples_per_second: float
     train_seconds: float
@@ -62,6 +65,9 @@ class EvaluationReport:
     framework: str
     trained_on: str
     world_size: int
+    strategy: str
+    accelerator: str
+    accelerator_count: int
     samples_per_second: float
     train_seconds: float
     dataset: str
@@ -70,7 +76,7 @@ class EvaluationReport:
     def summary(self) -> str:
         lines = [
             f"dataset: {self.dataset}",
-            f"trained with {self.framework} on {self.trained_on} x{self.world_size} "
+            f"trained with {self.framework} ({self.strategy}) on {self.trained_on} x{self.world_size} "
             f"({self.samples_per_second:,.0f} samples/s, {self.train_seconds:.1f}s)",
             f"test rows: {self.n_test}  accuracy: {self.accuracy:.4f}  macro-F1: {self.macro_f1:.4f}",
             f"{'class':>12} {'support':>8} {'predicted':>9} {'precision':>9} {'recall':>7} {'f1':>6}",

@@ -3,7 +3,7 @@
 Rules, in order (with `requested="auto"`):
   1. a TPU is reachable (TPU_NAME set, or a GKE TPU VM)  -> TPUStrategy
   2. TF_CONFIG describes a multi-worker cluster (TFJob)  -> MultiWorkerMirroredStrategy
-  3. one or more GPUs                                    -> MirroredStrategy
+  3. one or more GPUs (or a CPU split into logical devices) -> MirroredStrategy
   4. otherwise                                           -> the default strategy
 A strategy requested by name that cannot be had raises StrategyUnavailable, unless
 `allow_fallback` is set, in which case the rules above pick another one and say so.
@@ -15,7 +15,7 @@ import json
 import logging
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -38,6 +38,7 @@ class Environment:
     on_tpu_vm: bool = False
     tf_config: str | None = None
     gpu_count: int = 0
+    cpu_devices: int = 1  # logical CPU devices; more than one only when split on purpose (tests)
 
     @property
     def tpu_hint(self) -> bool:
@@ -57,11 +58,14 @@ class StrategyChoice:
     notes: list[str] = field(default_factory=list)
 
 
-def detect_environment(environ: Mapping[str, str] = os.environ, gpu_count: int | None = None) -> Environment:
-    if gpu_count is None:
+def detect_environment(
+    environ: Mapping[str, str] = os.environ, gpu_count: int | None = None, cpu_devices: int | None = None
+) -> Environment:
+    if gpu_count is None or cpu_devices is None:
         import tensorflow as tf
 
-        gpu_count = len(tf.config.list_physical_devices("GPU"))
+        gpu_count = len(tf.config.list_physical_devices("GPU")) if gpu_count is None else gpu_count
+        cpu_devices = len(tf.config.list_logical_devices("CPU")) if cpu_devices is None else cpu_devices
     on_tpu_vm = any(name in environ for name in TPU_VM_ENV) or any(
         any(Path("/").glob(pattern.lstrip("/"))) for pattern in TPU_DEVICE_GLOBS
     )
@@ -70,6 +74,7 @@ def detect_environment(environ: Mapping[str, str] = os.environ, gpu_count: int |
         on_tpu_vm=on_tpu_vm,
         tf_config=environ.get("TF_CONFIG") or None,
         gpu_count=gpu_count,
+        cpu_devices=cpu_devices,
     )
 
 
@@ -80,7 +85,7 @@ def available_kinds(env: Environment) -> list[str]:
         kinds.append("tpu")
     if env.multi_worker:
         kinds.append("multi_worker")
-    if env.gpu_count:
+    if env.gpu_count or env.cpu_devices > 1:
         kinds.append("mirrored")
     kinds.append("default")
     return kinds
@@ -106,7 +111,7 @@ def unavailable_reason(kind: str, env: Environment) -> str:
     return {
         "tpu": "no TPU is reachable (TPU_NAME is unset and this is not a TPU VM)",
         "multi_worker": "TF_CONFIG does not describe a cluster of more than one worker",
-        "mirrored": "no GPU is visible to TensorFlow",
+        "mirrored": "no GPU is visible to TensorFlow (and the CPU is not split into several devices)",
     }[kind]
 
 
@@ -135,8 +140,10 @@ def build_strategy(kind: str, env: Environment, resolver_factory: Callable | Non
         return tf.distribute.TPUStrategy(connect_tpu(env, resolver_factory))
     if kind == "multi_worker":
         return tf.distribute.MultiWorkerMirroredStrategy()
-    if kind == "mirrored":
+    if kind == "mirrored" and env.gpu_count:
         return tf.distribute.MirroredStrategy()
+    if kind == "mirrored":
+        return tf.distribute.MirroredStrategy([d.name for d in tf.config.list_logical_devices("CPU")])
     return tf.distribute.get_strategy()
 
 
@@ -156,7 +163,7 @@ def select_strategy(
     except StrategyUnavailable as err:
         if requested == "tpu" and not allow_fallback:
             raise
-        fallback = available_kinds(Environment(tf_config=env.tf_config, gpu_count=env.gpu_count))[0]
+        fallback = available_kinds(replace(env, tpu_name=None, on_tpu_vm=False))[0]
         log.warning("%s; falling back to '%s'", err, fallback)
         return build_strategy(fallback, env), fallback
     log.info("tf.distribute strategy: %s (%d replicas)", choice.kind, strategy.num_replicas_in_sync)

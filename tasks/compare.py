@@ -1,0 +1,31 @@
+"""Comparison on CPU: GPU against TPU on accuracy, time and estimated cost."""
+
+from __future__ import annotations
+
+from flytekit import task
+
+from tasks.core.compare import HardwareComparison, RunSummary, compare_runs
+from tasks.hardware import EVALUATE_CPU
+from tasks.types import EvaluationReport
+
+
+def summarise(name: str, report: EvaluationReport) -> RunSummary:
+    return RunSummary(
+        name=name,
+        framework=report.framework,
+        strategy=report.strategy,
+        trained_on=report.trained_on,
+        accelerator=report.accelerator,
+        accelerator_count=report.accelerator_count,
+        accuracy=report.accuracy,
+        macro_f1=report.macro_f1,
+        train_seconds=report.train_seconds,
+        samples_per_second=report.samples_per_second,
+    )
+
+
+@task(requests=EVALUATE_CPU.resources, limits=EVALUATE_CPU.resources)
+def compare(gpu: EvaluationReport, tpu: EvaluationReport, prices: dict[str, float]) -> HardwareComparison:
+    comparison = compare_runs([summarise("gpu (pytorch)", gpu), summarise("tpu (tensorflow)", tpu)], prices)
+    print(comparison.table(), flush=True)
+    return comparison

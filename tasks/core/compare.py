@@ -1,0 +1,80 @@
+"""Side-by-side comparison of training runs: quality, speed and estimated cost."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RunSummary:
+    """What the comparison needs to know about one training + evaluation run."""
+
+    name: str
+    framework: str
+    strategy: str
+    trained_on: str
+    accelerator: str
+    accelerator_count: int
+    accuracy: float
+    macro_f1: float
+    train_seconds: float
+    samples_per_second: float
+
+
+@dataclass
+class ComparisonRow:
+    run: RunSummary
+    accelerator_hours: float
+    price_per_hour: float | None
+    cost_usd: float | None
+
+
+@dataclass
+class HardwareComparison:
+    rows: list[ComparisonRow]
+    most_accurate: str
+    fastest: str
+    cheapest: str
+    notes: list[str] = field(default_factory=list)
+
+    def table(self) -> str:
+        header = f"{'run':<18} {'hardware':<34} {'accuracy':>8} {'macro-F1':>8} {'train s':>8} {'samples/s':>10} {'cost $':>10}"
+        lines = [header]
+        for row in self.rows:
+            run = row.run
+            hardware = f"{run.accelerator} x{run.accelerator_count} ({run.strategy})"
+            cost = f"{row.cost_usd:.6f}" if row.cost_usd is not None else "n/a"
+            lines.append(
+                f"{run.name:<18} {hardware:<34} {run.accuracy:>8.4f} {run.macro_f1:>8.4f} "
+                f"{run.train_seconds:>8.1f} {run.samples_per_second:>10.0f} {cost:>10}"
+            )
+        lines.append(
+            f"most accurate: {self.most_accurate}; fastest: {self.fastest}; cheapest: {self.cheapest}"
+        )
+        return "\n".join(lines + self.notes)
+
+
+def price_run(run: RunSummary, prices: dict[str, float]) -> ComparisonRow:
+    hours = run.train_seconds / 3600 * run.accelerator_count
+    price = prices.get(run.accelerator)
+    return ComparisonRow(run, hours, price, hours * price if price is not None else None)
+
+
+def compare_runs(runs: list[RunSummary], prices: dict[str, float]) -> HardwareComparison:
+    """Cost = accelerator-hours of training x the price per accelerator-hour from `prices`."""
+    if not runs:
+        raise ValueError("nothing to compare: no runs given")
+    rows = [price_run(run, prices) for run in runs]
+    priced = [row for row in rows if row.cost_usd is not None]
+    notes = [
+        f"no price for '{row.run.accelerator}' ({row.run.name}); add it to prices to estimate its cost"
+        for row in rows
+        if row.cost_usd is None
+    ]
+    return HardwareComparison(
+        rows=rows,
+        most_accurate=max(rows, key=lambda r: r.run.accuracy).run.name,
+        fastest=min(rows, key=lambda r: r.run.train_seconds).run.name,
+        cheapest=min(priced, key=lambda r: r.cost_usd).run.name if priced else "unknown",
+        notes=notes,
+    )

@@ -1,0 +1,115 @@
+"""TensorFlow training: on a TPU slice (TPUStrategy) or on GPUs (MirroredStrategy).
+
+Both tasks share one body; they differ only in the hardware they ask for. Locally they run on
+CPU with the default strategy and report that they did.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict
+from pathlib import Path
+
+from flytekit import current_context, task
+from flytekit.types.file import FlyteFile
+
+from tasks.core.config import SplitPaths, TrainConfig
+from tasks.hardware import TRAIN_GPU, TRAIN_TPU
+from tasks.logs import setup_logging
+from tasks.storage import local_path
+from tasks.types import EpochRecord, PreparedData, TrainedModel
+
+log = logging.getLogger(__name__)
+
+
+def accelerator_used(strategy: str, device: str, replicas: int) -> tuple[str, int]:
+    """What to bill: the TPU slice's chips, the GPUs, or CPU worker processes."""
+    if strategy == "tpu":
+        return TRAIN_TPU.gke_accelerator, TRAIN_TPU.chips
+    if device != "cpu":
+        return TRAIN_GPU.device, replicas
+    return "cpu", 1
+
+
+def train_tensorflow(prepared: PreparedData, config: TrainConfig, strategy: str) -> TrainedModel:
+    from tasks.core.tf_training import train_keras
+
+    setup_logging()
+    splits = SplitPaths(
+        train=local_path(prepared.train),
+        val=local_path(prepared.val),
+        feature_names=prepared.feature_names,
+        label_column=prepared.label_column,
+        n_classes=len(prepared.class_labels),
+    )
+    artifact = Path(current_context().working_directory) / "model.keras"
+    outcome = train_keras(config, splits, str(artifact), strategy=strategy)
+    log.info(
+        "trained with tf.distribute '%s' on %s, %d replicas, %s, %.0f samples/s",
+        outcome.strategy, outcome.device, outcome.replicas, outcome.precision, outcome.samples_per_second,
+    )  # fmt: skip
+    accelerator, count = accelerator_used(outcome.strategy, outcome.device, outcome.replicas)
+    return TrainedModel(
+        artifact=FlyteFile(str(artifact)),
+        framework="tensorflow",
+        device=outcome.device,
+        world_size=outcome.replicas,
+        backend="xla",
+        precision=outcome.precision,
+        strategy=outcome.strategy,
+        accelerator=accelerator,
+        accelerator_count=count,
+        history=[EpochRecord(**asdict(epoch)) for epoch in outcome.history],
+        samples_per_second=outcome.samples_per_second,
+        train_seconds=outcome.train_seconds,
+    )
+
+
+# No requests/limits here: the pod template carries cpu, memory and google.com/tpu together.
+@task(accelerator=TRAIN_TPU.accelerator, pod_template=TRAIN_TPU.pod_template())
+def train_tf_tpu(
+    prepared: PreparedData,
+    epochs: int,
+    batch_size: int,
+    learning_rate: float,
+    weight_decay: float,
+    grad_accum_steps: int,
+    hidden_sizes: list[int],
+    dropout: float,
+    seed: int,
+    precision: str,
+    tf_strategy: str,
+) -> TrainedModel:
+    config = TrainConfig(
+        epochs=epochs, batch_size=batch_size, learning_rate=learning_rate, weight_decay=weight_decay,
+        grad_accum_steps=grad_accum_steps, hidden_sizes=hidden_sizes, dropout=dropout, seed=seed,
+        precision=precision,
+    )  # fmt: skip
+    return train_tensorflow(prepared, config, tf_strategy)
+
+
+@task(
+    requests=TRAIN_GPU.resources,
+    limits=TRAIN_GPU.resources,
+    accelerator=TRAIN_GPU.accelerator,
+    shared_memory=TRAIN_GPU.shared_memory,
+)
+def train_tf_gpu(
+    prepared: PreparedData,
+    epochs: int,
+    batch_size: int,
+    learning_rate: float,
+    weight_decay: float,
+    grad_accum_steps: int,
+    hidden_sizes: list[int],
+    dropout: float,
+    seed: int,
+    precision: str,
+    tf_strategy: str,
+) -> TrainedModel:
+    config = TrainConfig(
+        epochs=epochs, batch_size=batch_size, learning_rate=learning_rate, weight_decay=weight_decay,
+        grad_accum_steps=grad_accum_steps, hidden_sizes=hidden_sizes, dropout=dropout, seed=seed,
+        precision=precision,
+    )  # fmt: skip
+    return train_tensorflow(prepared, config, tf_strategy)
