@@ -36,7 +36,7 @@ class GpuTrainingProfile:
 
     @property
     def resources(self) -> Resources:
-        return Resources(cpu=self.cpu, mem=self.mem, gpu=self.gpus_per_node)
+        return Resources(cpu=self.cpu, mem=self.mem, gpu=str(self.gpus_per_node))
 
     @property
     def device(self) -> str:

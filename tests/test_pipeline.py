@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import blobs_frame
+from workflows.comparison import hardware_comparison
 from workflows.pipeline import training_pipeline
 
 pytestmark = pytest.mark.slow
@@ -64,3 +65,27 @@ def test_pyflyte_run_cli(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "accuracy" in result.stdout and "macro-F1" in result.stdout
+
+
+def test_tpu_target_runs_tensorflow_locally_on_cpu_and_reports_the_strategy():
+    report = training_pipeline(target="tpu")
+    assert report.accuracy >= 0.95
+    assert (report.framework, report.strategy, report.trained_on) == ("tensorflow", "default", "cpu")
+
+
+def test_unknown_target_lists_the_valid_ones():
+    with pytest.raises(Exception, match="valid targets are: gpu, tpu, gpu-tf"):
+        training_pipeline(target="cuda", epochs=1)
+
+
+def test_hardware_comparison_trains_both_from_the_same_data():
+    comparison = hardware_comparison(epochs=5, prices={"cpu": 0.5})
+    names = [row.run.name for row in comparison.rows]
+    assert names == ["gpu (pytorch)", "tpu (tensorflow)"]
+    frameworks = [row.run.framework for row in comparison.rows]
+    assert frameworks == ["pytorch", "tensorflow"]
+    for row in comparison.rows:
+        assert row.run.accuracy >= 0.9
+        assert row.price_per_hour == 0.5
+        assert row.cost_usd == pytest.approx(row.accelerator_hours * 0.5)
+    assert comparison.cheapest in names and comparison.fastest in names

@@ -96,7 +96,18 @@ def describe_device(strategy_kind: str, env: Environment) -> str:
     return "cpu"
 
 
-def compile_model(model: keras.Model, config: TrainConfig, steps_per_execution: int) -> None:
+def steps_per_execution(strategy_kind: str) -> int:
+    """TPUs run several steps per host round trip; elsewhere one step keeps callbacks timely."""
+    return TPU_STEPS_PER_EXECUTION if strategy_kind == "tpu" else 1
+
+
+def use_jit_compile(strategy_kind: str) -> bool:
+    """XLA for single-device training. A TPU compiles every step with XLA anyway, and Keras cannot
+    jit_compile under Mirrored/MultiWorkerMirrored (each replica's variables live on another device)."""
+    return strategy_kind == "default"
+
+
+def compile_model(model: keras.Model, config: TrainConfig, strategy_kind: str) -> None:
     optimizer = keras.optimizers.AdamW(
         learning_rate=config.learning_rate,
         weight_decay=config.weight_decay,
@@ -106,8 +117,8 @@ def compile_model(model: keras.Model, config: TrainConfig, steps_per_execution: 
         optimizer=optimizer,
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
-        jit_compile=True,
-        steps_per_execution=steps_per_execution,
+        jit_compile=use_jit_compile(strategy_kind),
+        steps_per_execution=steps_per_execution(strategy_kind),
     )
 
 
@@ -152,7 +163,7 @@ def train_keras(
     )
     with dtype_policy(policy), dist_strategy.scope():
         model = build_keras_mlp(model_config)
-        compile_model(model, config, TPU_STEPS_PER_EXECUTION if kind == "tpu" else 1)
+        compile_model(model, config, kind)
         start = time.perf_counter()
         fit = model.fit(train_data, validation_data=val_data, epochs=config.epochs, verbose=0,
                         callbacks=[EpochLog(config.epochs)])  # fmt: skip

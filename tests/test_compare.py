@@ -1,0 +1,29 @@
+import pytest
+
+from tasks.core.compare import RunSummary, compare_runs
+
+
+def run(name, accelerator, count, seconds, accuracy):
+    return RunSummary(name, "fw", "s", "dev", accelerator, count, accuracy, accuracy, seconds, 1000.0)
+
+
+def test_cost_is_accelerator_hours_times_price():
+    gpu = run("gpu", "nvidia-h100", 8, 1800.0, 0.91)
+    tpu = run("tpu", "tpu-v5-lite-podslice", 4, 3600.0, 0.93)
+    comparison = compare_runs([gpu, tpu], {"nvidia-h100": 10.0, "tpu-v5-lite-podslice": 1.5})
+    gpu_row, tpu_row = comparison.rows
+    assert gpu_row.accelerator_hours == pytest.approx(4.0) and gpu_row.cost_usd == pytest.approx(40.0)
+    assert tpu_row.accelerator_hours == pytest.approx(4.0) and tpu_row.cost_usd == pytest.approx(6.0)
+    assert (comparison.most_accurate, comparison.fastest, comparison.cheapest) == ("tpu", "gpu", "tpu")
+    assert "tpu" in comparison.table() and "40.000000" in comparison.table()
+
+
+def test_missing_price_is_reported_not_guessed():
+    comparison = compare_runs([run("gpu", "nvidia-b200", 1, 60.0, 0.9)], {"cpu": 0.04})
+    assert comparison.rows[0].cost_usd is None and comparison.cheapest == "unknown"
+    assert "no price for 'nvidia-b200'" in comparison.notes[0]
+
+
+def test_nothing_to_compare():
+    with pytest.raises(ValueError, match="nothing to compare"):
+        compare_runs([], {})

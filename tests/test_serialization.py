@@ -1,0 +1,88 @@
+"""What the cluster receives: each task's serialized spec carries the hardware it declares."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import pytest
+from flytekit.configuration import ImageConfig, SerializationSettings
+from flytekit.tools.translator import get_serializable
+from google.protobuf.json_format import MessageToDict
+
+from tasks.compare import compare
+from tasks.evaluate import evaluate
+from tasks.hardware import TRAIN_GPU, TRAIN_TPU
+from tasks.preprocess import preprocess
+from tasks.train_tf import train_tf_gpu, train_tf_tpu
+from tasks.train_torch import train_torch
+
+SETTINGS = SerializationSettings(image_config=ImageConfig.auto_default_image())
+
+
+def template(task):
+    return get_serializable(OrderedDict(), SETTINGS, task).template.to_flyte_idl()
+
+
+def resources(container) -> dict[str, dict[str, str]]:
+    names = {1: "cpu", 2: "gpu", 3: "memory"}
+    return {
+        kind: {
+            names.get(entry.name, str(entry.name)): entry.value
+            for entry in getattr(container.resources, kind)
+        }
+        for kind in ("requests", "limits")
+    }
+
+
+def test_tpu_task_carries_accelerator_topology_and_gke_scheduling():
+    spec = template(train_tf_tpu)
+    accelerator = spec.extended_resources.gpu_accelerator
+    assert (accelerator.device, accelerator.partition_size) == ("tpu-v5-lite-podslice", "2x2")
+    assert spec.WhichOneof("target") == "k8s_pod"
+    pod = MessageToDict(spec.k8s_pod.pod_spec)
+    assert pod["nodeSelector"] == {
+        "cloud.google.com/gke-tpu-accelerator": "tpu-v5-lite-podslice",
+        "cloud.google.com/gke-tpu-topology": "2x2",
+    }
+    assert {"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    (primary,) = pod["containers"]
+    assert primary["name"] == "primary"
+    for kind in ("requests", "limits"):
+        assert primary["resources"][kind]["google.com/tpu"] == str(TRAIN_TPU.chips) == "4"
+        assert primary["resources"][kind]["cpu"] == TRAIN_TPU.cpu
+    assert "task-module" in primary["args"] and "tasks.train_tf" in primary["args"]
+
+
+@pytest.mark.parametrize("task", [train_torch, train_tf_gpu], ids=["torch", "tf"])
+def test_gpu_tasks_carry_gpu_request_and_accelerator(task):
+    spec = template(task)
+    assert spec.extended_resources.gpu_accelerator.device == TRAIN_GPU.device == "nvidia-l4"
+    assert spec.extended_resources.shared_memory.size_limit == TRAIN_GPU.shared_memory
+    declared = resources(spec.container)
+    assert declared["requests"]["gpu"] == declared["limits"]["gpu"] == "1"
+
+
+def test_single_node_elastic_is_a_plain_pod_running_torch_elastic():
+    spec = template(train_torch)
+    assert spec.type == "python-task"
+    assert "tasks.train_torch" in list(spec.container.args)
+
+
+@pytest.mark.parametrize("task", [preprocess, evaluate, compare], ids=lambda t: t.name)
+def test_cpu_tasks_request_no_accelerator(task):
+    spec = template(task)
+    assert not spec.HasField("extended_resources") or not spec.extended_resources.HasField("gpu_accelerator")
+    declared = resources(spec.container)
+    assert "gpu" not in declared["requests"] and "gpu" not in declared["limits"]
+    assert declared["requests"]["cpu"]
+
+
+def test_tpu_profile_rejects_multi_host_and_unknown_slices():
+    from tasks.hardware import TpuSliceProfile
+
+    with pytest.raises(ValueError, match="not a single-host slice; use one of 1x1, 2x2, 2x4"):
+        TpuSliceProfile(generation="v5e", topology="4x4", cpu="8", mem="32Gi")
+    with pytest.raises(ValueError, match="v5e, v5p, v6e"):
+        TpuSliceProfile(generation="v4", topology="2x2x1", cpu="8", mem="32Gi")
+    v5p = TpuSliceProfile(generation="v5p", topology="2x2x1", cpu="8", mem="32Gi")
+    assert (v5p.gke_accelerator, v5p.chips) == ("tpu-v5p-slice", 4)

@@ -1,0 +1,108 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+
+from tasks.core.config import ModelConfig, TrainConfig
+from tasks.core.data import read_split
+from tasks.core.tf_strategy import Environment
+from tasks.core.tf_training import (
+    TPU_STEPS_PER_EXECUTION,
+    build_keras_mlp,
+    dtype_policy,
+    precision_policy,
+    predict_keras,
+    steps_per_execution,
+    train_keras,
+    use_jit_compile,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_trains_under_the_default_strategy_and_saves_a_keras_artifact(blob_splits, tmp_path):
+    artifact = str(tmp_path / "model.keras")
+    outcome = train_keras(
+        TrainConfig(epochs=4, batch_size=32, seed=1), blob_splits, artifact, env=Environment()
+    )
+    assert (outcome.strategy, outcome.replicas, outcome.device, outcome.precision) == (
+        "default",
+        1,
+        "cpu",
+        "float32",
+    )
+    assert [e.epoch for e in outcome.history] == [1, 2, 3, 4]
+    assert outcome.history[-1].val_accuracy >= 0.95 and outcome.samples_per_second > 0
+    features, labels = read_split(blob_splits.train, blob_splits.feature_names, blob_splits.label_column)
+    assert (predict_keras(artifact, features) == labels).mean() >= 0.95
+
+
+def test_same_seed_same_history_on_cpu(blob_splits):
+    config = TrainConfig(epochs=2, batch_size=32, seed=4)
+    first = train_keras(config, blob_splits, env=Environment())
+    second = train_keras(config, blob_splits, env=Environment())
+    assert first.history == second.history
+
+
+@pytest.mark.parametrize(
+    "kind, gpus, precision, expected",
+    [
+        ("tpu", 0, "auto", "mixed_bfloat16"),
+        ("mirrored", 2, "auto", "mixed_float16"),
+        ("mirrored", 2, "bf16", "mixed_bfloat16"),
+        ("default", 1, "auto", "mixed_float16"),
+        ("default", 0, "auto", "float32"),
+        ("tpu", 0, "fp32", "float32"),
+    ],
+)
+def test_precision_policy(kind, gpus, precision, expected):
+    assert precision_policy(kind, gpus, precision) == expected
+
+
+def test_logits_stay_float32_under_mixed_precision():
+    with dtype_policy("mixed_float16"):
+        model = build_keras_mlp(ModelConfig(n_features=3, n_classes=2, hidden_sizes=[4]))
+    assert model.layers[1].compute_dtype == "float16"
+    assert model.get_layer("logits").compute_dtype == "float32"
+    assert keras.mixed_precision.global_policy().name == "float32"  # restored
+
+
+def test_steps_per_execution_only_batches_steps_on_tpu():
+    assert steps_per_execution("tpu") == TPU_STEPS_PER_EXECUTION > 1
+    assert steps_per_execution("mirrored") == steps_per_execution("default") == 1
+
+
+def test_xla_on_single_device_and_left_to_the_strategy_otherwise():
+    assert use_jit_compile("default")
+    assert not any(use_jit_compile(kind) for kind in ("tpu", "mirrored", "multi_worker"))
+
+
+def test_global_batch_must_split_over_replicas(blob_splits):
+    with pytest.raises(ValueError, match="divisible"):
+        TrainConfig(batch_size=33).micro_batch_size(2)
+
+
+@pytest.mark.slow
+def test_mirrored_strategy_with_two_logical_cpu_devices(blob_splits, tmp_path):
+    command = [
+        sys.executable,
+        "-m",
+        "tests.tf_mirrored_worker",
+        json.dumps(asdict(blob_splits)),
+        str(tmp_path / "m.keras"),
+    ]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert (summary["strategy"], summary["replicas"]) == ("mirrored", 2)
+    assert len(summary["devices"]) == 2
+    assert summary["val_accuracy"] >= 0.9
+    features = np.zeros((2, len(blob_splits.feature_names)), dtype=np.float32)
+    assert predict_keras(str(tmp_path / "m.keras"), features).shape == (2,)
