@@ -79,9 +79,10 @@ def test_steps_per_execution_only_batches_steps_on_tpu():
     assert steps_per_execution("mirrored") == steps_per_execution("default") == 1
 
 
-def test_xla_on_single_device_and_left_to_the_strategy_otherwise():
-    assert use_jit_compile("default")
-    assert not any(use_jit_compile(kind) for kind in ("tpu", "mirrored", "multi_worker"))
+def test_xla_on_a_single_gpu_and_left_to_the_strategy_otherwise():
+    assert use_jit_compile("default", gpu_count=1)
+    assert not use_jit_compile("default", gpu_count=0)  # CPU: op determinism instead
+    assert not any(use_jit_compile(kind, 4) for kind in ("tpu", "mirrored", "multi_worker"))
 
 
 def test_global_batch_must_split_over_replicas(blob_splits):

@@ -101,13 +101,14 @@ def steps_per_execution(strategy_kind: str) -> int:
     return TPU_STEPS_PER_EXECUTION if strategy_kind == "tpu" else 1
 
 
-def use_jit_compile(strategy_kind: str) -> bool:
-    """XLA for single-device training. A TPU compiles every step with XLA anyway, and Keras cannot
-    jit_compile under Mirrored/MultiWorkerMirrored (each replica's variables live on another device)."""
-    return strategy_kind == "default"
+def use_jit_compile(strategy_kind: str, gpu_count: int) -> bool:
+    """XLA for single-GPU training. A TPU compiles every step with XLA anyway; Keras cannot
+    jit_compile under Mirrored/MultiWorkerMirrored (each replica's variables live on another
+    device); and on CPU we enable op determinism instead, which Keras does not combine with XLA."""
+    return strategy_kind == "default" and gpu_count > 0
 
 
-def compile_model(model: keras.Model, config: TrainConfig, strategy_kind: str) -> None:
+def compile_model(model: keras.Model, config: TrainConfig, strategy_kind: str, gpu_count: int) -> None:
     optimizer = keras.optimizers.AdamW(
         learning_rate=config.learning_rate,
         weight_decay=config.weight_decay,
@@ -117,7 +118,7 @@ def compile_model(model: keras.Model, config: TrainConfig, strategy_kind: str) -
         optimizer=optimizer,
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
-        jit_compile=use_jit_compile(strategy_kind),
+        jit_compile=use_jit_compile(strategy_kind, gpu_count),
         steps_per_execution=steps_per_execution(strategy_kind),
     )
 
@@ -163,9 +164,9 @@ def train_keras(
     )
     with dtype_policy(policy), dist_strategy.scope():
         model = build_keras_mlp(model_config)
-        compile_model(model, config, kind)
+        compile_model(model, config, kind, env.gpu_count)
         start = time.perf_counter()
-        fit = model.fit(train_data, validation_data=val_data, epochs=config.epochs, verbose=0,
+        fit = model.fit(train_data, validation_data=val_data, epochs=config.epochs, verbose=0, shuffle=False,
                         callbacks=[EpochLog(config.epochs)])  # fmt: skip
         seconds = time.perf_counter() - start
     if artifact_path:
