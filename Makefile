@@ -5,7 +5,13 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 EXTRAS ?= torch,tf-cpu,dev
 
-.PHONY: install run test lint format clean
+# Images: the demo cluster (`flytectl demo start`) serves a registry on localhost:30000.
+REGISTRY ?= localhost:30000
+TAG ?= latest
+IMAGE_FLAGS := $(foreach t,cpu gpu tpu,--image $(t)=$(REGISTRY)/mixedml-$(t):$(TAG))
+PACKAGE := dist/mixedml-flyte-package.tgz
+
+.PHONY: install run test lint format clean images push package register
 
 install: $(STAMP)
 
@@ -29,6 +35,20 @@ test: lint
 format: install
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
+
+images:
+	for target in cpu gpu tpu; do docker build --target $$target -t $(REGISTRY)/mixedml-$$target:$(TAG) . || exit 1; done
+
+push: images
+	for target in cpu gpu tpu; do docker push $(REGISTRY)/mixedml-$$target:$(TAG) || exit 1; done
+
+# Serialized tasks, workflows and launch plans, as the cluster would receive them.
+package: install
+	mkdir -p dist
+	$(BIN)/pyflyte --pkgs workflows package $(IMAGE_FLAGS) --output $(PACKAGE) --force
+
+register: install
+	$(BIN)/pyflyte --config flyte.config.yaml register workflows $(IMAGE_FLAGS) --version $(TAG) --activate-launchplans
 
 clean:
 	rm -rf $(VENV) dist .pytest_cache

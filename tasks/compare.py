@@ -5,7 +5,7 @@ from __future__ import annotations
 from flytekit import task
 
 from tasks.core.compare import HardwareComparison, RunSummary, compare_runs
-from tasks.hardware import EVALUATE_CPU
+from tasks.hardware import CPU_IMAGE, EVALUATE_CPU
 from tasks.types import EvaluationReport
 
 
@@ -24,7 +24,7 @@ def summarise(name: str, report: EvaluationReport) -> RunSummary:
     )
 
 
-@task(requests=EVALUATE_CPU.resources, limits=EVALUATE_CPU.resources)
+@task(container_image=CPU_IMAGE, requests=EVALUATE_CPU.resources, limits=EVALUATE_CPU.resources)
 def compare(gpu: EvaluationReport, tpu: EvaluationReport, prices: dict[str, float]) -> HardwareComparison:
     comparison = compare_runs([summarise("gpu (pytorch)", gpu), summarise("tpu (tensorflow)", tpu)], prices)
     print(comparison.table(), flush=True)

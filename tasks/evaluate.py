@@ -10,7 +10,7 @@ from flytekit import task
 
 from tasks.core.data import read_split
 from tasks.core.metrics import classification_metrics
-from tasks.hardware import EVALUATE_CPU
+from tasks.hardware import EVALUATE_CPU, GPU_IMAGE
 from tasks.logs import setup_logging
 from tasks.storage import local_path
 from tasks.types import EvaluationReport, PreparedData, TrainedModel
@@ -44,7 +44,8 @@ def with_suffix(path: str, suffix: str) -> str:
     return str(linked)
 
 
-@task(requests=EVALUATE_CPU.resources, limits=EVALUATE_CPU.resources)
+# The gpu image has both frameworks; the pod itself asks for CPU only.
+@task(container_image=GPU_IMAGE, requests=EVALUATE_CPU.resources, limits=EVALUATE_CPU.resources)
 def evaluate(prepared: PreparedData, trained: TrainedModel) -> EvaluationReport:
     setup_logging()
     features, labels = read_split(local_path(prepared.test), prepared.feature_names, prepared.label_column)

@@ -9,8 +9,19 @@ import math
 from dataclasses import dataclass
 
 from flytekit import PodTemplate, Resources
-from flytekit.extras.accelerators import L4, V5E, V5P, V6E, GPUAccelerator, MultiInstanceGPUAccelerator
+from flytekit.extras.accelerators import H100, L4, V5E, V5P, V6E, GPUAccelerator, MultiInstanceGPUAccelerator
 from kubernetes.client import V1Container, V1PodSpec, V1ResourceRequirements, V1Toleration
+
+
+def image(name: str) -> str:
+    """A named image, resolved at registration: `pyflyte register --image gpu=REGISTRY/mixedml-gpu:TAG`."""
+    return f"{{{{.image.{name}.fqn}}}}:{{{{.image.{name}.version}}}}"
+
+
+# cpu: flytekit, pandas, pyarrow, scikit-learn (no torch, no tensorflow).
+# gpu: + CUDA torch and TensorFlow; also runs evaluation on a CPU pod, as it has both frameworks.
+# tpu: + TensorFlow with TPU support.
+CPU_IMAGE, GPU_IMAGE, TPU_IMAGE = image("cpu"), image("gpu"), image("tpu")
 
 
 @dataclass(frozen=True)
@@ -33,6 +44,8 @@ class GpuTrainingProfile:
     shared_memory: str
     # Worker processes when the task runs where there is no GPU (a laptop, CI): DDP over gloo.
     local_cpu_workers: int = 2
+    # Seconds to wait for every node to join; multi-node runs wait for node scale-up and image pulls.
+    rendezvous_timeout_s: int = 900
 
     @property
     def resources(self) -> Resources:
@@ -52,6 +65,16 @@ TRAIN_GPU = GpuTrainingProfile(
     cpu="4",
     mem="16Gi",
     shared_memory="2Gi",
+)
+# nnodes > 1 makes the training task a Kubeflow PyTorchJob with one worker replica per node.
+TRAIN_GPU_MULTINODE = GpuTrainingProfile(
+    accelerator=H100,
+    gpus_per_node=8,
+    nnodes=2,
+    cpu="64",
+    mem="512Gi",
+    shared_memory="64Gi",
+    rendezvous_timeout_s=1800,
 )
 
 

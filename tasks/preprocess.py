@@ -14,7 +14,7 @@ from tasks.core.data import (
     prepare_dataset,
     write_embedded_digits,
 )
-from tasks.hardware import PREPROCESS_CPU
+from tasks.hardware import CPU_IMAGE, PREPROCESS_CPU
 from tasks.logs import setup_logging
 from tasks.storage import parquet_dataset
 from tasks.types import PreparedData
@@ -34,7 +34,7 @@ def resolve_dataset(dataset: str, label_column: str, scratch: Path) -> str:
     return write_embedded_digits(str(scratch))
 
 
-@task(requests=PREPROCESS_CPU.resources, limits=PREPROCESS_CPU.resources)
+@task(container_image=CPU_IMAGE, requests=PREPROCESS_CPU.resources, limits=PREPROCESS_CPU.resources)
 def preprocess(
     dataset: str, label_column: str, val_fraction: float, test_fraction: float, seed: int
 ) -> PreparedData:

@@ -14,7 +14,7 @@ from flytekit import current_context, task
 from flytekit.types.file import FlyteFile
 
 from tasks.core.config import SplitPaths, TrainConfig
-from tasks.hardware import TRAIN_GPU, TRAIN_TPU
+from tasks.hardware import GPU_IMAGE, TPU_IMAGE, TRAIN_GPU, TRAIN_TPU
 from tasks.logs import setup_logging
 from tasks.storage import local_path
 from tasks.types import EpochRecord, PreparedData, TrainedModel
@@ -66,7 +66,7 @@ def train_tensorflow(prepared: PreparedData, config: TrainConfig, strategy: str)
 
 
 # No requests/limits here: the pod template carries cpu, memory and google.com/tpu together.
-@task(accelerator=TRAIN_TPU.accelerator, pod_template=TRAIN_TPU.pod_template())
+@task(container_image=TPU_IMAGE, accelerator=TRAIN_TPU.accelerator, pod_template=TRAIN_TPU.pod_template())
 def train_tf_tpu(
     prepared: PreparedData,
     epochs: int,
@@ -80,15 +80,12 @@ def train_tf_tpu(
     precision: str,
     tf_strategy: str,
 ) -> TrainedModel:
-    config = TrainConfig(
-        epochs=epochs, batch_size=batch_size, learning_rate=learning_rate, weight_decay=weight_decay,
-        grad_accum_steps=grad_accum_steps, hidden_sizes=hidden_sizes, dropout=dropout, seed=seed,
-        precision=precision,
-    )  # fmt: skip
-    return train_tensorflow(prepared, config, tf_strategy)
+    hyperparameters = {k: v for k, v in locals().items() if k not in ("prepared", "tf_strategy")}
+    return train_tensorflow(prepared, TrainConfig(**hyperparameters), tf_strategy)
 
 
 @task(
+    container_image=GPU_IMAGE,
     requests=TRAIN_GPU.resources,
     limits=TRAIN_GPU.resources,
     accelerator=TRAIN_GPU.accelerator,
@@ -107,9 +104,5 @@ def train_tf_gpu(
     precision: str,
     tf_strategy: str,
 ) -> TrainedModel:
-    config = TrainConfig(
-        epochs=epochs, batch_size=batch_size, learning_rate=learning_rate, weight_decay=weight_decay,
-        grad_accum_steps=grad_accum_steps, hidden_sizes=hidden_sizes, dropout=dropout, seed=seed,
-        precision=precision,
-    )  # fmt: skip
-    return train_tensorflow(prepared, config, tf_strategy)
+    hyperparameters = {k: v for k, v in locals().items() if k not in ("prepared", "tf_strategy")}
+    return train_tensorflow(prepared, TrainConfig(**hyperparameters), tf_strategy)

@@ -2,6 +2,7 @@
 
 One node: a single pod runs one worker per GPU. More nodes: a Kubeflow PyTorchJob. Outside a
 PyTorchJob (a laptop, CI) the launch is fitted to the machine: one node, and 2 gloo workers on CPU.
+Hardware comes from the profiles in tasks/hardware.py.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from flytekit.types.file import FlyteFile
 from flytekitplugins.kfpytorch import Elastic
 from flytekitplugins.kfpytorch.task import PytorchElasticFunctionTask
 
+from tasks.core.config import SplitPaths, TrainConfig
 from tasks.core.launch import plan_launch
-from tasks.hardware import TRAIN_GPU
+from tasks.hardware import GPU_IMAGE, TRAIN_GPU, TRAIN_GPU_MULTINODE, GpuTrainingProfile
 from tasks.logs import setup_logging
 from tasks.storage import local_path
 from tasks.types import EpochRecord, PreparedData, TrainedModel
@@ -49,7 +51,7 @@ class MachineFittedElasticTask(PytorchElasticFunctionTask):
         for note in launch.notes:
             log.warning(note)
         self._task_config = replace(self.task_config, nproc_per_node=launch.nproc_per_node)
-        self.min_nodes = self.max_nodes = launch.nnodes
+        self.min_nodes, self.max_nodes = launch.min_nodes, launch.max_nodes
         try:
             return super()._execute(**kwargs)
         finally:
@@ -59,45 +61,34 @@ class MachineFittedElasticTask(PytorchElasticFunctionTask):
 TaskPlugins.register_pythontask_plugin(MachineFittedElastic, MachineFittedElasticTask)
 
 
-@task(
-    task_config=MachineFittedElastic(
-        nnodes=TRAIN_GPU.nnodes,
-        nproc_per_node=TRAIN_GPU.gpus_per_node,
-        local_cpu_workers=TRAIN_GPU.local_cpu_workers,
-    ),
-    requests=TRAIN_GPU.resources,
-    limits=TRAIN_GPU.resources,
-    accelerator=TRAIN_GPU.accelerator,
-    shared_memory=TRAIN_GPU.shared_memory,
-)
-def train_torch(
-    prepared: PreparedData,
-    epochs: int,
-    batch_size: int,
-    learning_rate: float,
-    weight_decay: float,
-    grad_accum_steps: int,
-    hidden_sizes: list[int],
-    dropout: float,
-    seed: int,
-    precision: str,
-) -> TrainedModel:
+def elastic(profile: GpuTrainingProfile) -> MachineFittedElastic:
+    timeout = profile.rendezvous_timeout_s
+    return MachineFittedElastic(
+        nnodes=profile.nnodes,
+        nproc_per_node=profile.gpus_per_node,
+        local_cpu_workers=profile.local_cpu_workers,
+        # c10d rendezvous: the TCPStore read timeout must cover the slowest node's start too.
+        rdzv_configs={"timeout": timeout, "join_timeout": timeout, "read_timeout": timeout},
+    )
+
+
+def hardware(profile: GpuTrainingProfile) -> dict:
+    return dict(
+        task_config=elastic(profile),
+        container_image=GPU_IMAGE,
+        requests=profile.resources,
+        limits=profile.resources,
+        accelerator=profile.accelerator,
+        shared_memory=profile.shared_memory,
+        environment={"NCCL_DEBUG": "WARN", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"},
+    )
+
+
+def train_with_ddp(prepared: PreparedData, config: TrainConfig, profile: GpuTrainingProfile) -> TrainedModel:
     """Runs in every DDP worker; rank 0's return value becomes the task output."""
-    from tasks.core.config import SplitPaths, TrainConfig
     from tasks.core.torch_training import shutdown_distributed, train
 
     setup_logging()
-    config = TrainConfig(
-        epochs=epochs,
-        batch_size=batch_size,
-        learning_rate=learning_rate,
-        weight_decay=weight_decay,
-        grad_accum_steps=grad_accum_steps,
-        hidden_sizes=hidden_sizes,
-        dropout=dropout,
-        seed=seed,
-        precision=precision,
-    )
     splits = SplitPaths(
         train=local_path(prepared.train),
         val=local_path(prepared.val),
@@ -112,13 +103,9 @@ def train_torch(
         shutdown_distributed()
     log.info(
         "rank %d: trained on %s x%d (%s, %s) at %.0f samples/s",
-        outcome.rank,
-        outcome.device,
-        outcome.world_size,
-        outcome.backend,
-        outcome.precision,
+        outcome.rank, outcome.device, outcome.world_size, outcome.backend, outcome.precision,
         outcome.samples_per_second,
-    )
+    )  # fmt: skip
     return TrainedModel(
         artifact=FlyteFile(str(artifact)),
         framework="pytorch",
@@ -127,9 +114,45 @@ def train_torch(
         backend=outcome.backend,
         precision=outcome.precision,
         strategy="DDP" if outcome.world_size > 1 else "single-process",
-        accelerator=TRAIN_GPU.device if outcome.device != "cpu" else "cpu",
+        accelerator=profile.device if outcome.device != "cpu" else "cpu",
         accelerator_count=outcome.world_size,
         history=[EpochRecord(**asdict(epoch)) for epoch in outcome.history],
         samples_per_second=outcome.samples_per_second,
         train_seconds=outcome.train_seconds,
     )
+
+
+@task(**hardware(TRAIN_GPU))
+def train_torch(
+    prepared: PreparedData,
+    epochs: int,
+    batch_size: int,
+    learning_rate: float,
+    weight_decay: float,
+    grad_accum_steps: int,
+    hidden_sizes: list[int],
+    dropout: float,
+    seed: int,
+    precision: str,
+) -> TrainedModel:
+    """PyTorch DDP on one GPU node (one pod, one worker per GPU)."""
+    hyperparameters = {k: v for k, v in locals().items() if k != "prepared"}
+    return train_with_ddp(prepared, TrainConfig(**hyperparameters), TRAIN_GPU)
+
+
+@task(**hardware(TRAIN_GPU_MULTINODE))
+def train_torch_multinode(
+    prepared: PreparedData,
+    epochs: int,
+    batch_size: int,
+    learning_rate: float,
+    weight_decay: float,
+    grad_accum_steps: int,
+    hidden_sizes: list[int],
+    dropout: float,
+    seed: int,
+    precision: str,
+) -> TrainedModel:
+    """PyTorch DDP over several GPU nodes: a Kubeflow PyTorchJob, NCCL between nodes."""
+    hyperparameters = {k: v for k, v in locals().items() if k != "prepared"}
+    return train_with_ddp(prepared, TrainConfig(**hyperparameters), TRAIN_GPU_MULTINODE)

@@ -10,19 +10,19 @@ def launch(**overrides):
 
 
 def test_inside_a_pytorch_job_the_config_is_used_as_declared():
-    plan = launch(min_nodes=3, max_nodes=3, in_pytorch_job=True, gpu_count=0)
-    assert (plan.nnodes, plan.nproc_per_node, plan.notes) == (3, 4, [])
+    plan = launch(min_nodes=2, max_nodes=3, in_pytorch_job=True, gpu_count=0)
+    assert (plan.min_nodes, plan.max_nodes, plan.nproc_per_node, plan.notes) == (2, 3, 4, [])
 
 
 def test_multi_node_outside_a_pytorch_job_is_clamped_with_a_note():
     plan = launch(min_nodes=2, max_nodes=4)
-    assert (plan.nnodes, plan.nproc_per_node) == (1, 4)
+    assert (plan.min_nodes, plan.max_nodes, plan.nproc_per_node) == (1, 1, 4)
     assert "clamping to 1 node" in plan.notes[0]
 
 
 def test_cpu_only_machine_uses_local_cpu_workers():
     plan = launch(gpu_count=0, local_cpu_workers=2)
-    assert (plan.nnodes, plan.nproc_per_node) == (1, 2)
+    assert (plan.max_nodes, plan.nproc_per_node) == (1, 2)
     assert "no GPU" in plan.notes[0]
 
 

@@ -7,10 +7,10 @@ from flytekit import conditional, workflow
 from tasks.evaluate import evaluate
 from tasks.preprocess import preprocess
 from tasks.train_tf import train_tf_gpu, train_tf_tpu
-from tasks.train_torch import train_torch
+from tasks.train_torch import train_torch, train_torch_multinode
 from tasks.types import EvaluationReport
 
-TARGETS = ("gpu", "tpu", "gpu-tf")
+TARGETS = ("gpu", "gpu-multinode", "tpu", "gpu-tf")
 
 
 @workflow
@@ -37,7 +37,8 @@ def training_pipeline(
         dataset: parquet or CSV file (local path or fsspec URI such as s3://, gs://); empty
             means the embedded handwritten digits dataset.
         label_column: column holding the class; every other column is a numeric feature.
-        target: gpu (PyTorch DDP on GPUs), tpu (TensorFlow on a TPU slice) or gpu-tf
+        target: gpu (PyTorch DDP on one GPU node), gpu-multinode (PyTorch DDP as a Kubeflow
+            PyTorchJob over several nodes), tpu (TensorFlow on a TPU slice) or gpu-tf
             (TensorFlow MirroredStrategy on GPUs). Locally all of them run on CPU.
         epochs: passes over the training split.
         batch_size: global batch per optimizer step, split over the workers/replicas.
@@ -71,6 +72,8 @@ def training_pipeline(
         conditional("train_on_target")
         .if_(target == "gpu")
         .then(train_torch(**hyper))
+        .elif_(target == "gpu-multinode")
+        .then(train_torch_multinode(**hyper))
         .elif_(target == "tpu")
         .then(train_tf_tpu(**hyper, tf_strategy=tf_strategy))
         .elif_(target == "gpu-tf")

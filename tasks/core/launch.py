@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 
 @dataclass
 class LaunchPlan:
-    nnodes: int
+    min_nodes: int
+    max_nodes: int
     nproc_per_node: int
     notes: list[str] = field(default_factory=list)
 
@@ -27,7 +28,7 @@ def plan_launch(
     rendezvous, and the worker count follows the GPUs present, or `local_cpu_workers` on CPU.
     """
     if in_pytorch_job:
-        return LaunchPlan(max_nodes, nproc_per_node)
+        return LaunchPlan(min_nodes, max_nodes, nproc_per_node)
     notes = []
     if min_nodes > 1 or max_nodes > 1:
         notes.append(
@@ -36,8 +37,8 @@ def plan_launch(
         )
     if gpu_count == 0:
         notes.append(f"no GPU found; training with {local_cpu_workers} CPU worker processes (gloo)")
-        return LaunchPlan(1, local_cpu_workers, notes)
+        return LaunchPlan(1, 1, local_cpu_workers, notes)
     if gpu_count < nproc_per_node:
         notes.append(f"{nproc_per_node} GPUs per node requested but {gpu_count} present; using {gpu_count}")
-        return LaunchPlan(1, gpu_count, notes)
-    return LaunchPlan(1, nproc_per_node, notes)
+        return LaunchPlan(1, 1, gpu_count, notes)
+    return LaunchPlan(1, 1, nproc_per_node, notes)

@@ -1,0 +1,55 @@
+"""Reading a `pyflyte package` archive back into Flyte's protobufs."""
+
+from __future__ import annotations
+
+import subprocess
+import tarfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from flyteidl.admin import launch_plan_pb2, task_pb2, workflow_pb2
+
+REPO = Path(__file__).resolve().parents[1]
+REGISTRY, TAG = "registry.example.com/ml", "t1"
+
+
+@dataclass
+class Package:
+    tasks: dict[str, task_pb2.TaskSpec] = field(default_factory=dict)
+    workflows: dict[str, workflow_pb2.WorkflowSpec] = field(default_factory=dict)
+    launch_plans: dict[str, launch_plan_pb2.LaunchPlan] = field(default_factory=dict)
+
+
+def build_package(destination: Path) -> Path:
+    """`make package`, as the README says, into `destination`."""
+    archive = destination / "package.tgz"
+    command = ["make", "-s", "package", f"REGISTRY={REGISTRY}", f"TAG={TAG}", f"PACKAGE={archive}"]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    return archive
+
+
+def read_package(archive: Path) -> Package:
+    package = Package()
+    with tarfile.open(archive) as tar:
+        for member in tar.getmembers():
+            data = tar.extractfile(member).read()
+            stem = member.name.removesuffix(".pb")
+            if stem.endswith("_1"):
+                spec = task_pb2.TaskSpec.FromString(data)
+                package.tasks[spec.template.id.name] = spec
+            elif stem.endswith("_2"):
+                spec = workflow_pb2.WorkflowSpec.FromString(data)
+                package.workflows[spec.template.id.name] = spec
+            elif stem.endswith("_3"):
+                plan = launch_plan_pb2.LaunchPlan.FromString(data)
+                package.launch_plans[plan.id.name] = plan
+    return package
+
+
+def image_of(spec: task_pb2.TaskSpec) -> str:
+    template = spec.template
+    if template.WhichOneof("target") == "k8s_pod":
+        (container,) = template.k8s_pod.pod_spec["containers"]
+        return container["image"]
+    return template.container.image

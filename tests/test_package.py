@@ -1,0 +1,154 @@
+"""What the cluster receives: `make package` output parsed back and checked."""
+
+from __future__ import annotations
+
+import pytest
+from flyteidl.core import tasks_pb2
+from google.protobuf.json_format import MessageToDict
+
+from tasks.hardware import TRAIN_GPU_MULTINODE
+from tests.flyte_package import REGISTRY, TAG, build_package, image_of, read_package
+
+pytestmark = pytest.mark.slow
+
+IMAGE_OF_TASK = {
+    "tasks.preprocess.preprocess": "cpu",
+    "tasks.compare.compare": "cpu",
+    "tasks.schedule.dataset_partition": "cpu",
+    "tasks.evaluate.evaluate": "gpu",
+    "tasks.train_torch.train_torch": "gpu",
+    "tasks.train_torch.train_torch_multinode": "gpu",
+    "tasks.train_tf.train_tf_gpu": "gpu",
+    "tasks.train_tf.train_tf_tpu": "tpu",
+}
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory):
+    return read_package(build_package(tmp_path_factory.mktemp("package")))
+
+
+def test_package_holds_every_task_workflow_and_launch_plan(package):
+    assert set(package.tasks) == set(IMAGE_OF_TASK)
+    assert {"workflows.pipeline.training_pipeline", "workflows.comparison.hardware_comparison",
+            "workflows.launch_plans.scheduled_training"} <= set(package.workflows)  # fmt: skip
+    assert {"nightly_retrain", "weekly_hardware_comparison"} <= set(package.launch_plans)
+
+
+@pytest.mark.parametrize("task, image", sorted(IMAGE_OF_TASK.items()))
+def test_each_task_runs_in_the_image_for_its_hardware(package, task, image):
+    assert image_of(package.tasks[task]) == f"{REGISTRY}/mixedml-{image}:{TAG}"
+
+
+def resources(spec) -> dict[str, str]:
+    return {
+        tasks_pb2.Resources.ResourceName.Name(r.name): r.value
+        for r in spec.template.container.resources.requests
+    }
+
+
+def test_declared_resources_and_accelerators(package):
+    assert resources(package.tasks["tasks.preprocess.preprocess"]) == {"CPU": "2", "MEMORY": "4Gi"}
+    single = package.tasks["tasks.train_torch.train_torch"].template
+    assert resources(package.tasks["tasks.train_torch.train_torch"])["GPU"] == "1"
+    assert single.extended_resources.gpu_accelerator.device == "nvidia-l4"
+    tpu = package.tasks["tasks.train_tf.train_tf_tpu"].template
+    assert (tpu.extended_resources.gpu_accelerator.device, tpu.extended_resources.gpu_accelerator.partition_size) == (
+        "tpu-v5-lite-podslice", "2x2",
+    )  # fmt: skip
+    for name in ("tasks.preprocess.preprocess", "tasks.evaluate.evaluate", "tasks.compare.compare"):
+        assert not package.tasks[name].template.extended_resources.HasField("gpu_accelerator")
+
+
+def test_multi_node_training_is_a_pytorch_job_with_worker_replicas(package):
+    spec = package.tasks["tasks.train_torch.train_torch_multinode"].template
+    assert spec.type == "pytorch"
+    custom = MessageToDict(spec.custom)
+    assert custom["workerReplicas"]["replicas"] == TRAIN_GPU_MULTINODE.nnodes == 2
+    elastic = custom["elasticConfig"]
+    assert (elastic["rdzvBackend"], elastic["minReplicas"], elastic["maxReplicas"], elastic["nprocPerNode"]) == (
+        "c10d", 2, 2, TRAIN_GPU_MULTINODE.gpus_per_node,
+    )  # fmt: skip
+    assert resources(package.tasks["tasks.train_torch.train_torch_multinode"])["GPU"] == "8"
+    assert spec.extended_resources.gpu_accelerator.device == "nvidia-h100"
+    env = {e.key: e.value for e in spec.container.env}
+    assert env["NCCL_DEBUG"] == "WARN"
+    single = package.tasks["tasks.train_torch.train_torch"].template
+    assert single.type == "python-task"
+
+
+def test_rendezvous_waits_for_node_scale_up():
+    from tasks.train_torch import train_torch_multinode
+
+    assert train_torch_multinode.task_config.rdzv_configs["join_timeout"] >= 1800
+    assert train_torch_multinode.task_config.rdzv_configs["read_timeout"] >= 1800
+
+
+def literal_inputs(plan) -> tuple[dict, dict]:
+    fixed = {k: MessageToDict(v) for k, v in plan.spec.fixed_inputs.literals.items()}
+    defaults = {k: MessageToDict(v.default) for k, v in plan.spec.default_inputs.parameters.items()}
+    return fixed, defaults
+
+
+def test_launch_plans_carry_schedules_and_inputs(package):
+    nightly = package.launch_plans["nightly_retrain"]
+    schedule = nightly.spec.entity_metadata.schedule
+    assert schedule.cron_schedule.schedule == "0 2 * * *"
+    assert schedule.kickoff_time_input_arg == "kickoff_time"
+    assert nightly.spec.workflow_id.name == "workflows.launch_plans.scheduled_training"
+    fixed, defaults = literal_inputs(nightly)
+    assert fixed["target"]["scalar"]["primitive"]["stringValue"] == "gpu"
+    assert defaults["epochs"]["scalar"]["primitive"]["integer"] == "30"
+    assert "kickoff_time" in nightly.spec.default_inputs.parameters  # filled in by the schedule
+
+    weekly = package.launch_plans["weekly_hardware_comparison"]
+    assert weekly.spec.entity_metadata.schedule.cron_schedule.schedule == "0 4 * * 1"
+    assert weekly.spec.workflow_id.name == "workflows.comparison.hardware_comparison"
+
+
+def node_tasks(node) -> list[str]:
+    if node.HasField("task_node"):
+        return [node.task_node.reference_id.name]
+    if node.HasField("branch_node"):
+        branch = node.branch_node.if_else
+        cases = [branch.case, *branch.other]
+        return [c.then_node.task_node.reference_id.name for c in cases]
+    return []
+
+
+def depends_on(node) -> set[str]:
+    """Nodes whose outputs this node (or, for a branch, any of its cases) consumes."""
+    found = set(node.upstream_node_ids)
+    found |= {b.binding.promise.node_id for b in node.inputs if b.binding.HasField("promise")}
+    if node.HasField("branch_node"):
+        branch = node.branch_node.if_else
+        for case in [branch.case, *branch.other]:
+            found |= depends_on(case.then_node)
+    return found - {"", "start-node"}  # workflow inputs
+
+
+def test_training_pipeline_wires_preprocess_train_evaluate(package):
+    nodes = package.workflows["workflows.pipeline.training_pipeline"].template.nodes
+    by_id = {node.id: node for node in nodes}
+    tasks_of = {node.id: node_tasks(node) for node in nodes}
+    (preprocess,) = [i for i, t in tasks_of.items() if t == ["tasks.preprocess.preprocess"]]
+    (train,) = [i for i, t in tasks_of.items() if "tasks.train_torch.train_torch" in t]
+    (evaluate,) = [i for i, t in tasks_of.items() if t == ["tasks.evaluate.evaluate"]]
+    assert set(tasks_of[train]) == {
+        "tasks.train_torch.train_torch", "tasks.train_torch.train_torch_multinode",
+        "tasks.train_tf.train_tf_tpu", "tasks.train_tf.train_tf_gpu",
+    }  # fmt: skip
+    assert depends_on(by_id[preprocess]) == set()
+    assert depends_on(by_id[train]) == {preprocess}
+    assert depends_on(by_id[evaluate]) == {preprocess, train}
+
+
+def test_comparison_trains_both_from_one_preparation_in_parallel(package):
+    nodes = package.workflows["workflows.comparison.hardware_comparison"].template.nodes
+    tasks_of = {node.id: node_tasks(node) for node in nodes}
+    upstream = {node.id: depends_on(node) for node in nodes}
+    (prep,) = [i for i, t in tasks_of.items() if t == ["tasks.preprocess.preprocess"]]
+    trains = [i for i, t in tasks_of.items() if t and t[0].startswith("tasks.train_")]
+    assert len(trains) == 2
+    for node in trains:
+        assert upstream[node] == {prep}  # neither waits for the other

@@ -1,0 +1,46 @@
+"""Scheduled launch plans; they register together with the workflows (`pyflyte register workflows`)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from flytekit import CronSchedule, LaunchPlan, workflow
+
+from tasks.schedule import dataset_partition
+from tasks.types import EvaluationReport
+from workflows.comparison import hardware_comparison
+from workflows.pipeline import training_pipeline
+
+
+@workflow
+def scheduled_training(
+    kickoff_time: datetime,
+    dataset_template: str = "",
+    label_column: str = "label",
+    target: str = "gpu",
+    epochs: int = 30,
+    seed: int = 0,
+) -> EvaluationReport:
+    """training_pipeline on the partition named by the kickoff time, e.g. s3://bucket/events/dt={yesterday}/."""
+    dataset = dataset_partition(template=dataset_template, kickoff_time=kickoff_time)
+    return training_pipeline(
+        dataset=dataset, label_column=label_column, target=target, epochs=epochs, seed=seed
+    )
+
+
+# Every night at 02:00 UTC; the schedule passes its fire time in as `kickoff_time`.
+nightly_retrain = LaunchPlan.get_or_create(
+    workflow=scheduled_training,
+    name="nightly_retrain",
+    schedule=CronSchedule(schedule="0 2 * * *", kickoff_time_input_arg="kickoff_time"),
+    default_inputs={"dataset_template": "", "label_column": "label", "epochs": 30, "seed": 0},
+    fixed_inputs={"target": "gpu"},
+)
+
+# Mondays at 04:00 UTC: is the TPU still the better deal for this model?
+weekly_hardware_comparison = LaunchPlan.get_or_create(
+    workflow=hardware_comparison,
+    name="weekly_hardware_comparison",
+    schedule=CronSchedule(schedule="0 4 * * 1"),
+    default_inputs={"epochs": 30, "seed": 0},
+)
