@@ -53,3 +53,11 @@ def blob_splits(tmp_path_factory):
         label_column="species",
         n_classes=len(prepared.class_labels),
     )
+
+
+@pytest.fixture(scope="session")
+def flyte_package(tmp_path_factory):
+    """`make package` once per session, parsed back into protobufs."""
+    from tests.flyte_package import build_package, read_package
+
+    return read_package(build_package(tmp_path_factory.mktemp("package")))

@@ -7,7 +7,7 @@ from flyteidl.core import tasks_pb2
 from google.protobuf.json_format import MessageToDict
 
 from tasks.hardware import TRAIN_GPU_MULTINODE
-from tests.flyte_package import REGISTRY, TAG, build_package, image_of, read_package
+from tests.flyte_package import REGISTRY, TAG, image_of
 
 pytestmark = pytest.mark.slow
 
@@ -23,9 +23,9 @@ IMAGE_OF_TASK = {
 }
 
 
-@pytest.fixture(scope="module")
-def package(tmp_path_factory):
-    return read_package(build_package(tmp_path_factory.mktemp("package")))
+@pytest.fixture
+def package(flyte_package):
+    return flyte_package
 
 
 def test_package_holds_every_task_workflow_and_launch_plan(package):
