@@ -89,3 +89,27 @@ def test_hardware_comparison_trains_both_from_the_same_data():
         assert row.price_per_hour == 0.5
         assert row.cost_usd == pytest.approx(row.accelerator_hours * 0.5)
     assert comparison.cheapest in names and comparison.fastest in names
+
+
+def test_multinode_target_is_clamped_to_one_node_locally():
+    report = training_pipeline(target="gpu-multinode", epochs=3)
+    assert (report.framework, report.world_size) == ("pytorch", 2)
+    assert report.accuracy >= 0.9
+
+
+def test_scheduled_training_reads_the_partition_of_its_kickoff_day(tmp_path):
+    from datetime import datetime
+
+    from workflows.launch_plans import scheduled_training
+
+    partition = tmp_path / "dt=2026-11-21"
+    partition.mkdir()
+    blobs_frame(n_rows=300).to_parquet(partition / "data.parquet", index=False)
+    report = scheduled_training(
+        kickoff_time=datetime(2026, 11, 22, 2, 0),
+        dataset_template=str(tmp_path / "dt={yesterday}" / "data.parquet"),
+        label_column="species",
+        epochs=3,
+    )
+    assert report.dataset == str(partition / "data.parquet")
+    assert report.accuracy >= 0.9
