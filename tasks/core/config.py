@@ -40,6 +40,8 @@ class TrainConfig:
     seed: int = 0
     precision: str = "auto"
     collective_timeout_s: int = 600
+    # The out-of-memory guard halves the micro-batch down to this size, then gives up.
+    min_micro_batch_size: int = 4
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "grad_accum_steps"):

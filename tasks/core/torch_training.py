@@ -40,6 +40,10 @@ class TrainOutcome:
     precision: str
     rank: int
     shard_rows: list[int]
+    optimizer_steps: int
+    micro_batch_size: int  # at the end of the run, after any out-of-memory halving
+    grad_accum_steps: int
+    peak_memory_bytes: int  # torch.cuda.max_memory_allocated; 0 on CPU
     model: nn.Module | None = None
 
 
@@ -106,35 +110,80 @@ def evaluate_shard(
     return loss_sum / count, correct / count
 
 
+class MicroBatch:
+    """The micro-batch size, halved on CUDA out-of-memory while the effective batch stays fixed."""
+
+    def __init__(self, size: int, minimum: int):
+        self.size, self.minimum = size, minimum
+
+    def halve(self, error: Exception, step: int, per_step: int) -> None:
+        if self.size // 2 < self.minimum:
+            raise RuntimeError(
+                f"CUDA out of memory at step {step} even with micro-batch {self.size} "
+                f"(minimum {self.minimum}); use a larger accelerator or a smaller model"
+            ) from error
+        before = self.size
+        self.size //= 2
+        log.warning(
+            "CUDA out of memory at step %d: micro-batch %d -> %d, accumulation %d -> %d steps "
+            "(effective batch unchanged); retrying the step",
+            step, before, self.size, -(-per_step // before), -(-per_step // self.size),
+        )  # fmt: skip
+
+
+def optimizer_step(model, optimizer, scaler, x, y, rows, micro: int, ctx, dtype):
+    """One optimizer step over `rows`, in micro-batches of `micro`, gradients synced on the last.
+
+    Returns (summed loss, correct predictions) as device tensors: no host sync per step.
+    """
+    chunks = rows.split(micro)
+    loss_sum = torch.zeros((), device=x.device)
+    correct = torch.zeros((), device=x.device)
+    for index, chunk in enumerate(chunks):
+        last = index == len(chunks) - 1
+        sync = nullcontext() if last or not ctx.is_distributed else model.no_sync()
+        with sync:
+            with torch.autocast(ctx.device.type, dtype=dtype, enabled=dtype is not None):
+                logits = model(x[chunk])
+                loss = F.cross_entropy(logits.float(), y[chunk])
+            scaler.scale(loss * (len(chunk) / len(rows))).backward()
+        loss_sum += loss.detach() * len(chunk)
+        correct += (logits.argmax(1) == y[chunk]).sum()
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    return loss_sum, correct
+
+
 def train_epoch(
-    model, optimizer, scaler, x, y, config: TrainConfig, ctx, dtype, epoch: int
-) -> tuple[float, float, int]:
-    """One pass over this rank's shard; returns global (mean loss, accuracy, samples seen)."""
+    model, optimizer, scaler, x, y, config: TrainConfig, ctx, dtype, epoch: int, micro: MicroBatch
+):
+    """One pass over this rank's shard; returns global (mean loss, accuracy, samples, optimizer steps)."""
     model.train()
-    micro = config.micro_batch_size(ctx.world_size)
-    accum = config.grad_accum_steps
-    steps = len(y) // (micro * accum)
+    per_step = config.micro_batch_size(ctx.world_size) * config.grad_accum_steps
+    steps = len(y) // per_step
     order = torch.randperm(len(y), generator=torch.Generator().manual_seed(config.seed * 1_000 + epoch))
     order = order.to(x.device)
-    loss_sum, correct = 0.0, 0.0
+    loss_sum = torch.zeros((), device=x.device)
+    correct = torch.zeros((), device=x.device)
     for step in range(steps):
-        for m in range(accum):
-            idx = order[(step * accum + m) * micro : (step * accum + m + 1) * micro]
-            xb, yb = x[idx], y[idx]
-            sync_now = m == accum - 1
-            no_sync = model.no_sync() if ctx.is_distributed and not sync_now else nullcontext()
-            with no_sync, torch.autocast(ctx.device.type, dtype=dtype, enabled=dtype is not None):
-                logits = model(xb)
-                loss = F.cross_entropy(logits.float(), yb)
-            scaler.scale(loss / accum).backward()
-            loss_sum += loss.item() * len(yb)
-            correct += (logits.argmax(1) == yb).sum().item()
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
-    seen = float(steps * accum * micro)
-    loss_sum, correct, seen = all_reduce_sums([loss_sum, correct, seen], ctx)
-    return loss_sum / seen, correct / seen, int(seen)
+        rows = order[step * per_step : (step + 1) * per_step]
+        while True:
+            try:
+                step_loss, step_correct = optimizer_step(
+                    model, optimizer, scaler, x, y, rows, micro.size, ctx, dtype
+                )
+                break
+            except torch.cuda.OutOfMemoryError as error:
+                optimizer.zero_grad(set_to_none=True)
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+                micro.halve(error, step, per_step)
+        loss_sum += step_loss
+        correct += step_correct
+    seen = float(steps * per_step)
+    loss_total, correct_total, seen = all_reduce_sums([loss_sum.item(), correct.item(), seen], ctx)
+    return loss_total / seen, correct_total / seen, int(seen), steps
 
 
 def load_shards(splits: SplitPaths, ctx: DistributedContext):
@@ -170,12 +219,16 @@ def train(config: TrainConfig, splits: SplitPaths, artifact_path: str | None = N
     dtype = autocast_dtype(ctx.device, config.precision)
     scaler = torch.amp.GradScaler(ctx.device.type, enabled=dtype == torch.float16)
 
-    history, samples = [], 0
+    history, samples, optimizer_steps = [], 0, 0
+    micro_batch = MicroBatch(micro, minimum=min(micro, config.min_micro_batch_size))
+    if ctx.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(ctx.device)
     start = time.perf_counter()
     for epoch in range(config.epochs):
-        train_loss, train_acc, seen = train_epoch(
-            ddp_model, optimizer, scaler, x, y, config, ctx, dtype, epoch
+        train_loss, train_acc, seen, steps = train_epoch(
+            ddp_model, optimizer, scaler, x, y, config, ctx, dtype, epoch, micro_batch
         )
+        optimizer_steps += steps
         val_loss, val_acc = evaluate_shard(ddp_model, vx, vy, ctx, dtype, batch=max(micro, 1024))
         samples += seen
         history.append(EpochMetrics(epoch + 1, train_loss, train_acc, val_loss, val_acc))
@@ -205,6 +258,10 @@ def train(config: TrainConfig, splits: SplitPaths, artifact_path: str | None = N
         precision=str(dtype).removeprefix("torch.") if dtype else "float32",
         rank=ctx.rank,
         shard_rows=np.asarray(shard_rows).tolist(),
+        optimizer_steps=optimizer_steps,
+        micro_batch_size=micro_batch.size,
+        grad_accum_steps=-(-micro * config.grad_accum_steps // micro_batch.size),
+        peak_memory_bytes=torch.cuda.max_memory_allocated(ctx.device) if ctx.device.type == "cuda" else 0,
         model=model,
     )
 

@@ -1,0 +1,165 @@
+"""Choosing hardware for a run: the cheapest catalog option whose memory holds the estimate.
+
+Pure Python; `tasks/hardware.py` holds the catalogs and turns a choice into Flyte resources.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from tasks.core.config import ModelConfig
+from tasks.core.memory import MemoryEstimate, estimate_training_memory
+
+MIN_MICRO_BATCH = 8
+# Leave headroom for what the estimate does not see (fragmentation spikes, library workspaces).
+USABLE_MEMORY_FRACTION = 0.9
+
+
+class PlanError(ValueError):
+    """Nothing in the catalog can run this configuration; raised before any accelerator is asked for."""
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    """One hardware option: a MIG slice, a whole GPU, or a TPU slice."""
+
+    name: str
+    kind: str  # "mig", "gpu" or "tpu"
+    device: str  # the accelerator name Flyte and the cluster use
+    partition: str  # MIG partition or TPU topology; "" for a whole GPU
+    memory_gib: float  # per device: per GPU, MIG slice or TPU chip
+    devices: int  # data-parallel replicas it provides (GPUs or TPU chips)
+    price_per_hour: float  # the whole option
+
+
+@dataclass
+class OptionFit:
+    name: str
+    memory_gib: float
+    required_gib: float
+    price_per_hour: float
+    fits: bool
+
+
+@dataclass
+class TrainingPlan:
+    choice: CatalogEntry
+    estimate: MemoryEstimate
+    estimated_peak_gib: float
+    micro_batch_size: int
+    grad_accum_steps: int
+    effective_batch_size: int
+    options: list[OptionFit]
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class PreprocessPlan:
+    input_bytes: int
+    input_rows: int
+    input_columns: int
+    cpu: str
+    mem: str
+
+
+@dataclass
+class Workload:
+    model: ModelConfig
+    batch_size: int
+    grad_accum_steps: int
+    train_rows: int
+    val_rows: int
+    mixed_precision: bool
+    framework: str
+
+
+def estimate_for(workload: Workload, entry: CatalogEntry, accum: int) -> MemoryEstimate | None:
+    """Per-device estimate on `entry`, or None if the batch does not split over it evenly."""
+    if workload.batch_size % (entry.devices * accum):
+        return None
+    micro = workload.batch_size // (entry.devices * accum)
+    resident = math.ceil(workload.train_rows / entry.devices) + math.ceil(workload.val_rows / entry.devices)
+    return estimate_training_memory(
+        workload.model, micro, resident, workload.mixed_precision, workload.framework, on_accelerator=True
+    )
+
+
+def fits(estimate: MemoryEstimate | None, entry: CatalogEntry) -> bool:
+    return estimate is not None and estimate.total_gib <= entry.memory_gib * USABLE_MEMORY_FRACTION
+
+
+def accumulation_steps(workload: Workload) -> list[int]:
+    """The user's accumulation first, then doubling while the micro-batch stays >= the minimum."""
+    steps, accum = [], workload.grad_accum_steps
+    while workload.batch_size // accum >= MIN_MICRO_BATCH or not steps:
+        steps.append(accum)
+        accum *= 2
+    return steps
+
+
+def plan_training(workload: Workload, catalog: list[CatalogEntry]) -> TrainingPlan:
+    by_price = sorted(catalog, key=lambda entry: entry.price_per_hour)
+    for accum in accumulation_steps(workload):
+        estimates = {entry.name: estimate_for(workload, entry, accum) for entry in by_price}
+        fitting = [entry for entry in by_price if fits(estimates[entry.name], entry)]
+        if fitting:
+            return make_plan(workload, fitting[0], accum, estimates, by_price)
+    raise PlanError(too_large_message(workload, by_price))
+
+
+def make_plan(workload, choice, accum, estimates, catalog) -> TrainingPlan:
+    estimate = estimates[choice.name]
+    options = [
+        OptionFit(
+            name=entry.name,
+            memory_gib=entry.memory_gib,
+            required_gib=estimates[entry.name].total_gib if estimates[entry.name] else math.nan,
+            price_per_hour=entry.price_per_hour,
+            fits=fits(estimates[entry.name], entry),
+        )
+        for entry in catalog
+    ]
+    notes = []
+    if accum != workload.grad_accum_steps:
+        notes.append(
+            f"micro-batch lowered to fit: grad_accum_steps {workload.grad_accum_steps} -> {accum}, "
+            f"effective batch stays {workload.batch_size}"
+        )
+    return TrainingPlan(
+        choice=choice,
+        estimate=estimate,
+        estimated_peak_gib=estimate.total_gib,
+        micro_batch_size=workload.batch_size // (choice.devices * accum),
+        grad_accum_steps=accum,
+        effective_batch_size=workload.batch_size,
+        options=options,
+        notes=notes,
+    )
+
+
+def too_large_message(workload: Workload, catalog: list[CatalogEntry]) -> str:
+    largest = max(catalog, key=lambda entry: entry.memory_gib)
+    smallest_batch = estimate_training_memory(
+        workload.model, MIN_MICRO_BATCH, 0, workload.mixed_precision, workload.framework
+    )
+    state_gib = (
+        smallest_batch.parameters + smallest_batch.gradients + smallest_batch.optimizer_state
+    ) / 2**30
+    return (
+        f"no accelerator in the catalog fits this model: it needs about {smallest_batch.total_gib:.1f} GiB per "
+        f"device even at micro-batch {MIN_MICRO_BATCH} ({state_gib:.1f} GiB of parameters, gradients and "
+        f"AdamW state), but the largest option, {largest.name}, has {largest.memory_gib:.0f} GiB "
+        f"({USABLE_MEMORY_FRACTION:.0%} usable). Shrink hidden_sizes or add a larger accelerator to the catalog"
+    )
+
+
+def plan_preprocessing(input_bytes: int, rows: int, columns: int, batch_rows: int) -> PreprocessPlan:
+    """CPU/memory for the streaming preprocess: labels and split assignment for every row, a few
+    copies of one record batch, and the interpreter with pandas/pyarrow/scikit-learn loaded."""
+    per_row = 16 + 1  # label value (numeric or short string) + one byte of split assignment
+    batch = 6 * min(rows, batch_rows) * columns * 8
+    needed = 768 * 2**20 + rows * per_row + batch
+    mem_gib = max(1, math.ceil(needed * 1.25 / 2**30))
+    cpu = "1" if input_bytes < 256 * 2**20 else "2" if input_bytes < 4 * 2**30 else "4"
+    return PreprocessPlan(input_bytes, rows, columns, cpu, f"{mem_gib}Gi")
