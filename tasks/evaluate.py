@@ -13,7 +13,7 @@ from tasks.core.metrics import classification_metrics
 from tasks.hardware import EVALUATE_CPU, GPU_IMAGE
 from tasks.logs import setup_logging
 from tasks.storage import local_path
-from tasks.types import EvaluationReport, PreparedData, TrainedModel
+from tasks.types import EvaluationReport, PreparedData, ResourcePlan, TrainedModel
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,9 @@ def with_suffix(path: str, suffix: str) -> str:
 
 # The gpu image has both frameworks; the pod itself asks for CPU only.
 @task(container_image=GPU_IMAGE, requests=EVALUATE_CPU.resources, limits=EVALUATE_CPU.resources)
-def evaluate(prepared: PreparedData, trained: TrainedModel) -> EvaluationReport:
+def evaluate(
+    prepared: PreparedData, trained: TrainedModel, plan: ResourcePlan | None = None
+) -> EvaluationReport:
     setup_logging()
     features, labels = read_split(local_path(prepared.test), prepared.feature_names, prepared.label_column)
     metrics = classification_metrics(labels, predict_test_split(trained, features), prepared.class_labels)
@@ -66,6 +68,10 @@ def evaluate(prepared: PreparedData, trained: TrainedModel) -> EvaluationReport:
         samples_per_second=trained.samples_per_second,
         train_seconds=trained.train_seconds,
         dataset=prepared.source,
+        resource_plan=plan,
+        peak_device_memory_bytes=trained.peak_device_memory_bytes,
     )
     print(report.summary(), flush=True)
+    if plan is not None:
+        print(plan.summary(), flush=True)
     return report

@@ -9,8 +9,21 @@ import math
 from dataclasses import dataclass
 
 from flytekit import PodTemplate, Resources
-from flytekit.extras.accelerators import H100, L4, V5E, V5P, V6E, GPUAccelerator, MultiInstanceGPUAccelerator
+from flytekit.extras.accelerators import (
+    A100,
+    A100_80GB,
+    H100,
+    L4,
+    V5E,
+    V5P,
+    V6E,
+    BaseAccelerator,
+    GPUAccelerator,
+    MultiInstanceGPUAccelerator,
+)
 from kubernetes.client import V1Container, V1PodSpec, V1ResourceRequirements, V1Toleration
+
+from tasks.core.planner import CatalogEntry
 
 
 def image(name: str) -> str:
@@ -155,3 +168,38 @@ DEFAULT_PRICES_PER_HOUR = {
     "tpu-v5p-slice": 4.20,
     "tpu-v6e-slice": 2.70,
 }
+
+
+# What the planner may choose from, with memory per device and the price of the whole option
+# (USD/hour, illustrative on-demand figures; MIG slices priced by their share of the card).
+GPU_CATALOG = [
+    CatalogEntry("a100-mig-1g.5gb", "mig", "nvidia-tesla-a100", "1g.5gb", 4.75, 1, 0.42),
+    CatalogEntry("a100-mig-2g.10gb", "mig", "nvidia-tesla-a100", "2g.10gb", 9.75, 1, 0.84),
+    CatalogEntry("a100-mig-3g.20gb", "mig", "nvidia-tesla-a100", "3g.20gb", 19.5, 1, 1.26),
+    CatalogEntry("l4", "gpu", "nvidia-l4", "", 22.0, 1, 0.71),
+    CatalogEntry("a100-40gb", "gpu", "nvidia-tesla-a100", "", 39.4, 1, 2.93),
+    CatalogEntry("a100-80gb", "gpu", "nvidia-a100-80gb", "", 79.1, 1, 3.67),
+    CatalogEntry("h100-80gb", "gpu", "nvidia-h100", "", 79.1, 1, 9.80),
+]
+TPU_CATALOG = [
+    CatalogEntry("tpu-v5e-1x1", "tpu", "tpu-v5-lite-podslice", "1x1", 16.0, 1, 1.20),
+    CatalogEntry("tpu-v5e-2x2", "tpu", "tpu-v5-lite-podslice", "2x2", 16.0, 4, 4.80),
+    CatalogEntry("tpu-v5e-2x4", "tpu", "tpu-v5-lite-podslice", "2x4", 16.0, 8, 9.60),
+    CatalogEntry("tpu-v6e-1x1", "tpu", "tpu-v6e-slice", "1x1", 32.0, 1, 2.70),
+]
+WHOLE_GPUS = {"nvidia-tesla-a100": A100, "nvidia-a100-80gb": A100_80GB}
+TPU_GENERATION_OF = {accelerator.device: name for name, (accelerator, _) in TPU_GENERATIONS.items()}
+
+
+def accelerator_for(entry: CatalogEntry) -> BaseAccelerator:
+    """The flytekit accelerator for a catalog entry (a MIG partition, a whole GPU or a TPU slice)."""
+    if entry.kind == "tpu":
+        return tpu_profile_for(entry).accelerator
+    base = WHOLE_GPUS.get(entry.device)
+    if entry.kind == "mig":
+        return base.partitioned(entry.partition)
+    return base.unpartitioned if base is not None else GPUAccelerator(entry.device)
+
+
+def tpu_profile_for(entry: CatalogEntry) -> TpuSliceProfile:
+    return TpuSliceProfile(TPU_GENERATION_OF[entry.device], entry.partition, TRAIN_TPU.cpu, TRAIN_TPU.mem)

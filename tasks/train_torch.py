@@ -119,6 +119,7 @@ def train_with_ddp(prepared: PreparedData, config: TrainConfig, profile: GpuTrai
         history=[EpochRecord(**asdict(epoch)) for epoch in outcome.history],
         samples_per_second=outcome.samples_per_second,
         train_seconds=outcome.train_seconds,
+        peak_device_memory_bytes=outcome.peak_memory_bytes,
     )
 
 

@@ -8,7 +8,9 @@ from flytekit.types.file import FlyteFile
 from flytekit.types.structured import StructuredDataset
 
 from tasks.core.data import ScalerStats
+from tasks.core.memory import MemoryEstimate
 from tasks.core.metrics import ClassMetrics
+from tasks.core.planner import OptionFit, PreprocessPlan
 
 
 @dataclass
@@ -52,6 +54,48 @@ class TrainedModel:
     history: list[EpochRecord]
     samples_per_second: float
     train_seconds: float
+    peak_device_memory_bytes: int = 0  # torch.cuda.max_memory_allocated; 0 on CPU
+
+
+@dataclass
+class ResourcePlan:
+    """What the planner estimated and chose; `applied` says whether the run used it."""
+
+    applied: bool
+    target: str
+    framework: str
+    choice: str
+    device: str
+    partition: str
+    devices: int
+    memory_gib: float
+    price_per_hour: float
+    estimated_peak_gib: float
+    estimate: MemoryEstimate | None
+    micro_batch_size: int
+    grad_accum_steps: int
+    effective_batch_size: int
+    options: list[OptionFit]
+    preprocess: PreprocessPlan
+    notes: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        lines = [
+            f"resource plan ({'applied' if self.applied else 'not applied'}) for target {self.target}: "
+            f"{self.choice} ({self.device} {self.partition}".rstrip()
+            + f", {self.memory_gib:g} GiB, "
+            f"${self.price_per_hour:.2f}/h)",
+            f"  estimated peak {self.estimated_peak_gib:.2f} GiB per device; micro-batch {self.micro_batch_size} "
+            f"x {self.grad_accum_steps} accumulation x {self.devices} devices = batch {self.effective_batch_size}",
+            f"  preprocess: {self.preprocess.cpu} CPU, {self.preprocess.mem} for "
+            f"{self.preprocess.input_rows:,} rows x {self.preprocess.input_columns} columns",
+        ]
+        lines += [
+            f"  {'*' if o.name == self.choice else ' '} {o.name:<18} {o.memory_gib:>6.1f} GiB "
+            f"${o.price_per_hour:>5.2f}/h needs {o.required_gib:>7.2f} GiB {'fits' if o.fits else 'too small'}"
+            for o in self.options
+        ]
+        return "\n".join(lines + [f"  note: {n}" for n in self.notes])
 
 
 @dataclass
@@ -71,6 +115,8 @@ class EvaluationReport:
     samples_per_second: float
     train_seconds: float
     dataset: str
+    resource_plan: ResourcePlan | None = None
+    peak_device_memory_bytes: int = 0
     notes: list[str] = field(default_factory=list)
 
     def summary(self) -> str:

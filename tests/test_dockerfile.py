@@ -9,6 +9,7 @@ import pytest
 
 from tasks.compare import compare
 from tasks.evaluate import evaluate
+from tasks.planner import prepare_data, train_on_target
 from tasks.preprocess import preprocess
 from tasks.schedule import dataset_partition
 from tasks.train_tf import train_tf_gpu, train_tf_tpu
@@ -23,15 +24,9 @@ from tests.dependencies import (
 )
 
 TASKS = [
-    preprocess,
-    evaluate,
-    compare,
-    dataset_partition,
-    train_torch,
-    train_torch_multinode,
-    train_tf_gpu,
-    train_tf_tpu,
-]
+    preprocess, evaluate, compare, dataset_partition, train_torch, train_torch_multinode, train_tf_gpu, train_tf_tpu,
+    prepare_data, train_on_target,
+]  # fmt: skip
 TARGETS = ("cpu", "gpu", "tpu")
 
 

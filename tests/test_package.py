@@ -20,6 +20,8 @@ IMAGE_OF_TASK = {
     "tasks.train_torch.train_torch_multinode": "gpu",
     "tasks.train_tf.train_tf_gpu": "gpu",
     "tasks.train_tf.train_tf_tpu": "tpu",
+    "tasks.planner.prepare_data": "gpu",
+    "tasks.planner.train_on_target": "gpu",
 }
 
 
@@ -127,20 +129,23 @@ def depends_on(node) -> set[str]:
     return found - {"", "start-node"}  # workflow inputs
 
 
-def test_training_pipeline_wires_preprocess_train_evaluate(package):
+def test_training_pipeline_wires_plan_preprocess_train_evaluate(package):
     nodes = package.workflows["workflows.pipeline.training_pipeline"].template.nodes
-    by_id = {node.id: node for node in nodes}
-    tasks_of = {node.id: node_tasks(node) for node in nodes}
-    (preprocess,) = [i for i, t in tasks_of.items() if t == ["tasks.preprocess.preprocess"]]
-    (train,) = [i for i, t in tasks_of.items() if "tasks.train_torch.train_torch" in t]
-    (evaluate,) = [i for i, t in tasks_of.items() if t == ["tasks.evaluate.evaluate"]]
-    assert set(tasks_of[train]) == {
-        "tasks.train_torch.train_torch", "tasks.train_torch.train_torch_multinode",
-        "tasks.train_tf.train_tf_tpu", "tasks.train_tf.train_tf_gpu",
-    }  # fmt: skip
-    assert depends_on(by_id[preprocess]) == set()
-    assert depends_on(by_id[train]) == {preprocess}
-    assert depends_on(by_id[evaluate]) == {preprocess, train}
+    by_task = {node_tasks(node)[0]: node for node in nodes}
+    prepare = by_task["tasks.planner.prepare_data"]
+    train = by_task["tasks.planner.train_on_target"]
+    evaluate = by_task["tasks.evaluate.evaluate"]
+    assert len(nodes) == 3
+    assert depends_on(prepare) == set()
+    assert depends_on(train) == {prepare.id}
+    assert depends_on(evaluate) == {prepare.id, train.id}
+
+
+def test_planning_tasks_ask_for_no_accelerator(package):
+    for name in ("tasks.planner.prepare_data", "tasks.planner.train_on_target"):
+        template = package.tasks[name].template
+        assert not template.extended_resources.HasField("gpu_accelerator")
+        assert "GPU" not in resources(package.tasks[name])
 
 
 def test_comparison_trains_both_from_one_preparation_in_parallel(package):

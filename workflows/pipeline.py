@@ -1,16 +1,12 @@
-"""preprocess (CPU) -> train (GPU: PyTorch DDP, or TPU/GPU: TensorFlow) -> evaluate (CPU)."""
+"""plan + preprocess (CPU) -> plan + train (GPU: PyTorch DDP, or TPU/GPU: TensorFlow) -> evaluate (CPU)."""
 
 from __future__ import annotations
 
-from flytekit import conditional, workflow
+from flytekit import workflow
 
 from tasks.evaluate import evaluate
-from tasks.preprocess import preprocess
-from tasks.train_tf import train_tf_gpu, train_tf_tpu
-from tasks.train_torch import train_torch, train_torch_multinode
+from tasks.planner import prepare_data, train_on_target
 from tasks.types import EvaluationReport
-
-TARGETS = ("gpu", "gpu-multinode", "tpu", "gpu-tf")
 
 
 @workflow
@@ -30,6 +26,7 @@ def training_pipeline(
     seed: int = 0,
     precision: str = "auto",
     tf_strategy: str = "auto",
+    plan_resources: bool = True,
 ) -> EvaluationReport:
     """Train a classifier on a table and report test accuracy, macro-F1 and per-class counts.
 
@@ -55,30 +52,19 @@ def training_pipeline(
         tf_strategy: TensorFlow targets only: auto (TPU, then TF_CONFIG multi-worker, then GPUs,
             then the default strategy), or tpu, multi_worker, mirrored, default to demand one and
             fail if it is not there.
+        plan_resources: estimate peak training memory from the prepared data and the model, and run
+            preprocessing and training on the cheapest catalog option that holds it (MIG slice, GPU
+            or TPU slice); fails before any accelerator is requested if nothing fits. Off: use the
+            hardware declared in tasks/hardware.py (the plan is still reported).
     """
-    prepared = preprocess(
-        dataset=dataset,
-        label_column=label_column,
-        val_fraction=val_fraction,
-        test_fraction=test_fraction,
-        seed=seed,
-    )
-    hyper = dict(
-        prepared=prepared, epochs=epochs, batch_size=batch_size, learning_rate=learning_rate,
-        weight_decay=weight_decay, grad_accum_steps=grad_accum_steps, hidden_sizes=hidden_sizes,
-        dropout=dropout, seed=seed, precision=precision,
+    prepared, preprocess_plan = prepare_data(
+        dataset=dataset, label_column=label_column, val_fraction=val_fraction, test_fraction=test_fraction,
+        seed=seed, plan_resources=plan_resources,
     )  # fmt: skip
-    trained = (
-        conditional("train_on_target")
-        .if_(target == "gpu")
-        .then(train_torch(**hyper))
-        .elif_(target == "gpu-multinode")
-        .then(train_torch_multinode(**hyper))
-        .elif_(target == "tpu")
-        .then(train_tf_tpu(**hyper, tf_strategy=tf_strategy))
-        .elif_(target == "gpu-tf")
-        .then(train_tf_gpu(**hyper, tf_strategy=tf_strategy))
-        .else_()
-        .fail(f"unknown target; valid targets are: {', '.join(TARGETS)}")
-    )
-    return evaluate(prepared=prepared, trained=trained)
+    trained, plan = train_on_target(
+        prepared=prepared, preprocess_plan=preprocess_plan, target=target, epochs=epochs, batch_size=batch_size,
+        learning_rate=learning_rate, weight_decay=weight_decay, grad_accum_steps=grad_accum_steps,
+        hidden_sizes=hidden_sizes, dropout=dropout, seed=seed, precision=precision, tf_strategy=tf_strategy,
+        plan_resources=plan_resources,
+    )  # fmt: skip
+    return evaluate(prepared=prepared, trained=trained, plan=plan)

@@ -329,3 +329,26 @@ def read_shard(
     if missing:
         features, labels, ids = (np.concatenate([a, a[:missing]]) for a in (features, labels, ids))
     return features, labels, ids
+
+
+@dataclass
+class InputStats:
+    bytes: int
+    rows: int
+    columns: int
+
+
+def describe_input(uri: str) -> InputStats:
+    """Size of the input from metadata (parquet footers, file sizes), without reading the rows.
+
+    Also fails early, naming the file, when it is missing, empty or not parquet/CSV.
+    """
+    dataset = open_dataset(uri)
+    filesystem, path = fsspec.core.url_to_fs(uri)
+    size = filesystem.du(path) if filesystem.isdir(path) else filesystem.size(path)
+    columns = len(dataset.schema.names)
+    if isinstance(dataset.format, ds.ParquetFileFormat):
+        rows = dataset.count_rows()
+    else:  # CSV: a row is at least a few bytes per value; an overestimate sizes memory safely
+        rows = max(1, size // (columns * 4))
+    return InputStats(bytes=int(size), rows=int(rows), columns=columns)

@@ -114,7 +114,9 @@ def make_plan(workload, choice, accum, estimates, catalog) -> TrainingPlan:
         OptionFit(
             name=entry.name,
             memory_gib=entry.memory_gib,
-            required_gib=estimates[entry.name].total_gib if estimates[entry.name] else math.nan,
+            required_gib=estimates[entry.name].total_gib
+            if estimates[entry.name]
+            else -1.0,  # -1: batch does not split
             price_per_hour=entry.price_per_hour,
             fits=fits(estimates[entry.name], entry),
         )
