@@ -26,6 +26,9 @@ def test_default_run_on_embedded_digits_reaches_095():
     assert sum(map(sum, report.confusion_matrix)) == report.n_test
     assert (report.framework, report.trained_on, report.world_size) == ("pytorch", "cpu", 2)
     assert report.dataset == "embedded:sklearn-digits"
+    plan = report.resource_plan
+    assert plan.applied and plan.choice == "a100-mig-1g.5gb" and plan.device == "nvidia-tesla-a100"
+    assert plan.effective_batch_size == 64 and plan.preprocess.input_rows == 1797
 
 
 def test_own_csv_with_string_labels(tmp_path):
@@ -74,8 +77,16 @@ def test_tpu_target_runs_tensorflow_locally_on_cpu_and_reports_the_strategy():
 
 
 def test_unknown_target_lists_the_valid_ones():
-    with pytest.raises(Exception, match="valid targets are: gpu, gpu-multinode, tpu, gpu-tf"):
+    with pytest.raises(
+        Exception, match="unknown target 'cuda'; valid targets are: gpu, gpu-multinode, tpu, gpu-tf"
+    ):
         training_pipeline(target="cuda", epochs=1)
+
+
+def test_a_model_too_large_for_the_catalog_fails_before_training():
+    with pytest.raises(Exception, match="no accelerator in the catalog fits this model") as error:
+        training_pipeline(hidden_sizes=[65536, 65536], epochs=1)
+    assert "train_torch" not in str(error.value)
 
 
 def test_hardware_comparison_trains_both_from_the_same_data():

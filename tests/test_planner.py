@@ -1,0 +1,160 @@
+"""Memory estimate against measurement, and the planner's choices."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections import OrderedDict
+
+import pytest
+import torch
+import torch.nn.functional as F
+from flytekit import workflow
+from flytekit.configuration import ImageConfig, SerializationSettings
+from flytekit.tools.translator import get_serializable
+
+from tasks.core.config import ModelConfig
+from tasks.core.memory import estimate_training_memory, parameter_count
+from tasks.core.model import build_mlp
+from tasks.core.planner import PlanError, Workload, plan_preprocessing, plan_training
+from tasks.hardware import GPU_CATALOG, TPU_CATALOG
+
+# The estimate may be up to 35% high (it picks hardware: erring high is the safe side; it counts
+# two parameter-sized optimizer temporaries that foreach AdamW does not always hold at the peak)
+# and at most 10% low, against the allocator's peak over parameters, gradients, optimizer state,
+# activations and temporaries.
+LOW, HIGH = 0.90, 1.35
+
+
+def measured_peak_bytes(model_config: ModelConfig, micro_batch: int, tmp_path) -> int:
+    """Peak CPU tensor memory of two AdamW steps, from the torch profiler's memory timeline."""
+    torch.manual_seed(0)
+    x = torch.randn(2 * micro_batch, model_config.n_features)
+    y = torch.randint(0, model_config.n_classes, (2 * micro_batch,))
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    with torch.profiler.profile(
+        activities=activities, profile_memory=True, record_shapes=True, with_stack=True
+    ) as prof:
+        model = build_mlp(model_config)
+        optimizer = torch.optim.AdamW(model.parameters())
+        for batch in (slice(0, micro_batch), slice(micro_batch, 2 * micro_batch)):
+            F.cross_entropy(model(x[batch]).float(), y[batch]).backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    path = tmp_path / "timeline.json"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        prof.export_memory_timeline(str(path), device="cpu")
+    _, sizes = json.loads(path.read_text())
+    return max(sum(row[:-1]) for row in sizes)  # the last column is memory the profiler could not attribute
+
+
+@pytest.mark.parametrize(
+    "model_config, micro_batch",
+    [
+        (ModelConfig(512, 10, [2048, 2048], 0.1), 256),
+        (ModelConfig(1024, 10, [1024, 1024], 0.1), 128),
+        (ModelConfig(1024, 100, [4096, 4096], 0.1), 512),
+    ],
+    ids=["5M-params", "3M-params", "21M-params"],
+)
+def test_estimate_matches_measured_cpu_allocation(model_config, micro_batch, tmp_path):
+    measured = measured_peak_bytes(model_config, micro_batch, tmp_path)
+    estimate = estimate_training_memory(model_config, micro_batch, on_accelerator=False)
+    assert LOW * measured <= estimate.tensor_bytes <= HIGH * measured, (estimate.tensor_bytes, measured)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_estimate_matches_cuda_max_memory_allocated():
+    model_config, micro_batch = ModelConfig(1024, 100, [4096, 4096], 0.1), 512
+    device = torch.device("cuda")
+    model = build_mlp(model_config).to(device)
+    optimizer = torch.optim.AdamW(model.parameters())
+    x = torch.randn(micro_batch, model_config.n_features, device=device)
+    y = torch.randint(0, model_config.n_classes, (micro_batch,), device=device)
+    torch.cuda.reset_peak_memory_stats()
+    for _ in range(2):
+        F.cross_entropy(model(x).float(), y).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    measured = torch.cuda.max_memory_allocated()
+    estimate = estimate_training_memory(model_config, micro_batch, resident_rows=micro_batch)
+    assert LOW * measured <= estimate.tensor_bytes <= HIGH * measured, (estimate.tensor_bytes, measured)
+
+
+def test_parameter_count_matches_torch():
+    config = ModelConfig(37, 5, [64, 32], 0.0)
+    assert parameter_count(config) == sum(p.numel() for p in build_mlp(config).parameters())
+
+
+def workload(
+    hidden: list[int], batch: int = 64, accum: int = 1, rows: int = 1257, features: int = 64
+) -> Workload:
+    return Workload(ModelConfig(features, 10, hidden, 0.1), batch, accum, rows, 270, True, "torch")
+
+
+def test_small_default_model_gets_a_mig_slice():
+    plan = plan_training(workload([256, 128]), GPU_CATALOG)
+    assert plan.choice.kind == "mig" and plan.choice.name == "a100-mig-1g.5gb"
+    assert (plan.micro_batch_size, plan.grad_accum_steps, plan.effective_batch_size) == (64, 1, 64)
+    assert all(option.fits for option in plan.options)
+
+
+def test_model_too_large_for_any_slice_gets_a_full_large_gpu():
+    plan = plan_training(workload([20480, 20480, 20480], batch=256), GPU_CATALOG)
+    slices = [o for o in plan.options if o.name.startswith("a100-mig") or o.name == "l4"]
+    assert not any(o.fits for o in slices)
+    assert plan.choice.kind == "gpu" and plan.choice.memory_gib >= 39
+    assert plan.estimated_peak_gib <= plan.choice.memory_gib
+
+
+def test_activations_that_do_not_fit_lower_the_micro_batch_not_the_effective_batch():
+    big_batch = workload([4096], batch=262144, features=64)
+    plan = plan_training(big_batch, [GPU_CATALOG[0]])  # only the 5 GB slice
+    assert plan.grad_accum_steps > 1
+    assert plan.micro_batch_size * plan.grad_accum_steps == plan.effective_batch_size == 262144
+    assert "effective batch stays 262144" in plan.notes[0]
+
+
+def test_model_too_large_for_the_catalog_fails_saying_what_it_needs():
+    with pytest.raises(PlanError, match=r"needs about \d+\.\d GiB per device .* largest option, a100-80gb"):
+        plan_training(workload([65536, 65536]), GPU_CATALOG)
+
+
+def test_tpu_plan_uses_the_tpu_catalog():
+    plan = plan_training(workload([256, 128]), TPU_CATALOG)
+    assert plan.choice.name == "tpu-v5e-1x1"
+
+
+def test_preprocessing_is_sized_from_the_data():
+    small = plan_preprocessing(600_000, 1797, 65, 65_536)
+    large = plan_preprocessing(8 * 2**30, 100_000_000, 65, 65_536)
+    assert (small.cpu, small.mem) == ("1", "1Gi")
+    assert large.cpu == "4" and int(large.mem.removesuffix("Gi")) > 2
+
+
+def test_planned_overrides_reach_the_serialized_node():
+    from tasks.planner import overrides_for
+    from tasks.preprocess import preprocess
+    from tasks.train_torch import train_torch
+
+    plan = plan_training(workload([256, 128]), GPU_CATALOG)
+
+    @workflow
+    def planned(dataset: str = "") -> None:
+        prepared = preprocess(
+            dataset=dataset, label_column="label", val_fraction=0.15, test_fraction=0.15, seed=0
+        )
+        train_torch(
+            prepared=prepared, epochs=1, batch_size=64, learning_rate=1e-3, weight_decay=0.0,
+            grad_accum_steps=plan.grad_accum_steps, hidden_sizes=[256, 128], dropout=0.1, seed=0, precision="auto",
+        ).with_overrides(**overrides_for(plan))  # fmt: skip
+
+    images = {name: f"registry.example.com/mixedml-{name}:v1" for name in ("cpu", "gpu", "tpu")}
+    settings = SerializationSettings(image_config=ImageConfig.from_images(images["gpu"], images))
+    spec = get_serializable(OrderedDict(), settings, planned).template.to_flyte_idl()
+    (train_node,) = [n for n in spec.nodes if "train_torch" in n.task_node.reference_id.name]
+    overrides = train_node.task_node.overrides
+    accelerator = overrides.extended_resources.gpu_accelerator
+    assert (accelerator.device, accelerator.partition_size) == ("nvidia-tesla-a100", "1g.5gb")
+    assert {r.value for r in overrides.resources.requests if r.name == 2} == {"1"}  # GPU
