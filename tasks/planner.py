@@ -8,12 +8,13 @@ image because they reference the training tasks (whose plugin needs torch to be 
 from __future__ import annotations
 
 import html
+import importlib.metadata
 import logging
 
 from flytekit import Deck, Resources, dynamic
 
 from tasks.core.config import ModelConfig
-from tasks.core.data import BATCH_ROWS, EMBEDDED_DIGITS_LABEL, describe_input
+from tasks.core.data import BATCH_ROWS, EMBEDDED_DIGITS_LABEL, dataset_fingerprint, describe_input
 from tasks.core.planner import (
     PlanError,
     PreprocessPlan,
@@ -22,6 +23,7 @@ from tasks.core.planner import (
     plan_preprocessing,
     plan_training,
 )
+from tasks.core.validation import RunInputs, validate_run
 from tasks.hardware import (
     EVALUATE_CPU,
     GPU_CATALOG,
@@ -39,7 +41,6 @@ from tasks.types import PreparedData, ResourcePlan, TrainedModel
 
 log = logging.getLogger(__name__)
 
-TARGETS = ("gpu", "gpu-multinode", "tpu", "gpu-tf")
 TRAINING_TASKS = {
     "gpu": train_torch,
     "gpu-multinode": train_torch_multinode,
@@ -48,11 +49,7 @@ TRAINING_TASKS = {
 }
 CATALOGS = {"gpu": GPU_CATALOG, "gpu-tf": GPU_CATALOG, "tpu": TPU_CATALOG}
 EMBEDDED_DIGITS_SHAPE = (1797, 65, 600_000)  # rows, columns, bytes as parquet
-
-
-def check_target(target: str) -> None:
-    if target not in TARGETS:
-        raise ValueError(f"unknown target '{target}'; valid targets are: {', '.join(TARGETS)}")
+EMBEDDED_FINGERPRINT = f"embedded-digits-scikit-learn-{importlib.metadata.version('scikit-learn')}"
 
 
 def size_preprocessing(dataset: str, label_column: str) -> PreprocessPlan:
@@ -75,9 +72,28 @@ def prepare_data(
     test_fraction: float,
     seed: int,
     plan_resources: bool,
+    target: str,
+    epochs: int,
+    batch_size: int,
+    learning_rate: float,
+    grad_accum_steps: int,
+    hidden_sizes: list[int],
+    dropout: float,
+    precision: str,
+    tf_strategy: str,
 ) -> tuple[PreparedData, PreprocessPlan]:
-    """Size the preprocessing pod from the input's metadata, then preprocess."""
+    """Check every input, size the preprocessing pod from the input's metadata, then preprocess.
+
+    Runs first and on CPU, so a bad input fails here, before any accelerator is requested.
+    """
     setup_logging()
+    validate_run(
+        RunInputs(
+            target=target, epochs=epochs, batch_size=batch_size, learning_rate=learning_rate,
+            grad_accum_steps=grad_accum_steps, hidden_sizes=hidden_sizes, dropout=dropout,
+            val_fraction=val_fraction, test_fraction=test_fraction, precision=precision, tf_strategy=tf_strategy,
+        )
+    )  # fmt: skip
     plan = size_preprocessing(dataset, label_column)
     log.info(
         "preprocess plan: %s CPU, %s for %d rows x %d columns",
@@ -92,6 +108,7 @@ def prepare_data(
         val_fraction=val_fraction,
         test_fraction=test_fraction,
         seed=seed,
+        dataset_fingerprint=dataset_fingerprint(dataset) if dataset else EMBEDDED_FINGERPRINT,
     )
     if plan_resources:
         sized = Resources(cpu=plan.cpu, mem=plan.mem)
@@ -175,7 +192,6 @@ def train_on_target(
 ) -> tuple[TrainedModel, ResourcePlan]:
     """Estimate memory, pick the cheapest accelerator that holds it, and train there."""
     setup_logging()
-    check_target(target)
     hyper = dict(
         epochs=epochs, batch_size=batch_size, learning_rate=learning_rate, weight_decay=weight_decay,
         grad_accum_steps=grad_accum_steps, hidden_sizes=hidden_sizes, dropout=dropout, seed=seed, precision=precision,

@@ -16,6 +16,18 @@ def blobs_frame(n_rows: int = 300, n_features: int = 4, n_classes: int = 3, seed
     return frame
 
 
+@pytest.fixture(scope="session", autouse=True)
+def isolated_local_cache(tmp_path_factory):
+    """Local runs cache preprocessing; keep the tests' cache apart from the user's."""
+    from flytekit.core import local_cache
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(local_cache, "CACHE_LOCATION", str(tmp_path_factory.mktemp("flyte-local-cache")))
+        patch.setattr(local_cache.LocalTaskCache, "_initialized", False)
+        yield
+    local_cache.LocalTaskCache._initialized = False
+
+
 @pytest.fixture
 def blobs() -> pd.DataFrame:
     return blobs_frame()

@@ -78,7 +78,7 @@ def test_tpu_target_runs_tensorflow_locally_on_cpu_and_reports_the_strategy():
 
 def test_unknown_target_lists_the_valid_ones():
     with pytest.raises(
-        Exception, match="unknown target 'cuda'; valid targets are: gpu, gpu-multinode, tpu, gpu-tf"
+        Exception, match="input 'target' = 'cuda': not one of gpu, gpu-multinode, tpu, gpu-tf"
     ):
         training_pipeline(target="cuda", epochs=1)
 

@@ -59,7 +59,9 @@ def training_pipeline(
     """
     prepared, preprocess_plan = prepare_data(
         dataset=dataset, label_column=label_column, val_fraction=val_fraction, test_fraction=test_fraction,
-        seed=seed, plan_resources=plan_resources,
+        seed=seed, plan_resources=plan_resources, target=target, epochs=epochs, batch_size=batch_size,
+        learning_rate=learning_rate, grad_accum_steps=grad_accum_steps, hidden_sizes=hidden_sizes, dropout=dropout,
+        precision=precision, tf_strategy=tf_strategy,
     )  # fmt: skip
     trained, plan = train_on_target(
         prepared=prepared, preprocess_plan=preprocess_plan, target=target, epochs=epochs, batch_size=batch_size,

@@ -7,6 +7,8 @@ grow with the width of the file.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import tempfile
 from collections.abc import Iterator
@@ -352,3 +354,22 @@ def describe_input(uri: str) -> InputStats:
     else:  # CSV: a row is at least a few bytes per value; an overestimate sizes memory safely
         rows = max(1, size // (columns * 4))
     return InputStats(bytes=int(size), rows=int(rows), columns=columns)
+
+
+def dataset_fingerprint(uri: str) -> str:
+    """Identity of the data behind `uri`: size and version/modification metadata of every file.
+
+    Cheap (metadata only) and changes whenever a file is rewritten, so it can key a cache.
+    """
+    filesystem, path = fsspec.core.url_to_fs(uri)
+    files = sorted(filesystem.find(path)) if filesystem.isdir(path) else [path]
+    identity = []
+    for name in files:
+        info = filesystem.info(name)
+        version = {key: str(info[key]) for key in VERSION_KEYS if key in info}
+        identity.append((name, info.get("size"), version))
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:32]
+
+
+# What fsspec filesystems report about a file's version: local mtime, S3 ETag, GCS generation/md5.
+VERSION_KEYS = ("mtime", "created", "ETag", "LastModified", "generation", "md5Hash", "etag", "last_modified")
