@@ -87,7 +87,10 @@ def detect_format(uri: str) -> str:
 def open_dataset(uri: str) -> ds.Dataset:
     """Open a local path or fsspec URI (s3://, gs://, ...) as a lazily-read pyarrow dataset."""
     file_format = detect_format(uri)
-    filesystem, path = fsspec.core.url_to_fs(uri)
+    try:
+        filesystem, path = fsspec.core.url_to_fs(uri)
+    except (ValueError, ImportError) as err:  # unknown protocol, or its filesystem package is missing
+        raise DatasetError(f"{uri}: cannot open this URI: {err}") from err
     if not filesystem.exists(path):
         raise DatasetError(f"{uri}: no such file or directory")
     if filesystem.isfile(path) and filesystem.size(path) == 0:
