@@ -10,7 +10,7 @@ import logging
 import os
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 
 import numpy as np
@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from tasks.core.checkpoint import TrainingCheckpoint
 from tasks.core.config import EpochMetrics, ModelConfig, SplitPaths, TrainConfig
 from tasks.core.data import read_shard
 from tasks.core.model import build_mlp, save_artifact
@@ -110,6 +111,81 @@ def evaluate_shard(
     return loss_sum / count, correct / count
 
 
+@dataclass
+class Progress:
+    """Where the run is: what a checkpoint must hold besides model and optimizer state."""
+
+    epoch: int = 0
+    step: int = 0  # optimizer steps done in `epoch`
+    loss_sum: float = 0.0  # this rank's running sums over those steps
+    correct: float = 0.0
+    optimizer_steps: int = 0
+    history: list[EpochMetrics] = field(default_factory=list)
+
+    def next_epoch(self) -> None:
+        self.epoch, self.step, self.loss_sum, self.correct = self.epoch + 1, 0, 0.0, 0.0
+
+
+def gather(value, ctx: DistributedContext) -> list:
+    if not ctx.is_distributed:
+        return [value]
+    gathered = [None] * ctx.world_size
+    dist.all_gather_object(gathered, value)
+    return gathered
+
+
+def rng_state(ctx: DistributedContext) -> dict:
+    cuda = (
+        torch.cuda.get_rng_state(ctx.device)
+        if ctx.device.type == "cuda"
+        else torch.empty(0, dtype=torch.uint8)
+    )
+    return {"cpu": torch.get_rng_state(), "cuda": cuda}
+
+
+def training_state(
+    model, optimizer, scaler, micro: MicroBatch, progress: Progress, partial, ctx
+) -> dict | None:
+    """Collective: every rank contributes its RNG state and running sums; rank 0 gets the state."""
+    ranks = gather({**rng_state(ctx), "loss_sum": partial[0], "correct": partial[1]}, ctx)
+    if ctx.rank != 0:
+        return None
+    return {
+        "model": {name: tensor.detach().cpu() for name, tensor in model.state_dict().items()},
+        "optimizer": optimizer.state_dict(),
+        "scaler": scaler.state_dict(),
+        "epoch": progress.epoch,
+        "step": progress.step,
+        "optimizer_steps": progress.optimizer_steps,
+        "micro_batch": micro.size,
+        "history": [asdict(epoch) for epoch in progress.history],
+        "world_size": ctx.world_size,
+        "ranks": ranks,
+    }
+
+
+def restore(state: dict | None, model, optimizer, scaler, micro: MicroBatch, progress: Progress, ctx) -> None:
+    if state is None:
+        return
+    if state["world_size"] != ctx.world_size:
+        raise ValueError(
+            f"the checkpoint was written by {state['world_size']} workers but {ctx.world_size} are running; "
+            "resume with the same number of workers"
+        )
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scaler.load_state_dict(state["scaler"])
+    micro.size = state["micro_batch"]
+    mine = state["ranks"][ctx.rank]
+    torch.set_rng_state(mine["cpu"])
+    if ctx.device.type == "cuda" and mine["cuda"].numel():
+        torch.cuda.set_rng_state(mine["cuda"], ctx.device)
+    progress.epoch, progress.step = state["epoch"], state["step"]
+    progress.loss_sum, progress.correct = mine["loss_sum"], mine["correct"]
+    progress.optimizer_steps = state["optimizer_steps"]
+    progress.history = [EpochMetrics(**epoch) for epoch in state["history"]]
+
+
 class MicroBatch:
     """The micro-batch size, halved on CUDA out-of-memory while the effective batch stays fixed."""
 
@@ -156,17 +232,31 @@ def optimizer_step(model, optimizer, scaler, x, y, rows, micro: int, ctx, dtype)
 
 
 def train_epoch(
-    model, optimizer, scaler, x, y, config: TrainConfig, ctx, dtype, epoch: int, micro: MicroBatch
+    model,
+    optimizer,
+    scaler,
+    x,
+    y,
+    config: TrainConfig,
+    ctx,
+    dtype,
+    epoch: int,
+    micro: MicroBatch,
+    progress,
+    on_step,
 ):
-    """One pass over this rank's shard; returns global (mean loss, accuracy, samples, optimizer steps)."""
+    """One pass over this rank's shard, from `progress.step` on (non-zero when resuming mid-epoch).
+
+    Returns global (mean loss, accuracy, samples) for the whole epoch.
+    """
     model.train()
     per_step = config.micro_batch_size(ctx.world_size) * config.grad_accum_steps
     steps = len(y) // per_step
     order = torch.randperm(len(y), generator=torch.Generator().manual_seed(config.seed * 1_000 + epoch))
     order = order.to(x.device)
-    loss_sum = torch.zeros((), device=x.device)
-    correct = torch.zeros((), device=x.device)
-    for step in range(steps):
+    loss_sum = torch.tensor(progress.loss_sum, device=x.device)
+    correct = torch.tensor(progress.correct, device=x.device)
+    for step in range(progress.step, steps):
         rows = order[step * per_step : (step + 1) * per_step]
         while True:
             try:
@@ -181,9 +271,11 @@ def train_epoch(
                 micro.halve(error, step, per_step)
         loss_sum += step_loss
         correct += step_correct
+        progress.step, progress.optimizer_steps = step + 1, progress.optimizer_steps + 1
+        on_step(loss_sum, correct)
     seen = float(steps * per_step)
     loss_total, correct_total, seen = all_reduce_sums([loss_sum.item(), correct.item(), seen], ctx)
-    return loss_total / seen, correct_total / seen, int(seen), steps
+    return loss_total / seen, correct_total / seen, int(seen)
 
 
 def load_shards(splits: SplitPaths, ctx: DistributedContext):
@@ -194,8 +286,17 @@ def load_shards(splits: SplitPaths, ctx: DistributedContext):
     return to_device(x), to_device(y), to_device(vx), to_device(vy), rows
 
 
-def train(config: TrainConfig, splits: SplitPaths, artifact_path: str | None = None) -> TrainOutcome:
-    """Train the MLP on this rank's shard; rank 0 writes the artifact to `artifact_path`."""
+def train(
+    config: TrainConfig,
+    splits: SplitPaths,
+    artifact_path: str | None = None,
+    checkpoint: TrainingCheckpoint | None = None,
+) -> TrainOutcome:
+    """Train the MLP on this rank's shard; rank 0 writes the artifact to `artifact_path`.
+
+    With a `checkpoint`, the run resumes from its saved state, if any, and saves after every epoch
+    and every `checkpoint.every_steps` optimizer steps.
+    """
     ctx = init_distributed(config.collective_timeout_s)
     torch.manual_seed(config.seed)
     if ctx.device.type == "cpu":
@@ -219,29 +320,39 @@ def train(config: TrainConfig, splits: SplitPaths, artifact_path: str | None = N
     dtype = autocast_dtype(ctx.device, config.precision)
     scaler = torch.amp.GradScaler(ctx.device.type, enabled=dtype == torch.float16)
 
-    history, samples, optimizer_steps = [], 0, 0
     micro_batch = MicroBatch(micro, minimum=min(micro, config.min_micro_batch_size))
+    progress = Progress()
+    if checkpoint is not None:
+        restore(checkpoint.load(), model, optimizer, scaler, micro_batch, progress, ctx)
+
+    def save(loss_sum=None, correct=None) -> None:
+        partial = (loss_sum.item(), correct.item()) if loss_sum is not None else (0.0, 0.0)
+        state = training_state(model, optimizer, scaler, micro_batch, progress, partial, ctx)
+        if state is not None:
+            checkpoint.save(state)
+
+    def on_step(loss_sum, correct) -> None:
+        if checkpoint is not None and checkpoint.due(progress.step):
+            save(loss_sum, correct)
+
     if ctx.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(ctx.device)
-    start = time.perf_counter()
-    for epoch in range(config.epochs):
-        train_loss, train_acc, seen, steps = train_epoch(
-            ddp_model, optimizer, scaler, x, y, config, ctx, dtype, epoch, micro_batch
+    samples, start = 0, time.perf_counter()
+    for epoch in range(progress.epoch, config.epochs):
+        train_loss, train_acc, seen = train_epoch(
+            ddp_model, optimizer, scaler, x, y, config, ctx, dtype, epoch, micro_batch, progress, on_step
         )
-        optimizer_steps += steps
         val_loss, val_acc = evaluate_shard(ddp_model, vx, vy, ctx, dtype, batch=max(micro, 1024))
         samples += seen
-        history.append(EpochMetrics(epoch + 1, train_loss, train_acc, val_loss, val_acc))
+        progress.history.append(EpochMetrics(epoch + 1, train_loss, train_acc, val_loss, val_acc))
+        progress.next_epoch()
+        if checkpoint is not None:
+            save()
         if ctx.rank == 0:
             log.info(
                 "epoch %d/%d train_loss=%.4f train_acc=%.4f val_loss=%.4f val_acc=%.4f",
-                epoch + 1,
-                config.epochs,
-                train_loss,
-                train_acc,
-                val_loss,
-                val_acc,
-            )
+                epoch + 1, config.epochs, train_loss, train_acc, val_loss, val_acc,
+            )  # fmt: skip
     if ctx.device.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
@@ -249,7 +360,7 @@ def train(config: TrainConfig, splits: SplitPaths, artifact_path: str | None = N
     if ctx.rank == 0 and artifact_path:
         save_artifact(model, model_config, artifact_path)
     return TrainOutcome(
-        history=history,
+        history=progress.history,
         samples_per_second=samples / seconds if seconds > 0 else 0.0,
         train_seconds=seconds,
         device=describe_device(ctx.device),
@@ -258,7 +369,7 @@ def train(config: TrainConfig, splits: SplitPaths, artifact_path: str | None = N
         precision=str(dtype).removeprefix("torch.") if dtype else "float32",
         rank=ctx.rank,
         shard_rows=np.asarray(shard_rows).tolist(),
-        optimizer_steps=optimizer_steps,
+        optimizer_steps=progress.optimizer_steps,
         micro_batch_size=micro_batch.size,
         grad_accum_steps=-(-micro * config.grad_accum_steps // micro_batch.size),
         peak_memory_bytes=torch.cuda.max_memory_allocated(ctx.device) if ctx.device.type == "cuda" else 0,

@@ -1,0 +1,71 @@
+"""Preemption: a training process killed mid-epoch resumes from its checkpoint and ends exactly
+where an uninterrupted run ends (CPU, fixed seed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+import torch
+
+from tasks.core.checkpoint import STATE_FILE
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def worker(splits, checkpoint_dir: str, out: Path, slow: bool) -> list[str]:
+    return [sys.executable, "-m", "tests.checkpoint_worker", json.dumps(asdict(splits)), checkpoint_dir, str(out),
+            "1" if slow else "0"]  # fmt: skip
+
+
+def run(command: list[str]) -> subprocess.CompletedProcess:
+    result = subprocess.run(command, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def wait_for_mid_epoch_checkpoint(path: Path, process: subprocess.Popen, timeout_s: float = 120) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert process.poll() is None, "the training process ended before it could be killed"
+        if path.exists():
+            state = torch.load(path, weights_only=True)
+            if state["epoch"] >= 1 and state["step"] > 0:
+                return state
+        time.sleep(0.01)
+    raise AssertionError("no mid-epoch checkpoint appeared")
+
+
+def test_killed_and_resumed_run_matches_an_uninterrupted_run(blob_splits, tmp_path):
+    run(worker(blob_splits, "", tmp_path / "uninterrupted.pt", slow=False))
+
+    checkpoint_dir = tmp_path / "checkpoint"
+    process = subprocess.Popen(worker(blob_splits, str(checkpoint_dir), tmp_path / "never.pt", slow=True),
+                               cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    try:
+        saved = wait_for_mid_epoch_checkpoint(checkpoint_dir / STATE_FILE, process)
+        process.kill()  # SIGKILL: no chance to clean up, as with a reclaimed spot node
+    finally:
+        process.wait(timeout=60)
+    assert process.returncode == -9
+    assert not (tmp_path / "never.pt").exists()
+
+    resumed = run(worker(blob_splits, str(checkpoint_dir), tmp_path / "resumed.pt", slow=False))
+    assert "RESUMING epoch=" in resumed.stdout
+    resumed_epoch = int(resumed.stdout.split("epoch=")[1].split()[0])
+    assert resumed_epoch >= saved["epoch"] >= 1
+
+    expected = torch.load(tmp_path / "uninterrupted.pt", weights_only=True)
+    actual = torch.load(tmp_path / "resumed.pt", weights_only=True)
+    assert actual["history"] == expected["history"]
+    assert actual["optimizer_steps"] == expected["optimizer_steps"]
+    for name, tensor in expected["parameters"].items():
+        assert torch.equal(actual["parameters"][name], tensor), name
