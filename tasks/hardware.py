@@ -59,6 +59,8 @@ class GpuTrainingProfile:
     local_cpu_workers: int = 2
     # Seconds to wait for every node to join; multi-node runs wait for node scale-up and image pulls.
     rendezvous_timeout_s: int = 900
+    # Worker-group restarts torch elastic makes after a worker dies, before the attempt fails.
+    max_restarts: int = 1
 
     @property
     def resources(self) -> Resources:
@@ -68,6 +70,10 @@ class GpuTrainingProfile:
     def device(self) -> str:
         return self.accelerator.to_flyte_idl().device
 
+
+# Attempts Flyte makes after a training attempt fails (e.g. a spot node reclaimed); each one
+# resumes from the last checkpoint.
+TRAINING_RETRIES = 3
 
 PREPROCESS_CPU = CpuProfile(cpu="2", mem="4Gi")
 EVALUATE_CPU = CpuProfile(cpu="1", mem="2Gi")

@@ -189,12 +189,14 @@ def train_on_target(
     precision: str,
     tf_strategy: str,
     plan_resources: bool,
+    checkpoint_every_steps: int = 0,
 ) -> tuple[TrainedModel, ResourcePlan]:
     """Estimate memory, pick the cheapest accelerator that holds it, and train there."""
     setup_logging()
     hyper = dict(
         epochs=epochs, batch_size=batch_size, learning_rate=learning_rate, weight_decay=weight_decay,
         grad_accum_steps=grad_accum_steps, hidden_sizes=hidden_sizes, dropout=dropout, seed=seed, precision=precision,
+        checkpoint_every_steps=checkpoint_every_steps,
     )  # fmt: skip
     work = workload(prepared, target, hyper)
     report, overrides = plan_report(target, work, hyper, preprocess_plan, plan_resources)

@@ -13,8 +13,9 @@ from pathlib import Path
 from flytekit import current_context, task
 from flytekit.types.file import FlyteFile
 
+from tasks.checkpointing import flyte_checkpoint
 from tasks.core.config import SplitPaths, TrainConfig
-from tasks.hardware import GPU_IMAGE, TPU_IMAGE, TRAIN_GPU, TRAIN_TPU
+from tasks.hardware import GPU_IMAGE, TPU_IMAGE, TRAIN_GPU, TRAIN_TPU, TRAINING_RETRIES
 from tasks.logs import setup_logging
 from tasks.storage import local_path
 from tasks.types import EpochRecord, PreparedData, TrainedModel
@@ -43,7 +44,12 @@ def train_tensorflow(prepared: PreparedData, config: TrainConfig, strategy: str)
         n_classes=len(prepared.class_labels),
     )
     artifact = Path(current_context().working_directory) / "model.keras"
-    outcome = train_keras(config, splits, str(artifact), strategy=strategy)
+    checkpoint = flyte_checkpoint(config.checkpoint_every_steps)
+    outcome = train_keras(
+        config, splits, str(artifact), strategy=strategy,
+        checkpoint_dir=str(checkpoint.directory) if checkpoint else None,
+        on_checkpoint=checkpoint.on_save if checkpoint else None,
+    )  # fmt: skip
     log.info(
         "trained with tf.distribute '%s' on %s, %d replicas, %s, %.0f samples/s",
         outcome.strategy, outcome.device, outcome.replicas, outcome.precision, outcome.samples_per_second,
@@ -66,7 +72,13 @@ def train_tensorflow(prepared: PreparedData, config: TrainConfig, strategy: str)
 
 
 # No requests/limits here: the pod template carries cpu, memory and google.com/tpu together.
-@task(container_image=TPU_IMAGE, accelerator=TRAIN_TPU.accelerator, pod_template=TRAIN_TPU.pod_template())
+@task(
+    container_image=TPU_IMAGE,
+    interruptible=True,
+    retries=TRAINING_RETRIES,
+    accelerator=TRAIN_TPU.accelerator,
+    pod_template=TRAIN_TPU.pod_template(),
+)
 def train_tf_tpu(
     prepared: PreparedData,
     epochs: int,
@@ -79,6 +91,7 @@ def train_tf_tpu(
     seed: int,
     precision: str,
     tf_strategy: str,
+    checkpoint_every_steps: int = 0,
 ) -> TrainedModel:
     hyperparameters = {k: v for k, v in locals().items() if k not in ("prepared", "tf_strategy")}
     return train_tensorflow(prepared, TrainConfig(**hyperparameters), tf_strategy)
@@ -86,6 +99,8 @@ def train_tf_tpu(
 
 @task(
     container_image=GPU_IMAGE,
+    interruptible=True,
+    retries=TRAINING_RETRIES,
     requests=TRAIN_GPU.resources,
     limits=TRAIN_GPU.resources,
     accelerator=TRAIN_GPU.accelerator,
@@ -103,6 +118,7 @@ def train_tf_gpu(
     seed: int,
     precision: str,
     tf_strategy: str,
+    checkpoint_every_steps: int = 0,
 ) -> TrainedModel:
     hyperparameters = {k: v for k, v in locals().items() if k not in ("prepared", "tf_strategy")}
     return train_tensorflow(prepared, TrainConfig(**hyperparameters), tf_strategy)

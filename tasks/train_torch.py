@@ -18,9 +18,10 @@ from flytekit.types.file import FlyteFile
 from flytekitplugins.kfpytorch import Elastic
 from flytekitplugins.kfpytorch.task import PytorchElasticFunctionTask
 
+from tasks.checkpointing import flyte_checkpoint
 from tasks.core.config import SplitPaths, TrainConfig
 from tasks.core.launch import plan_launch
-from tasks.hardware import GPU_IMAGE, TRAIN_GPU, TRAIN_GPU_MULTINODE, GpuTrainingProfile
+from tasks.hardware import GPU_IMAGE, TRAIN_GPU, TRAIN_GPU_MULTINODE, TRAINING_RETRIES, GpuTrainingProfile
 from tasks.logs import setup_logging
 from tasks.storage import local_path
 from tasks.types import EpochRecord, PreparedData, TrainedModel
@@ -69,12 +70,20 @@ def elastic(profile: GpuTrainingProfile) -> MachineFittedElastic:
         local_cpu_workers=profile.local_cpu_workers,
         # c10d rendezvous: the TCPStore read timeout must cover the slowest node's start too.
         rdzv_configs={"timeout": timeout, "join_timeout": timeout, "read_timeout": timeout},
+        # Restart the worker group on transient worker loss; a deterministic error fails each time.
+        max_restarts=profile.max_restarts,
+        # How often the agent checks its workers: a dead or failed rank stops the group this fast.
+        monitor_interval=2,
     )
 
 
 def hardware(profile: GpuTrainingProfile) -> dict:
+    """Where and how the task runs. Spot capacity is fine: a reclaimed node costs a retry, and the
+    retry resumes from the last checkpoint."""
     return dict(
         task_config=elastic(profile),
+        interruptible=True,
+        retries=TRAINING_RETRIES,
         container_image=GPU_IMAGE,
         requests=profile.resources,
         limits=profile.resources,
@@ -98,7 +107,8 @@ def train_with_ddp(prepared: PreparedData, config: TrainConfig, profile: GpuTrai
     )
     artifact = Path(current_context().working_directory) / "model.pt"
     try:
-        outcome = train(config, splits, artifact_path=str(artifact))
+        checkpoint = flyte_checkpoint(config.checkpoint_every_steps)
+        outcome = train(config, splits, artifact_path=str(artifact), checkpoint=checkpoint)
     finally:
         shutdown_distributed()
     log.info(
@@ -135,6 +145,7 @@ def train_torch(
     dropout: float,
     seed: int,
     precision: str,
+    checkpoint_every_steps: int = 0,
 ) -> TrainedModel:
     """PyTorch DDP on one GPU node (one pod, one worker per GPU)."""
     hyperparameters = {k: v for k, v in locals().items() if k != "prepared"}
@@ -153,6 +164,7 @@ def train_torch_multinode(
     dropout: float,
     seed: int,
     precision: str,
+    checkpoint_every_steps: int = 0,
 ) -> TrainedModel:
     """PyTorch DDP over several GPU nodes: a Kubeflow PyTorchJob, NCCL between nodes."""
     hyperparameters = {k: v for k, v in locals().items() if k != "prepared"}

@@ -38,3 +38,24 @@ def launch_local(entrypoint, *args, nproc: int = 2, run_id: str = "test") -> dic
         start_method="spawn",
     )
     return elastic_launch(config, entrypoint)(*args)
+
+
+def train_with_failing_rank(config, splits, failing_rank: int, how: str) -> dict[str, Any]:
+    """Train, but on `failing_rank` fail at the third optimizer step: raise, or die by SIGKILL."""
+    import os
+    import signal
+
+    from tasks.core import torch_training
+
+    real_step, calls = torch_training.optimizer_step, []
+
+    def step(*args, **kwargs):
+        calls.append(1)
+        if int(os.environ["RANK"]) == failing_rank and len(calls) == 3:
+            if how == "die":
+                os.kill(os.getpid(), signal.SIGKILL)
+            raise ValueError(f"bad data on the shard of rank {failing_rank}")
+        return real_step(*args, **kwargs)
+
+    torch_training.optimizer_step = step
+    return train_and_report(config, splits)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -46,3 +48,27 @@ def test_each_rank_trained_on_a_different_shard(two_rank_results):
 def test_ranks_report_the_same_global_history(two_rank_results):
     assert two_rank_results[0]["history"] == two_rank_results[1]["history"]
     assert two_rank_results[0]["history"][-1].val_accuracy >= 0.9
+
+
+@pytest.mark.parametrize("how", ["raise", "die"])
+def test_a_failing_rank_fails_the_whole_run_promptly_naming_rank_and_cause(
+    blob_splits, monkeypatch_module, how
+):
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    from tests.ddp_workers import train_with_failing_rank
+
+    config = TrainConfig(epochs=50, batch_size=32, seed=5, collective_timeout_s=60)
+    started = time.monotonic()
+    with pytest.raises(ChildFailedError) as error:
+        launch_local(train_with_failing_rank, config, blob_splits, 1, how, nproc=2, run_id=f"fail-{how}")
+    elapsed = time.monotonic() - started
+    message = error.value.format_msg()
+    assert "rank      : 1" in message
+    if how == "raise":
+        assert "bad data on the shard of rank 1" in message
+    else:
+        assert "Signal 9 (SIGKILL)" in message
+    # Bounded: the agent tears the group down instead of letting rank 0 wait in its all-reduce.
+    # 50 epochs would take far longer than this; the bound is the collective timeout plus start-up.
+    assert elapsed < config.collective_timeout_s + 60, elapsed

@@ -157,3 +157,26 @@ def test_comparison_trains_both_from_one_preparation_in_parallel(package):
     assert len(trains) == 2
     for node in trains:
         assert upstream[node] == {prep}  # neither waits for the other
+
+
+@pytest.mark.parametrize(
+    "task",
+    ["tasks.train_torch.train_torch", "tasks.train_torch.train_torch_multinode", "tasks.train_tf.train_tf_tpu",
+     "tasks.train_tf.train_tf_gpu"],
+)  # fmt: skip
+def test_training_runs_on_spot_capacity_with_retries(package, task):
+    metadata = package.tasks[task].template.metadata
+    assert metadata.interruptible
+    assert metadata.retries.retries == 3
+
+
+def test_elastic_restarts_cover_transient_worker_loss(package):
+    custom = MessageToDict(package.tasks["tasks.train_torch.train_torch_multinode"].template.custom)
+    assert custom["elasticConfig"]["maxRestarts"] == 1
+
+
+def test_preprocessing_is_cached_under_its_code_version(package):
+    from tasks.preprocess import PREPROCESS_CODE_VERSION
+
+    metadata = package.tasks["tasks.preprocess.preprocess"].template.metadata
+    assert metadata.discoverable and metadata.discovery_version == PREPROCESS_CODE_VERSION

@@ -107,3 +107,44 @@ def test_mirrored_strategy_with_two_logical_cpu_devices(blob_splits, tmp_path):
     assert summary["val_accuracy"] >= 0.9
     features = np.zeros((2, len(blob_splits.feature_names)), dtype=np.float32)
     assert predict_keras(str(tmp_path / "m.keras"), features).shape == (2,)
+
+
+class Preempted(keras.callbacks.Callback):
+    """Stops the run the hard way after `epochs` epochs, as a reclaimed node would."""
+
+    def __init__(self, epochs: int):
+        super().__init__()
+        self.epochs = epochs
+
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch + 1 == self.epochs:
+            raise RuntimeError("node preempted")
+
+
+class EpochCounter(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.started: list[int] = []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.started.append(epoch + 1)
+
+
+def test_tf_resumes_from_its_backup_after_preemption(blob_splits, tmp_path):
+    config = TrainConfig(epochs=4, batch_size=32, seed=6)
+    checkpoint = str(tmp_path / "checkpoint")
+    uploads: list[str] = []
+    with pytest.raises(RuntimeError, match="node preempted"):
+        train_keras(config, blob_splits, env=Environment(), checkpoint_dir=checkpoint,
+                    on_checkpoint=uploads.append, callbacks=[Preempted(epochs=2)])  # fmt: skip
+    assert uploads == [checkpoint, checkpoint]  # published after each completed epoch
+
+    counter = EpochCounter()
+    resumed = train_keras(
+        config, blob_splits, env=Environment(), checkpoint_dir=checkpoint, callbacks=[counter]
+    )
+    assert counter.started == [3, 4]  # epochs 1-2 were not trained again
+    assert [e.epoch for e in resumed.history] == [1, 2, 3, 4]
+    uninterrupted = train_keras(config, blob_splits, env=Environment())
+    assert resumed.history[:2] == uninterrupted.history[:2]  # same seed, same first epochs
+    assert resumed.history[-1].val_accuracy >= 0.9

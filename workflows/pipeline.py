@@ -27,6 +27,7 @@ def training_pipeline(
     precision: str = "auto",
     tf_strategy: str = "auto",
     plan_resources: bool = True,
+    checkpoint_every_steps: int = 0,
 ) -> EvaluationReport:
     """Train a classifier on a table and report test accuracy, macro-F1 and per-class counts.
 
@@ -56,6 +57,8 @@ def training_pipeline(
             preprocessing and training on the cheapest catalog option that holds it (MIG slice, GPU
             or TPU slice); fails before any accelerator is requested if nothing fits. Off: use the
             hardware declared in tasks/hardware.py (the plan is still reported).
+        checkpoint_every_steps: also checkpoint every N optimizer steps, not only every epoch
+            (0: every epoch). A retried attempt (spot preemption) resumes from the last one.
     """
     prepared, preprocess_plan = prepare_data(
         dataset=dataset, label_column=label_column, val_fraction=val_fraction, test_fraction=test_fraction,
@@ -67,6 +70,6 @@ def training_pipeline(
         prepared=prepared, preprocess_plan=preprocess_plan, target=target, epochs=epochs, batch_size=batch_size,
         learning_rate=learning_rate, weight_decay=weight_decay, grad_accum_steps=grad_accum_steps,
         hidden_sizes=hidden_sizes, dropout=dropout, seed=seed, precision=precision, tf_strategy=tf_strategy,
-        plan_resources=plan_resources,
+        plan_resources=plan_resources, checkpoint_every_steps=checkpoint_every_steps,
     )  # fmt: skip
     return evaluate(prepared=prepared, trained=trained, plan=plan)

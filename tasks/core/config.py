@@ -40,6 +40,8 @@ class TrainConfig:
     seed: int = 0
     precision: str = "auto"
     collective_timeout_s: int = 600
+    # Checkpoint every N optimizer steps as well as every epoch (0: every epoch only).
+    checkpoint_every_steps: int = 0
     # The out-of-memory guard halves the micro-batch down to this size, then gives up.
     min_micro_batch_size: int = 4
 
@@ -49,6 +51,8 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision='{self.precision}' is not one of {', '.join(PRECISIONS)}")
+        if self.checkpoint_every_steps < 0:
+            raise ValueError(f"checkpoint_every_steps must be >= 0, got {self.checkpoint_every_steps}")
         if self.learning_rate <= 0:
             raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
 

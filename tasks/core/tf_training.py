@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import keras
 import numpy as np
@@ -86,6 +88,36 @@ class EpochLog(keras.callbacks.Callback):
         )  # fmt: skip
 
 
+class EpochRecords(keras.callbacks.Callback):
+    """Keeps the per-epoch history across attempts (Keras's History only sees the current one)
+    and publishes the checkpoint after BackupAndRestore has written it."""
+
+    def __init__(self, directory: Path, on_save: Callable[[str], None] | None):
+        super().__init__()
+        self.path, self.on_save = directory / "history.json", on_save
+        self.records = json.loads(self.path.read_text()) if self.path.exists() else []
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs = logs or {}
+        keys = ("loss", "accuracy", "val_loss", "val_accuracy")
+        self.records.append([epoch + 1, *(float(logs.get(key, np.nan)) for key in keys)])
+        self.path.write_text(json.dumps(self.records))
+        if self.on_save:
+            self.on_save(str(self.path.parent))
+
+
+def resumable(checkpoint_dir: str | None, every_steps: int, on_save) -> list[keras.callbacks.Callback]:
+    """BackupAndRestore (model, optimizer, epoch and step) plus the history, in `checkpoint_dir`."""
+    if not checkpoint_dir:
+        return []
+    directory = Path(checkpoint_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    backup = keras.callbacks.BackupAndRestore(
+        str(directory / "backup"), save_freq=every_steps or "epoch", delete_checkpoint=False
+    )
+    return [backup, EpochRecords(directory, on_save)]
+
+
 def describe_device(strategy_kind: str, env: Environment) -> str:
     if strategy_kind == "tpu":
         kind = tf.config.list_logical_devices("TPU")
@@ -131,6 +163,9 @@ def train_keras(
     allow_fallback: bool = False,
     env: Environment | None = None,
     resolver_factory: Callable | None = None,
+    checkpoint_dir: str | None = None,
+    on_checkpoint: Callable[[str], None] | None = None,
+    callbacks: list | None = None,
 ) -> KerasOutcome:
     """Train the Keras MLP; `config.batch_size` is the global batch (per-replica x replicas)."""
     env = env or detect_environment()
@@ -166,19 +201,20 @@ def train_keras(
         model = build_keras_mlp(model_config)
         compile_model(model, config, kind, env.gpu_count)
         start = time.perf_counter()
+        checkpointing = resumable(checkpoint_dir, config.checkpoint_every_steps, on_checkpoint)
         fit = model.fit(train_data, validation_data=val_data, epochs=config.epochs, verbose=0, shuffle=False,
-                        callbacks=[EpochLog(config.epochs)])  # fmt: skip
+                        callbacks=[*checkpointing, EpochLog(config.epochs), *(callbacks or [])])  # fmt: skip
         seconds = time.perf_counter() - start
     if artifact_path:
         model.save(artifact_path)
 
-    samples = (len(y) // micro_batch) * micro_batch * config.epochs
-    history = [
-        EpochMetrics(
-            i + 1, *(float(fit.history[k][i]) for k in ("loss", "accuracy", "val_loss", "val_accuracy"))
-        )
-        for i in range(config.epochs)
-    ]
+    epochs_run = len(fit.history.get("loss", []))
+    samples = (len(y) // micro_batch) * micro_batch * epochs_run
+    if checkpointing:
+        history = [EpochMetrics(*record) for record in checkpointing[-1].records]
+    else:
+        keys = ("loss", "accuracy", "val_loss", "val_accuracy")
+        history = [EpochMetrics(i + 1, *(float(fit.history[k][i]) for k in keys)) for i in range(epochs_run)]
     return KerasOutcome(
         history=history,
         samples_per_second=samples / seconds if seconds > 0 else 0.0,
