@@ -4,17 +4,23 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from flytekit import current_context
 
-from tasks.core.checkpoint import TrainingCheckpoint
-
 log = logging.getLogger(__name__)
 
 
-def flyte_checkpoint(every_steps: int) -> TrainingCheckpoint | None:
-    """A checkpoint in this attempt's working directory, seeded from the previous attempt's, if any.
+@dataclass
+class CheckpointLocation:
+    directory: str  # local; holds the previous attempt's checkpoint when there was one
+    on_save: Callable[[str], None] | None  # uploads the directory as this attempt's checkpoint
+
+
+def flyte_checkpoint() -> CheckpointLocation | None:
+    """A checkpoint directory in this attempt's working directory, seeded from the previous attempt.
 
     Every worker restores; only rank 0 uploads. None where the platform offers no checkpoint.
     """
@@ -29,4 +35,4 @@ def flyte_checkpoint(every_steps: int) -> TrainingCheckpoint | None:
     if flyte.restore(local) is not None:
         log.info("restored the previous attempt's checkpoint")
     uploads = int(os.environ.get("RANK", "0")) == 0
-    return TrainingCheckpoint(str(local), every_steps, on_save=flyte.save if uploads else None)
+    return CheckpointLocation(str(local), flyte.save if uploads else None)

@@ -44,7 +44,7 @@ def train_tensorflow(prepared: PreparedData, config: TrainConfig, strategy: str)
         n_classes=len(prepared.class_labels),
     )
     artifact = Path(current_context().working_directory) / "model.keras"
-    checkpoint = flyte_checkpoint(config.checkpoint_every_steps)
+    checkpoint = flyte_checkpoint()
     outcome = train_keras(
         config, splits, str(artifact), strategy=strategy,
         checkpoint_dir=str(checkpoint.directory) if checkpoint else None,

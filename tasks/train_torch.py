@@ -95,6 +95,7 @@ def hardware(profile: GpuTrainingProfile) -> dict:
 
 def train_with_ddp(prepared: PreparedData, config: TrainConfig, profile: GpuTrainingProfile) -> TrainedModel:
     """Runs in every DDP worker; rank 0's return value becomes the task output."""
+    from tasks.core.checkpoint import TrainingCheckpoint
     from tasks.core.torch_training import shutdown_distributed, train
 
     setup_logging()
@@ -107,7 +108,9 @@ def train_with_ddp(prepared: PreparedData, config: TrainConfig, profile: GpuTrai
     )
     artifact = Path(current_context().working_directory) / "model.pt"
     try:
-        checkpoint = flyte_checkpoint(config.checkpoint_every_steps)
+        location = flyte_checkpoint()
+        every = config.checkpoint_every_steps
+        checkpoint = TrainingCheckpoint(location.directory, every, location.on_save) if location else None
         outcome = train(config, splits, artifact_path=str(artifact), checkpoint=checkpoint)
     finally:
         shutdown_distributed()

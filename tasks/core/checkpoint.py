@@ -12,6 +12,8 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
+
 log = logging.getLogger(__name__)
 STATE_FILE = "training_state.pt"
 
@@ -30,15 +32,11 @@ class TrainingCheckpoint:
     def load(self) -> dict | None:
         if not self.path.exists():
             return None
-        import torch  # here, so the TensorFlow image can use this class's paths without torch
-
         state = torch.load(self.path, map_location="cpu", weights_only=True)
         log.info("resuming from checkpoint: epoch %d, step %d", state["epoch"] + 1, state["step"])
         return state
 
     def save(self, state: dict) -> None:
-        import torch
-
         partial = self.path.with_suffix(".partial")
         torch.save(state, partial)
         os.replace(partial, self.path)  # a kill mid-write leaves the previous checkpoint intact
