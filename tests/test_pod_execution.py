@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from flyteidl.core import literals_pb2
 from flytekit.core.context_manager import FlyteContextManager
 from flytekit.core.type_engine import TypeEngine
@@ -20,7 +21,7 @@ from flytekit.models.literals import LiteralMap
 
 from tasks.preprocess import preprocess
 from tasks.train_torch import train_torch
-from tasks.types import EvaluationReport
+from tasks.types import EvaluationReport, TrainedModel
 from tests.flyte_package import REPO
 
 pytestmark = pytest.mark.slow
@@ -45,7 +46,9 @@ def literals(task, values: dict) -> literals_pb2.LiteralMap:
     return TypeEngine.dict_to_literal_map(ctx, values, hints).to_flyte_idl()
 
 
-def run_like_a_pod(spec, inputs: literals_pb2.LiteralMap, workdir: Path) -> literals_pb2.LiteralMap:
+def run_like_a_pod(
+    spec, inputs: literals_pb2.LiteralMap, workdir: Path, previous_checkpoint: str = ""
+) -> literals_pb2.LiteralMap:
     workdir.mkdir(parents=True)
     (workdir / "inputs.pb").write_bytes(inputs.SerializeToString())
     values = {
@@ -53,7 +56,7 @@ def run_like_a_pod(spec, inputs: literals_pb2.LiteralMap, workdir: Path) -> lite
         "{{.outputPrefix}}": str(workdir / "outputs"),
         "{{.rawOutputDataPrefix}}": str(workdir / "raw"),
         "{{.checkpointOutputPrefix}}": str(workdir / "checkpoint"),
-        "{{.prevCheckpointPrefix}}": "",
+        "{{.prevCheckpointPrefix}}": previous_checkpoint,
     }
     command = [values.get(arg, arg) for arg in container_args(spec)]
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
@@ -101,3 +104,22 @@ def test_preprocess_train_evaluate_as_pods(task_specs, tmp_path):
     assert (report.framework, report.world_size) == ("pytorch", 2)
     model_files = list((tmp_path / "train" / "raw").rglob("model.pt"))
     assert model_files, "the model artifact was not uploaded to the raw output prefix"
+    assert (tmp_path / "train" / "checkpoint" / "training_state.pt").exists(), "no checkpoint was uploaded"
+
+    # A retry (e.g. after preemption) gets the previous attempt's checkpoint and continues from it:
+    # here every epoch was done, so it trains nothing more and returns the same model.
+    retried = run_like_a_pod(
+        task_specs["tasks.train_torch.train_torch"],
+        merged(literals(train_torch, hyper), prepared=prepared.literals["o0"]),
+        tmp_path / "retry",
+        previous_checkpoint=str(tmp_path / "train" / "checkpoint"),
+    )
+    first, second = (
+        TypeEngine.literal_map_to_kwargs(ctx, LiteralMap.from_flyte_idl(m), {"o0": TrainedModel})["o0"]
+        for m in (trained, retried)
+    )
+    assert second.history == first.history
+    assert second.samples_per_second == 0.0 < first.samples_per_second  # nothing left to train
+    first_state = torch.load(first.artifact.path, weights_only=True)["state_dict"]
+    second_state = torch.load(second.artifact.path, weights_only=True)["state_dict"]
+    assert all(torch.equal(first_state[name], second_state[name]) for name in first_state)
