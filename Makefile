@@ -11,7 +11,7 @@ TAG ?= latest
 IMAGE_FLAGS := $(foreach t,cpu gpu tpu,--image $(t)=$(REGISTRY)/mixedml-$(t):$(TAG))
 PACKAGE := dist/mixedml-flyte-package.tgz
 
-.PHONY: install run test lint format clean images push package register
+.PHONY: install run test lint format clean images push package register browser
 
 install: $(STAMP)
 
@@ -29,8 +29,14 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-test: lint
+test: lint browser
 	$(BIN)/python -m pytest
+
+# Headless Chromium for the Deck rendering test; without it that one test is skipped, saying why.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && \
+		(apt-get update -qq && apt-get install -y -qq chromium >/dev/null) ; } || \
+		echo "chromium could not be installed: the browser test will be skipped"
 
 format: install
 	$(BIN)/ruff check --fix .

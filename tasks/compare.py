@@ -5,6 +5,7 @@ from __future__ import annotations
 from flytekit import task
 
 from tasks.core.compare import HardwareComparison, RunSummary, compare_runs
+from tasks.decks import comparison_deck
 from tasks.hardware import CPU_IMAGE, EVALUATE_CPU
 from tasks.types import EvaluationReport
 
@@ -24,8 +25,14 @@ def summarise(name: str, report: EvaluationReport) -> RunSummary:
     )
 
 
-@task(container_image=CPU_IMAGE, requests=EVALUATE_CPU.resources, limits=EVALUATE_CPU.resources)
+@task(
+    container_image=CPU_IMAGE,
+    requests=EVALUATE_CPU.resources,
+    limits=EVALUATE_CPU.resources,
+    enable_deck=True,
+)
 def compare(gpu: EvaluationReport, tpu: EvaluationReport, prices: dict[str, float]) -> HardwareComparison:
     comparison = compare_runs([summarise("gpu (pytorch)", gpu), summarise("tpu (tensorflow)", tpu)], prices)
+    comparison_deck(comparison)
     print(comparison.table(), flush=True)
     return comparison

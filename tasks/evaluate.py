@@ -10,6 +10,7 @@ from flytekit import task
 
 from tasks.core.data import read_split
 from tasks.core.metrics import classification_metrics
+from tasks.decks import evaluation_deck
 from tasks.hardware import EVALUATE_CPU, GPU_IMAGE
 from tasks.logs import setup_logging
 from tasks.storage import local_path
@@ -45,7 +46,12 @@ def with_suffix(path: str, suffix: str) -> str:
 
 
 # The gpu image has both frameworks; the pod itself asks for CPU only.
-@task(container_image=GPU_IMAGE, requests=EVALUATE_CPU.resources, limits=EVALUATE_CPU.resources)
+@task(
+    container_image=GPU_IMAGE,
+    requests=EVALUATE_CPU.resources,
+    limits=EVALUATE_CPU.resources,
+    enable_deck=True,
+)
 def evaluate(
     prepared: PreparedData, trained: TrainedModel, plan: ResourcePlan | None = None
 ) -> EvaluationReport:
@@ -71,6 +77,7 @@ def evaluate(
         resource_plan=plan,
         peak_device_memory_bytes=trained.peak_device_memory_bytes,
     )
+    evaluation_deck(report)
     print(report.summary(), flush=True)
     if plan is not None:
         print(plan.summary(), flush=True)

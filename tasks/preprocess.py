@@ -16,6 +16,7 @@ from tasks.core.data import (
     prepare_dataset,
     write_embedded_digits,
 )
+from tasks.decks import dataset_profile_deck
 from tasks.hardware import CPU_IMAGE, PREPROCESS_CPU
 from tasks.logs import setup_logging
 from tasks.storage import parquet_dataset
@@ -55,6 +56,7 @@ PREPROCESS_CODE_VERSION = code_version("tasks.core.data", "tasks.preprocess")
     limits=PREPROCESS_CPU.resources,
     cache=True,
     cache_version=PREPROCESS_CODE_VERSION,
+    enable_deck=True,
 )
 def preprocess(
     dataset: str,
@@ -77,6 +79,7 @@ def preprocess(
         len(prepared.feature_names),
         len(prepared.class_labels),
     )
+    dataset_profile_deck(prepared, dataset or "embedded digits")
     splits = {name: parquet_dataset(str(Path(path).parent)) for name, path in prepared.paths.items()}
     return PreparedData(
         **splits,

@@ -11,10 +11,13 @@ from dataclasses import asdict
 from pathlib import Path
 
 from flytekit import current_context, task
+from flytekit.types.directory import FlyteDirectory
 from flytekit.types.file import FlyteFile
 
 from tasks.checkpointing import flyte_checkpoint
 from tasks.core.config import SplitPaths, TrainConfig
+from tasks.core.telemetry import UtilisationSampler
+from tasks.decks import training_deck
 from tasks.hardware import GPU_IMAGE, TPU_IMAGE, TRAIN_GPU, TRAIN_TPU, TRAINING_RETRIES
 from tasks.logs import setup_logging
 from tasks.storage import local_path
@@ -45,17 +48,19 @@ def train_tensorflow(prepared: PreparedData, config: TrainConfig, strategy: str)
     )
     artifact = Path(current_context().working_directory) / "model.keras"
     checkpoint = flyte_checkpoint()
-    outcome = train_keras(
-        config, splits, str(artifact), strategy=strategy,
-        checkpoint_dir=str(checkpoint.directory) if checkpoint else None,
-        on_checkpoint=checkpoint.on_save if checkpoint else None,
-    )  # fmt: skip
+    board = Path(current_context().working_directory) / "tensorboard"
+    with UtilisationSampler() as sampler:
+        outcome = train_keras(
+            config, splits, str(artifact), strategy=strategy,
+            checkpoint_dir=str(checkpoint.directory) if checkpoint else None,
+            on_checkpoint=checkpoint.on_save if checkpoint else None, log_dir=str(board),
+        )  # fmt: skip
     log.info(
         "trained with tf.distribute '%s' on %s, %d replicas, %s, %.0f samples/s",
         outcome.strategy, outcome.device, outcome.replicas, outcome.precision, outcome.samples_per_second,
     )  # fmt: skip
     accelerator, count = accelerator_used(outcome.strategy, outcome.device, outcome.replicas)
-    return TrainedModel(
+    trained = TrainedModel(
         artifact=FlyteFile(str(artifact)),
         framework="tensorflow",
         device=outcome.device,
@@ -68,7 +73,10 @@ def train_tensorflow(prepared: PreparedData, config: TrainConfig, strategy: str)
         history=[EpochRecord(**asdict(epoch)) for epoch in outcome.history],
         samples_per_second=outcome.samples_per_second,
         train_seconds=outcome.train_seconds,
+        tensorboard=FlyteDirectory(str(board)),
     )
+    training_deck(trained, sampler.samples)
+    return trained
 
 
 # No requests/limits here: the pod template carries cpu, memory and google.com/tpu together.
@@ -76,6 +84,7 @@ def train_tensorflow(prepared: PreparedData, config: TrainConfig, strategy: str)
     container_image=TPU_IMAGE,
     interruptible=True,
     retries=TRAINING_RETRIES,
+    enable_deck=True,
     accelerator=TRAIN_TPU.accelerator,
     pod_template=TRAIN_TPU.pod_template(),
 )
@@ -101,6 +110,7 @@ def train_tf_tpu(
     container_image=GPU_IMAGE,
     interruptible=True,
     retries=TRAINING_RETRIES,
+    enable_deck=True,
     requests=TRAIN_GPU.resources,
     limits=TRAIN_GPU.resources,
     accelerator=TRAIN_GPU.accelerator,

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from flytekit import current_context, task
 from flytekit.core.task import TaskPlugins
+from flytekit.types.directory import FlyteDirectory
 from flytekit.types.file import FlyteFile
 from flytekitplugins.kfpytorch import Elastic
 from flytekitplugins.kfpytorch.task import PytorchElasticFunctionTask
@@ -21,6 +22,8 @@ from flytekitplugins.kfpytorch.task import PytorchElasticFunctionTask
 from tasks.checkpointing import flyte_checkpoint
 from tasks.core.config import SplitPaths, TrainConfig
 from tasks.core.launch import plan_launch
+from tasks.core.telemetry import UtilisationSampler
+from tasks.decks import training_deck
 from tasks.hardware import GPU_IMAGE, TRAIN_GPU, TRAIN_GPU_MULTINODE, TRAINING_RETRIES, GpuTrainingProfile
 from tasks.logs import setup_logging
 from tasks.storage import local_path
@@ -84,6 +87,7 @@ def hardware(profile: GpuTrainingProfile) -> dict:
         task_config=elastic(profile),
         interruptible=True,
         retries=TRAINING_RETRIES,
+        enable_deck=True,
         container_image=GPU_IMAGE,
         requests=profile.resources,
         limits=profile.resources,
@@ -111,7 +115,9 @@ def train_with_ddp(prepared: PreparedData, config: TrainConfig, profile: GpuTrai
         location = flyte_checkpoint()
         every = config.checkpoint_every_steps
         checkpoint = TrainingCheckpoint(location.directory, every, location.on_save) if location else None
-        outcome = train(config, splits, artifact_path=str(artifact), checkpoint=checkpoint)
+        board = Path(current_context().working_directory) / "tensorboard"
+        with UtilisationSampler() as sampler:
+            outcome = train(config, splits, str(artifact), checkpoint=checkpoint, log_dir=str(board))
     finally:
         shutdown_distributed()
     log.info(
@@ -119,7 +125,7 @@ def train_with_ddp(prepared: PreparedData, config: TrainConfig, profile: GpuTrai
         outcome.rank, outcome.device, outcome.world_size, outcome.backend, outcome.precision,
         outcome.samples_per_second,
     )  # fmt: skip
-    return TrainedModel(
+    trained = TrainedModel(
         artifact=FlyteFile(str(artifact)),
         framework="pytorch",
         device=outcome.device,
@@ -133,7 +139,11 @@ def train_with_ddp(prepared: PreparedData, config: TrainConfig, profile: GpuTrai
         samples_per_second=outcome.samples_per_second,
         train_seconds=outcome.train_seconds,
         peak_device_memory_bytes=outcome.peak_memory_bytes,
+        tensorboard=FlyteDirectory(str(board)) if outcome.rank == 0 else None,
     )
+    if outcome.rank == 0:
+        training_deck(trained, sampler.samples)
+    return trained
 
 
 @task(**hardware(TRAIN_GPU))

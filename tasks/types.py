@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from flytekit.types.directory import FlyteDirectory
 from flytekit.types.file import FlyteFile
 from flytekit.types.structured import StructuredDataset
 
@@ -55,6 +56,7 @@ class TrainedModel:
     samples_per_second: float
     train_seconds: float
     peak_device_memory_bytes: int = 0  # torch.cuda.max_memory_allocated; 0 on CPU
+    tensorboard: FlyteDirectory | None = None  # event files: `tensorboard --logdir` on a download
 
 
 @dataclass

@@ -118,6 +118,11 @@ def resumable(checkpoint_dir: str | None, every_steps: int, on_save) -> list[ker
     return [backup, EpochRecords(directory, on_save)]
 
 
+def board(log_dir: str | None) -> list[keras.callbacks.Callback]:
+    """TensorBoard scalars per epoch (loss and accuracy for train and validation)."""
+    return [keras.callbacks.TensorBoard(log_dir, update_freq="epoch", write_graph=False)] if log_dir else []
+
+
 def describe_device(strategy_kind: str, env: Environment) -> str:
     if strategy_kind == "tpu":
         kind = tf.config.list_logical_devices("TPU")
@@ -166,6 +171,7 @@ def train_keras(
     checkpoint_dir: str | None = None,
     on_checkpoint: Callable[[str], None] | None = None,
     callbacks: list | None = None,
+    log_dir: str | None = None,
 ) -> KerasOutcome:
     """Train the Keras MLP; `config.batch_size` is the global batch (per-replica x replicas)."""
     env = env or detect_environment()
@@ -203,7 +209,7 @@ def train_keras(
         start = time.perf_counter()
         checkpointing = resumable(checkpoint_dir, config.checkpoint_every_steps, on_checkpoint)
         fit = model.fit(train_data, validation_data=val_data, epochs=config.epochs, verbose=0, shuffle=False,
-                        callbacks=[*checkpointing, EpochLog(config.epochs), *(callbacks or [])])  # fmt: skip
+                        callbacks=[*checkpointing, EpochLog(config.epochs), *board(log_dir), *(callbacks or [])])  # fmt: skip
         seconds = time.perf_counter() - start
     if artifact_path:
         model.save(artifact_path)

@@ -19,11 +19,13 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils.tensorboard import SummaryWriter
 
 from tasks.core.checkpoint import TrainingCheckpoint
 from tasks.core.config import EpochMetrics, ModelConfig, SplitPaths, TrainConfig
 from tasks.core.data import read_shard
 from tasks.core.model import build_mlp, save_artifact
+from tasks.core.progress import ProgressReporter
 
 log = logging.getLogger(__name__)
 
@@ -272,7 +274,7 @@ def train_epoch(
         loss_sum += step_loss
         correct += step_correct
         progress.step, progress.optimizer_steps = step + 1, progress.optimizer_steps + 1
-        on_step(loss_sum, correct)
+        on_step(epoch, steps, loss_sum, correct)
     seen = float(steps * per_step)
     loss_total, correct_total, seen = all_reduce_sums([loss_sum.item(), correct.item(), seen], ctx)
     return loss_total / seen, correct_total / seen, int(seen)
@@ -291,11 +293,13 @@ def train(
     splits: SplitPaths,
     artifact_path: str | None = None,
     checkpoint: TrainingCheckpoint | None = None,
+    log_dir: str | None = None,
 ) -> TrainOutcome:
     """Train the MLP on this rank's shard; rank 0 writes the artifact to `artifact_path`.
 
     With a `checkpoint`, the run resumes from its saved state, if any, and saves after every epoch
-    and every `checkpoint.every_steps` optimizer steps.
+    and every `checkpoint.every_steps` optimizer steps. With a `log_dir`, rank 0 writes TensorBoard
+    scalars there every epoch.
     """
     ctx = init_distributed(config.collective_timeout_s)
     torch.manual_seed(config.seed)
@@ -331,7 +335,12 @@ def train(
         if state is not None:
             checkpoint.save(state)
 
-    def on_step(loss_sum, correct) -> None:
+    per_step = micro * config.grad_accum_steps
+    reporter = ProgressReporter(config.epochs, enabled=ctx.rank == 0)
+    board = SummaryWriter(log_dir) if log_dir and ctx.rank == 0 else None
+
+    def on_step(epoch, steps, loss_sum, correct) -> None:
+        reporter.step(epoch, progress.step, steps, lambda: loss_sum.item() / (progress.step * per_step))
         if checkpoint is not None and checkpoint.due(progress.step):
             save(loss_sum, correct)
 
@@ -339,12 +348,18 @@ def train(
         torch.cuda.reset_peak_memory_stats(ctx.device)
     samples, start = 0, time.perf_counter()
     for epoch in range(progress.epoch, config.epochs):
+        epoch_start = time.perf_counter()
         train_loss, train_acc, seen = train_epoch(
             ddp_model, optimizer, scaler, x, y, config, ctx, dtype, epoch, micro_batch, progress, on_step
         )
         val_loss, val_acc = evaluate_shard(ddp_model, vx, vy, ctx, dtype, batch=max(micro, 1024))
         samples += seen
         progress.history.append(EpochMetrics(epoch + 1, train_loss, train_acc, val_loss, val_acc))
+        reporter.epoch_end()
+        if board is not None:
+            write_epoch_scalars(
+                board, progress.history[-1], seen / max(time.perf_counter() - epoch_start, 1e-9)
+            )
         progress.next_epoch()
         if checkpoint is not None:
             save()
@@ -356,6 +371,8 @@ def train(
     if ctx.device.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
+    if board is not None:
+        board.close()
 
     if ctx.rank == 0 and artifact_path:
         save_artifact(model, model_config, artifact_path)
@@ -375,6 +392,15 @@ def train(
         peak_memory_bytes=torch.cuda.max_memory_allocated(ctx.device) if ctx.device.type == "cuda" else 0,
         model=model,
     )
+
+
+def write_epoch_scalars(board, epoch: EpochMetrics, samples_per_second: float) -> None:
+    board.add_scalar("loss/train", epoch.train_loss, epoch.epoch)
+    board.add_scalar("loss/val", epoch.val_loss, epoch.epoch)
+    board.add_scalar("accuracy/train", epoch.train_accuracy, epoch.epoch)
+    board.add_scalar("accuracy/val", epoch.val_accuracy, epoch.epoch)
+    board.add_scalar("throughput/samples_per_second", samples_per_second, epoch.epoch)
+    board.flush()
 
 
 def describe_device(device: torch.device) -> str:

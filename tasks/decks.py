@@ -1,0 +1,140 @@
+"""The Flyte Decks: one HTML page per task, with real charts (inline SVG) and tables."""
+
+from __future__ import annotations
+
+import html
+
+from flytekit import Deck
+
+from tasks.core import plots
+from tasks.core.telemetry import Sample
+
+
+def table(header: list[str], rows: list[list]) -> str:
+    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(fmt(c))}</td>" for c in row) + "</tr>" for row in rows)
+    return f'<table class="mixedml"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def fmt(value) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+STYLE = (
+    "<style>table.mixedml{border-collapse:collapse;margin:8px 0}"
+    "table.mixedml td,table.mixedml th{padding:3px 10px;border-bottom:1px solid #ddd;text-align:right}"
+    "figure.chart{margin:8px 0}</style>"
+)
+
+
+def section(title: str, *parts: str) -> str:
+    return f"{STYLE}<section><h2>{html.escape(title)}</h2>{''.join(parts)}</section>"
+
+
+def figure(svg: str, name: str) -> str:
+    return f'<figure class="chart" data-chart="{name}">{svg}</figure>'
+
+
+def dataset_profile_deck(prepared, source: str) -> None:
+    features = prepared.feature_names
+    shown = features[:20]
+    content = section(
+        "Dataset",
+        table(["source", "rows", "features", "classes"],
+              [[source, sum(prepared.rows.values()), len(features), len(prepared.class_labels)]]),
+        table(["split", "rows"], [[name, rows] for name, rows in prepared.rows.items()]),
+    ) + section(
+        "Class balance",
+        figure(plots.bar_chart(list(prepared.class_counts), list(prepared.class_counts.values()),
+                               "rows per class", "rows"), "class-balance"),
+    ) + section(
+        "Feature statistics (training split, before standardisation)",
+        figure(plots.line_chart({"mean": (shown, prepared.scaler.mean[:20]), "std": (shown, prepared.scaler.scale[:20])},
+                                "first 20 features", "feature", "value"), "feature-stats"),
+        table(["feature", "mean", "std"],
+              [[f, m, s] for f, m, s in zip(features, prepared.scaler.mean, prepared.scaler.scale, strict=True)]),
+    )  # fmt: skip
+    Deck("Dataset profile", content)
+
+
+def training_deck(trained, samples: list[Sample]) -> None:
+    epochs = [e.epoch for e in trained.history]
+    curves = section(
+        "Learning curves",
+        figure(plots.line_chart({"train": (epochs, [e.train_loss for e in trained.history]),
+                                 "val": (epochs, [e.val_loss for e in trained.history])},
+                                "loss", "epoch", "cross-entropy"), "loss"),
+        figure(plots.line_chart({"train": (epochs, [e.train_accuracy for e in trained.history]),
+                                 "val": (epochs, [e.val_accuracy for e in trained.history])},
+                                "accuracy", "epoch", "accuracy"), "accuracy"),
+    )  # fmt: skip
+    run = section(
+        "Run",
+        table(["framework", "strategy", "device", "workers", "precision", "samples/s", "train s", "peak device GiB"],
+              [[trained.framework, trained.strategy, trained.device, trained.world_size, trained.precision,
+                trained.samples_per_second, trained.train_seconds, trained.peak_device_memory_bytes / 2**30]]),
+    )  # fmt: skip
+    Deck("Training", curves + run + utilisation_section(samples))
+
+
+def utilisation_section(samples: list[Sample]) -> str:
+    if not samples:
+        return section("Utilisation", "<p>no samples</p>")
+    seconds = [s.seconds for s in samples]
+    series = {"CPU %": (seconds, [s.cpu_percent for s in samples])}
+    for gpu in range(len(samples[0].gpu_percent)):
+        series[f"GPU {gpu} %"] = (seconds, [s.gpu_percent[gpu] for s in samples])
+    memory = {"RAM GiB": (seconds, [s.ram_gib for s in samples])}
+    for gpu in range(len(samples[0].gpu_memory_gib)):
+        memory[f"GPU {gpu} GiB"] = (seconds, [s.gpu_memory_gib[gpu] for s in samples])
+    note = "" if samples[0].gpu_percent else "<p>No GPU was visible (NVML); CPU and RAM only.</p>"
+    return section(
+        "Utilisation",
+        note,
+        figure(plots.line_chart(series, "utilisation", "seconds", "%"), "utilisation"),
+        figure(plots.line_chart(memory, "memory in use", "seconds", "GiB"), "memory"),
+    )
+
+
+def evaluation_deck(report) -> None:
+    per_class = [[c.label, c.precision, c.recall, c.f1, c.support, c.predicted] for c in report.per_class]
+    content = section(
+        "Test metrics",
+        table(["accuracy", "macro-F1", "test rows", "trained with", "on"],
+              [[report.accuracy, report.macro_f1, report.n_test, report.framework, report.trained_on]]),
+    ) + section(
+        "Confusion matrix",
+        figure(plots.heatmap(report.confusion_matrix, report.class_labels, "confusion matrix"), "confusion-matrix"),
+    ) + section(
+        "Per class",
+        figure(plots.line_chart({name: (report.class_labels, [c[i] for c in per_class])
+                                 for i, name in ((1, "precision"), (2, "recall"), (3, "F1"))},
+                                "per-class metrics", "class", "score"), "per-class"),
+        table(["class", "precision", "recall", "F1", "support", "predicted"], per_class),
+    )  # fmt: skip
+    Deck("Evaluation", content)
+
+
+def comparison_deck(comparison) -> None:
+    names = [row.run.name for row in comparison.rows]
+    rows = [[r.run.name, f"{r.run.accelerator} x{r.run.accelerator_count}", r.run.accuracy, r.run.macro_f1,
+             r.run.train_seconds, r.run.samples_per_second, r.cost_usd if r.cost_usd is not None else "n/a"]
+            for r in comparison.rows]  # fmt: skip
+    content = section(
+        "GPU against TPU",
+        table(["run", "hardware", "accuracy", "macro-F1", "train s", "samples/s", "cost $"], rows),
+        figure(
+            plots.bar_chart(names, [r.run.accuracy for r in comparison.rows], "accuracy", "accuracy"),
+            "accuracy",
+        ),
+        figure(
+            plots.bar_chart(names, [r.run.train_seconds for r in comparison.rows], "training time", "s"),
+            "time",
+        ),
+        figure(
+            plots.bar_chart(names, [r.cost_usd or 0.0 for r in comparison.rows], "estimated cost", "USD"),
+            "cost",
+        ),
+        "".join(f"<p>{html.escape(note)}</p>" for note in comparison.notes),
+    )
+    Deck("Comparison", content)

@@ -1,0 +1,117 @@
+"""The Decks of a local run: every task writes one, with its sections and real charts; a headless
+browser renders one; the TensorBoard event files hold the logged scalars."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+pytestmark = pytest.mark.slow
+
+EXPECTED = {
+    "preprocess": (
+        ["Dataset profile", "Class balance", "Feature statistics"],
+        ["class-balance", "feature-stats"],
+    ),
+    "train_torch": (
+        ["Learning curves", "Utilisation", "samples/s"],
+        ["loss", "accuracy", "utilisation", "memory"],
+    ),
+    "train_tf_tpu": (["Learning curves", "Utilisation"], ["loss", "accuracy", "utilisation"]),
+    "evaluate": (["Confusion matrix", "Per class", "macro-F1"], ["confusion-matrix", "per-class"]),
+    "compare": (["GPU against TPU", "estimated cost"], ["accuracy", "time", "cost"]),
+}
+
+
+@pytest.fixture(scope="module")
+def decks(tmp_path_factory) -> dict[str, Path]:
+    """Run hardware_comparison locally and keep the HTML Deck each task writes."""
+    from flytekit.deck import deck as flyte_deck
+
+    from workflows.comparison import hardware_comparison
+
+    folder = tmp_path_factory.mktemp("decks")
+    written: dict[str, Path] = {}
+
+    def capture(task_name, new_user_params):
+        path = folder / f"{task_name}.html"
+        path.write_text(flyte_deck._get_deck(new_user_params=new_user_params, ignore_jupyter=True))
+        written[task_name] = path
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(flyte_deck, "_output_deck", capture)
+        hardware_comparison(epochs=3)
+    return written
+
+
+@pytest.mark.parametrize("task", sorted(EXPECTED))
+def test_each_task_writes_a_deck_with_its_sections_and_charts(decks, task):
+    assert task in decks, f"no deck from {task}; decks: {sorted(decks)}"
+    page = decks[task].read_text()
+    sections, charts = EXPECTED[task]
+    for title in sections:
+        assert title in page, title
+    for chart in charts:
+        match = re.search(
+            rf'<figure class="chart" data-chart="{chart}"><svg.*?</svg>\s*</figure>', page, re.DOTALL
+        )
+        assert match, f"{task}: chart {chart} is missing or not an SVG"
+        assert match.group(0).count("<path") > 2, f"{task}: chart {chart} has nothing drawn"
+
+
+OPEN_EVALUATION_TAB = """<script>
+handleLinkClick([...document.querySelectorAll('#flyte-frame-tabs li')].find(li => li.textContent.trim() === 'Evaluation'));
+</script>"""
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+HEADLESS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync"]  # fmt: skip
+
+
+@pytest.mark.skipif(
+    CHROMIUM is None, reason="needs Chromium (Debian package 'chromium'; `make test` installs it)"
+)
+def test_a_real_browser_renders_the_evaluation_deck(decks, tmp_path):
+    # Open the page on its Evaluation tab, as a click on that tab would.
+    page = tmp_path / "evaluate.html"
+    page.write_text(decks["evaluate"].read_text().replace("</html>", OPEN_EVALUATION_TAB + "</html>"))
+    url = page.as_uri()
+    profile = ["--user-data-dir=" + str(tmp_path / "profile")]
+    dom = subprocess.run([CHROMIUM, *HEADLESS, *profile, "--dump-dom", url],
+                         capture_output=True, text=True, timeout=120).stdout  # fmt: skip
+    evaluation = dom.split('class="active"')[-1]  # the content pane that is showing
+    assert 'data-chart="confusion-matrix"' in evaluation and "<svg" in evaluation
+    screenshot = tmp_path / "deck.png"
+    subprocess.run([CHROMIUM, *HEADLESS, *profile, f"--screenshot={screenshot}", "--window-size=1280,1000", url],
+                   capture_output=True, timeout=120, check=True)  # fmt: skip
+    pixels = np.asarray(Image.open(screenshot).convert("RGB")).astype(int)
+    red, blue = pixels[..., 0], pixels[..., 2]
+    heatmap_cells = ((blue - red) > 60).mean()  # the confusion matrix's blue shades
+    assert heatmap_cells > 0.005, f"no rendered heatmap in the screenshot ({heatmap_cells:.2%} blue pixels)"
+    assert len(np.unique(pixels.reshape(-1, 3), axis=0)) > 50  # charts, not just text
+
+
+def test_tensorboard_event_files_hold_the_scalars(tmp_path, blob_splits):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from tasks.core.config import TrainConfig
+    from tasks.core.torch_training import train
+
+    outcome = train(TrainConfig(epochs=3, batch_size=32), blob_splits, log_dir=str(tmp_path / "board"))
+    events = EventAccumulator(str(tmp_path / "board"))
+    events.Reload()
+    tags = events.Tags()["scalars"]
+    assert {
+        "loss/train",
+        "loss/val",
+        "accuracy/train",
+        "accuracy/val",
+        "throughput/samples_per_second",
+    } <= set(tags)
+    logged = [event.value for event in events.Scalars("accuracy/val")]
+    assert logged == pytest.approx([epoch.val_accuracy for epoch in outcome.history])
