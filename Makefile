@@ -11,7 +11,7 @@ TAG ?= latest
 IMAGE_FLAGS := $(foreach t,cpu gpu tpu,--image $(t)=$(REGISTRY)/mixedml-$(t):$(TAG))
 PACKAGE := dist/mixedml-flyte-package.tgz
 
-.PHONY: install run test lint format clean images push package register browser
+.PHONY: install run test lint format clean images push package register browser bench
 
 install: $(STAMP)
 
@@ -31,6 +31,10 @@ lint: install
 
 test: lint browser
 	$(BIN)/python -m pytest
+
+# Full-size benchmarks (minutes); the tests run the same harness with --smoke.
+bench: install
+	$(BIN)/python -m benchmarks
 
 # Headless Chromium for the Deck rendering test; without it that one test is skipped, saying why.
 browser:

@@ -1,0 +1,1 @@
+"""Measured comparisons, each against a baseline measured in the same run: `make bench`."""

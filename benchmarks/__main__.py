@@ -1,0 +1,150 @@
+"""`python -m benchmarks [--smoke]`: every figure as a ratio against a baseline from the same run.
+
+Full sizes are `make bench`; `--smoke` runs tiny sizes so the harness is exercised by the tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks import loop_bench
+from benchmarks.measure import REPO, Figure, child_peak_rss_gib
+from benchmarks.synthetic import write_table
+from tasks.core.config import ModelConfig, SplitPaths, TrainConfig
+from tasks.core.data import SplitConfig, prepare_dataset
+
+FULL = {
+    "pipeline_rows": 1_000_000,
+    "preprocess_rows": (1_000_000, 10_000_000),
+    "loop_rows": 200_000,
+    "epochs": 1,
+}
+SMOKE = {"pipeline_rows": 4_000, "preprocess_rows": (4_000, 40_000), "loop_rows": 4_000, "epochs": 1}
+FEATURES, BATCH = 64, 512
+
+
+def run_child(module: str, *args: str) -> float:
+    """Wall seconds of `python -m module args`, as a user would run it (imports included)."""
+    env = {**os.environ, "FLYTE_LOCAL_CACHE_ENABLED": "false"}
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=env, check=True, capture_output=True)
+    return time.perf_counter() - start
+
+
+def orchestration(work: Path, rows: int, epochs: int) -> list[Figure]:
+    data = write_table(str(work / "pipeline.parquet"), rows, FEATURES)
+    plain = run_child("benchmarks.plain_pipeline", data, str(work / "plain"), str(epochs), str(BATCH))
+    flyte = run_child("benchmarks.flyte_pipeline", data, str(epochs), str(BATCH))
+    return [
+        Figure(
+            f"orchestration: local training_pipeline, {rows:,} rows, wall", flyte, plain, "s", "ratio <= 1.15"
+        ),
+        Figure("orchestration: fixed overhead of Flyte (pipeline - plain script)", flyte - plain, plain, "s"),
+    ]
+
+
+def preprocessing(work: Path, sizes: tuple[int, int]) -> list[Figure]:
+    results = {}
+    for rows in sizes:
+        data = write_table(str(work / f"pre-{rows}.parquet"), rows, FEATURES)
+        for mode in ("ours", "floor"):
+            results[rows, mode] = child_peak_rss_gib(
+                "benchmarks.preprocess_bench", data, mode, str(work / f"o-{mode}-{rows}")
+            )
+    small, large = sizes
+    ours, floor = results[large, "ours"], results[large, "floor"]
+    rss_growth = results[large, "ours"]["peak_rss_gib"] / results[small, "ours"]["peak_rss_gib"]
+    floor_growth = results[large, "floor"]["peak_rss_gib"] / results[small, "floor"]["peak_rss_gib"]
+    return [
+        Figure(f"preprocess: throughput at {large:,} rows", large / ours["seconds"], large / floor["seconds"],
+               "rows/s", "ratio >= 0.5 of pyarrow read+write"),
+        Figure(f"preprocess: peak RSS growth {small:,} -> {large:,} rows ({large // small}x data)",
+               rss_growth, floor_growth, "x", "far below the data growth"),
+        Figure(f"preprocess: peak RSS at {large:,} rows", ours["peak_rss_gib"], floor["peak_rss_gib"], "GiB"),
+    ]  # fmt: skip
+
+
+def training_loops(work: Path, rows: int, epochs: int) -> list[Figure]:
+    data = write_table(str(work / "loop.parquet"), rows, FEATURES)
+    prepared = prepare_dataset(data, "label", str(work / "loop-prepared"), SplitConfig(seed=0))
+    splits = SplitPaths(prepared.paths["train"], prepared.paths["val"], prepared.feature_names, "label", 10)
+    config = TrainConfig(epochs=epochs, batch_size=BATCH, hidden_sizes=[256, 128], dropout=0.1)
+    os.environ.pop("WORLD_SIZE", None)
+    figures = [
+        Figure("torch loop: samples/s, project loop vs bare loop (1 process, CPU)",
+               loop_bench.project_torch_samples_per_second(splits, config),
+               loop_bench.bare_torch_samples_per_second(splits, config), "samples/s", "ratio >= 0.9"),
+        Figure("keras loop: samples/s, project train_keras vs bare model.fit",
+               loop_bench.project_keras_samples_per_second(splits, config),
+               loop_bench.bare_keras_samples_per_second(splits, config), "samples/s", "ratio >= 0.9"),
+    ]  # fmt: skip
+    return figures + gpu_figures(splits, config)
+
+
+def gpu_figures(splits: SplitPaths, config: TrainConfig) -> list[Figure]:
+    import torch
+
+    if not torch.cuda.is_available():
+        print("gpu: skipped (no CUDA device on this machine)")
+        return []
+    amp_on = loop_bench.bare_torch_samples_per_second(splits, config, device="cuda", amp=True)
+    amp_off = loop_bench.bare_torch_samples_per_second(splits, config, device="cuda", amp=False)
+    big = TrainConfig(epochs=1, batch_size=8192, hidden_sizes=[8192, 8192], dropout=0.0)
+    rate = loop_bench.bare_torch_samples_per_second(splits, big, device="cuda", amp=True)
+    flops = rate * loop_bench.model_flops_per_sample(
+        ModelConfig(len(splits.feature_names), 10, big.hidden_sizes)
+    )
+    peak = float(os.environ.get("MIXEDML_PEAK_BF16_FLOPS", "989e12"))  # H100 SXM dense bf16
+    return [
+        Figure("gpu: bare loop samples/s, bf16 autocast on vs off", amp_on, amp_off, "samples/s"),
+        Figure(
+            f"gpu: model FLOP utilisation, MLP 2x8192 ({torch.cuda.get_device_name()})", flops, peak, "FLOP/s"
+        ),
+    ]
+
+
+def machine() -> str:
+    import torch
+
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
+    return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, {device}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, to check the harness")
+    parser.add_argument("--json", help="also write the figures to this file")
+    args = parser.parse_args()
+    sizes = SMOKE if args.smoke else FULL
+    with tempfile.TemporaryDirectory(prefix="mixedml-bench-") as tmp:
+        work = Path(tmp)
+        figures = orchestration(work, sizes["pipeline_rows"], sizes["epochs"])
+        for figure in figures:
+            print(figure.line(), flush=True)
+        for more in (
+            preprocessing(work, sizes["preprocess_rows"]),
+            training_loops(work, sizes["loop_rows"], sizes["epochs"]),
+        ):
+            for figure in more:
+                print(figure.line(), flush=True)
+            figures += more
+    print(f"\nmachine: {machine()}\n")
+    print("| figure | value | baseline | ratio | goal |\n|---|---|---|---|---|")
+    for f in figures:
+        print(
+            f"| {f.name} | {f.value:,.3f} {f.unit} | {f.baseline:,.3f} {f.unit} | {f.ratio:.3f} | {f.goal} |"
+        )
+    if args.json:
+        Path(args.json).write_text(json.dumps([f.__dict__ | {"ratio": f.ratio} for f in figures], indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,55 @@
+"""Timing and memory helpers: wall time of a call, peak RSS of a child process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Figure:
+    """One benchmark line: a measurement and its baseline from the same run."""
+
+    name: str
+    value: float
+    baseline: float
+    unit: str
+    goal: str = ""
+
+    @property
+    def ratio(self) -> float:
+        return self.value / self.baseline if self.baseline else float("nan")
+
+    def line(self) -> str:
+        goal = f"  goal {self.goal}" if self.goal else ""
+        return f"{self.name}: {self.value:,.3f} {self.unit} vs baseline {self.baseline:,.3f} -> ratio {self.ratio:.3f}{goal}"
+
+
+def timed(call: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    call()
+    return time.perf_counter() - start
+
+
+def child_peak_rss_gib(module: str, *args: str) -> dict:
+    """Run `python -m module args` and return its JSON result plus its peak resident memory."""
+    code = (
+        "import json, resource, runpy, sys;"
+        f"sys.argv = {[module, *args]!r};"
+        f"result = runpy.run_module({module!r}, run_name='__main__');"
+    )
+    wrapper = code + "print('RSS', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
+    output = subprocess.run(
+        [sys.executable, "-c", wrapper], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    lines = output.stdout.strip().splitlines()
+    result = json.loads(next(line for line in lines if line.startswith("{")))
+    result["peak_rss_gib"] = int(lines[-1].split()[1]) / 2**20  # ru_maxrss is in KiB on Linux
+    return result
