@@ -74,6 +74,22 @@ def batches(features, labels, batch: int, seed: int, shuffle: bool, drop_remaind
     return data.batch(batch, drop_remainder=drop_remainder).prefetch(tf.data.AUTOTUNE)
 
 
+class TrainClock(keras.callbacks.Callback):
+    """Seconds spent in training steps, without validation or checkpointing."""
+
+    def __init__(self):
+        super().__init__()
+        self.seconds, self._start = 0.0, None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._start = time.perf_counter()
+
+    def on_test_begin(self, logs=None):  # validation starts: this epoch's training is done
+        if self._start is not None:
+            self.seconds += time.perf_counter() - self._start
+            self._start = None
+
+
 class EpochLog(keras.callbacks.Callback):
     def __init__(self, epochs: int):
         super().__init__()
@@ -207,9 +223,10 @@ def train_keras(
         model = build_keras_mlp(model_config)
         compile_model(model, config, kind, env.gpu_count)
         start = time.perf_counter()
+        clock = TrainClock()
         checkpointing = resumable(checkpoint_dir, config.checkpoint_every_steps, on_checkpoint)
         fit = model.fit(train_data, validation_data=val_data, epochs=config.epochs, verbose=0, shuffle=False,
-                        callbacks=[*checkpointing, EpochLog(config.epochs), *board(log_dir), *(callbacks or [])])  # fmt: skip
+                        callbacks=[clock, *checkpointing, EpochLog(config.epochs), *board(log_dir), *(callbacks or [])])  # fmt: skip
         seconds = time.perf_counter() - start
     if artifact_path:
         model.save(artifact_path)
@@ -223,7 +240,7 @@ def train_keras(
         history = [EpochMetrics(i + 1, *(float(fit.history[k][i]) for k in keys)) for i in range(epochs_run)]
     return KerasOutcome(
         history=history,
-        samples_per_second=samples / seconds if seconds > 0 else 0.0,
+        samples_per_second=samples / clock.seconds if clock.seconds > 0 else 0.0,
         train_seconds=seconds,
         device=describe_device(kind, env),
         replicas=replicas,

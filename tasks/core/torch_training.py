@@ -346,20 +346,19 @@ def train(
 
     if ctx.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(ctx.device)
-    samples, start = 0, time.perf_counter()
+    samples, training_seconds, start = 0, 0.0, time.perf_counter()
     for epoch in range(progress.epoch, config.epochs):
         epoch_start = time.perf_counter()
         train_loss, train_acc, seen = train_epoch(
             ddp_model, optimizer, scaler, x, y, config, ctx, dtype, epoch, micro_batch, progress, on_step
         )
+        training_seconds += time.perf_counter() - epoch_start  # the loop alone: no validation, no saving
         val_loss, val_acc = evaluate_shard(ddp_model, vx, vy, ctx, dtype, batch=max(micro, 1024))
         samples += seen
         progress.history.append(EpochMetrics(epoch + 1, train_loss, train_acc, val_loss, val_acc))
         reporter.epoch_end()
         if board is not None:
-            write_epoch_scalars(
-                board, progress.history[-1], seen / max(time.perf_counter() - epoch_start, 1e-9)
-            )
+            write_epoch_scalars(board, progress.history[-1], samples / max(training_seconds, 1e-9))
         progress.next_epoch()
         if checkpoint is not None:
             save()
@@ -378,7 +377,7 @@ def train(
         save_artifact(model, model_config, artifact_path)
     return TrainOutcome(
         history=progress.history,
-        samples_per_second=samples / seconds if seconds > 0 else 0.0,
+        samples_per_second=samples / training_seconds if training_seconds > 0 else 0.0,
         train_seconds=seconds,
         device=describe_device(ctx.device),
         world_size=ctx.world_size,
