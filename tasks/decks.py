@@ -7,7 +7,6 @@ import html
 from flytekit import Deck
 
 from tasks.core import plots
-from tasks.core.telemetry import Sample
 
 
 def table(header: list[str], rows: list[list]) -> str:
@@ -57,7 +56,8 @@ def dataset_profile_deck(prepared, source: str) -> None:
     Deck("Dataset profile", content)
 
 
-def training_deck(trained, samples: list[Sample]) -> None:
+def training_deck(trained, samples: list) -> None:
+    """`samples`: the `telemetry.Sample`s taken while training."""
     epochs = [e.epoch for e in trained.history]
     curves = section(
         "Learning curves",
@@ -77,7 +77,7 @@ def training_deck(trained, samples: list[Sample]) -> None:
     Deck("Training", curves + run + utilisation_section(samples))
 
 
-def utilisation_section(samples: list[Sample]) -> str:
+def utilisation_section(samples: list) -> str:
     if not samples:
         return section("Utilisation", "<p>no samples</p>")
     seconds = [s.seconds for s in samples]

@@ -35,10 +35,26 @@ def module_file(module: str) -> Path | None:
     return None
 
 
+def optional_imports(tree: ast.AST) -> set[int]:
+    """ids of import nodes inside `try` blocks that handle their absence (ImportError/Exception)."""
+    optional = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Try):
+            handled = {getattr(h.type, "id", None) for h in node.handlers}
+            if handled & {"ImportError", "ModuleNotFoundError", "Exception"}:
+                optional |= {id(inner) for stmt in node.body for inner in ast.walk(stmt)}
+    return optional
+
+
 def imported_modules(path: Path) -> set[str]:
-    """Every module imported anywhere in the file, function bodies included."""
+    """Every module imported anywhere in the file, function bodies included, unless the import
+    sits in a `try` that copes with the module being absent."""
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    skip = optional_imports(tree)
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:

@@ -18,15 +18,16 @@ class Sample:
     gpu_memory_gib: list[float] = field(default_factory=list)
 
 
-def nvml_handles() -> list:
-    """NVML device handles, or none where there is no NVIDIA driver (CPU machines, TPU VMs)."""
+def nvml_devices() -> tuple[object | None, list]:
+    """(the NVML module, device handles); (None, []) without the library or an NVIDIA driver
+    (CPU machines, TPU VMs): no GPU telemetry there, which is not an error."""
     try:
         import pynvml
 
         pynvml.nvmlInit()
-        return [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-    except Exception:  # the library or the driver is absent: no GPU telemetry, not an error
-        return []
+        return pynvml, [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+    except Exception:
+        return None, []
 
 
 class UtilisationSampler:
@@ -37,7 +38,7 @@ class UtilisationSampler:
         self.samples: list[Sample] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
-        self._gpus = nvml_handles()
+        self._nvml, self._gpus = nvml_devices()
         self._start = time.monotonic()
 
     def __enter__(self) -> UtilisationSampler:
@@ -56,12 +57,9 @@ class UtilisationSampler:
 
     def sample(self) -> None:
         gpu_percent, gpu_memory = [], []
-        if self._gpus:
-            import pynvml
-
-            for handle in self._gpus:
-                gpu_percent.append(float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu))
-                gpu_memory.append(pynvml.nvmlDeviceGetMemoryInfo(handle).used / 2**30)
+        for handle in self._gpus:
+            gpu_percent.append(float(self._nvml.nvmlDeviceGetUtilizationRates(handle).gpu))
+            gpu_memory.append(self._nvml.nvmlDeviceGetMemoryInfo(handle).used / 2**30)
         self.samples.append(
             Sample(
                 seconds=time.monotonic() - self._start,
