@@ -122,20 +122,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, to check the harness")
     parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument("--only", choices=["orchestration", "preprocess", "loops"], help="run one group")
     args = parser.parse_args()
     sizes = SMOKE if args.smoke else FULL
     with tempfile.TemporaryDirectory(prefix="mixedml-bench-") as tmp:
         work = Path(tmp)
-        figures = orchestration(work, sizes["pipeline_rows"], sizes["epochs"])
-        for figure in figures:
-            print(figure.line(), flush=True)
-        for more in (
-            preprocessing(work, sizes["preprocess_rows"]),
-            training_loops(work, sizes["loop_rows"], sizes["epochs"]),
-        ):
-            for figure in more:
-                print(figure.line(), flush=True)
-            figures += more
+        groups = {
+            "orchestration": lambda: orchestration(work, sizes["pipeline_rows"], sizes["epochs"]),
+            "preprocess": lambda: preprocessing(work, sizes["preprocess_rows"]),
+            "loops": lambda: training_loops(work, sizes["loop_rows"], sizes["epochs"]),
+        }
+        figures = []
+        for name, run in groups.items():
+            if args.only in (None, name):
+                for figure in run():
+                    print(figure.line(), flush=True)
+                    figures.append(figure)
     print(f"\nmachine: {machine()}\n")
     print("| figure | value | baseline | ratio | goal |\n|---|---|---|---|---|")
     for f in figures:

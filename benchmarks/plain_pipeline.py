@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -27,6 +28,8 @@ def train_worker(config: TrainConfig, splits: SplitPaths, artifact: str) -> None
 
 
 def main(data: str, workdir: str, epochs: str, batch: str) -> None:
+    # As torchrun and the Flyte Elastic plugin do for several workers: one thread each, no oversubscription.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     prepared = prepare_dataset(data, "label", str(Path(workdir) / "prepared"), SplitConfig(seed=0))
     splits = SplitPaths(prepared.paths["train"], prepared.paths["val"], prepared.feature_names, "label",
                         len(prepared.class_labels))  # fmt: skip
