@@ -7,7 +7,6 @@ CPU with the default strategy and report that they did.
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict
 from pathlib import Path
 
 from flytekit import current_context, task
@@ -15,13 +14,12 @@ from flytekit.types.directory import FlyteDirectory
 from flytekit.types.file import FlyteFile
 
 from tasks.checkpointing import flyte_checkpoint
-from tasks.core.config import SplitPaths, TrainConfig
+from tasks.core.config import TrainConfig
 from tasks.core.telemetry import UtilisationSampler
 from tasks.decks import training_deck
 from tasks.hardware import GPU_IMAGE, TPU_IMAGE, TRAIN_GPU, TRAIN_TPU, TRAINING_RETRIES
 from tasks.logs import setup_logging
-from tasks.storage import local_path
-from tasks.types import EpochRecord, PreparedData, TrainedModel
+from tasks.types import PreparedData, TrainedModel
 
 log = logging.getLogger(__name__)
 
@@ -39,13 +37,7 @@ def train_tensorflow(prepared: PreparedData, config: TrainConfig, strategy: str)
     from tasks.core.tf_training import train_keras
 
     setup_logging()
-    splits = SplitPaths(
-        train=local_path(prepared.train),
-        val=local_path(prepared.val),
-        feature_names=prepared.feature_names,
-        label_column=prepared.label_column,
-        n_classes=len(prepared.class_labels),
-    )
+    splits = prepared.local_splits()
     artifact = Path(current_context().working_directory) / "model.keras"
     checkpoint = flyte_checkpoint()
     board = Path(current_context().working_directory) / "tensorboard"
@@ -70,7 +62,7 @@ def train_tensorflow(prepared: PreparedData, config: TrainConfig, strategy: str)
         strategy=outcome.strategy,
         accelerator=accelerator,
         accelerator_count=count,
-        history=[EpochRecord(**asdict(epoch)) for epoch in outcome.history],
+        history=outcome.history,
         samples_per_second=outcome.samples_per_second,
         train_seconds=outcome.train_seconds,
         tensorboard=FlyteDirectory(str(board)),

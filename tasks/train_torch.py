@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from flytekit import current_context, task
@@ -20,14 +20,13 @@ from flytekitplugins.kfpytorch import Elastic
 from flytekitplugins.kfpytorch.task import PytorchElasticFunctionTask
 
 from tasks.checkpointing import flyte_checkpoint
-from tasks.core.config import SplitPaths, TrainConfig
+from tasks.core.config import TrainConfig
 from tasks.core.launch import plan_launch
 from tasks.core.telemetry import UtilisationSampler
 from tasks.decks import training_deck
 from tasks.hardware import GPU_IMAGE, TRAIN_GPU, TRAIN_GPU_MULTINODE, TRAINING_RETRIES, GpuTrainingProfile
 from tasks.logs import setup_logging
-from tasks.storage import local_path
-from tasks.types import EpochRecord, PreparedData, TrainedModel
+from tasks.types import PreparedData, TrainedModel
 
 log = logging.getLogger(__name__)
 
@@ -103,13 +102,7 @@ def train_with_ddp(prepared: PreparedData, config: TrainConfig, profile: GpuTrai
     from tasks.core.torch_training import shutdown_distributed, train
 
     setup_logging()
-    splits = SplitPaths(
-        train=local_path(prepared.train),
-        val=local_path(prepared.val),
-        feature_names=prepared.feature_names,
-        label_column=prepared.label_column,
-        n_classes=len(prepared.class_labels),
-    )
+    splits = prepared.local_splits()
     artifact = Path(current_context().working_directory) / "model.pt"
     try:
         location = flyte_checkpoint()
@@ -135,7 +128,7 @@ def train_with_ddp(prepared: PreparedData, config: TrainConfig, profile: GpuTrai
         strategy="DDP" if outcome.world_size > 1 else "single-process",
         accelerator=profile.device if outcome.device != "cpu" else "cpu",
         accelerator_count=outcome.world_size,
-        history=[EpochRecord(**asdict(epoch)) for epoch in outcome.history],
+        history=outcome.history,
         samples_per_second=outcome.samples_per_second,
         train_seconds=outcome.train_seconds,
         peak_device_memory_bytes=outcome.peak_memory_bytes,

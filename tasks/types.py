@@ -8,10 +8,12 @@ from flytekit.types.directory import FlyteDirectory
 from flytekit.types.file import FlyteFile
 from flytekit.types.structured import StructuredDataset
 
+from tasks.core.config import EpochMetrics, SplitPaths
 from tasks.core.data import ScalerStats
 from tasks.core.memory import MemoryEstimate
 from tasks.core.metrics import ClassMetrics
 from tasks.core.planner import OptionFit, PreprocessPlan
+from tasks.storage import local_path
 
 
 @dataclass
@@ -29,14 +31,15 @@ class PreparedData:
     scaler: ScalerStats
     source: str
 
-
-@dataclass
-class EpochRecord:
-    epoch: int
-    train_loss: float
-    train_accuracy: float
-    val_loss: float
-    val_accuracy: float
+    def local_splits(self) -> SplitPaths:
+        """The train/val splits on this machine's disk, as the training loops read them."""
+        return SplitPaths(
+            train=local_path(self.train),
+            val=local_path(self.val),
+            feature_names=self.feature_names,
+            label_column=self.label_column,
+            n_classes=len(self.class_labels),
+        )
 
 
 @dataclass
@@ -52,7 +55,7 @@ class TrainedModel:
     strategy: str
     accelerator: str
     accelerator_count: int
-    history: list[EpochRecord]
+    history: list[EpochMetrics]
     samples_per_second: float
     train_seconds: float
     peak_device_memory_bytes: int = 0  # torch.cuda.max_memory_allocated; 0 on CPU
