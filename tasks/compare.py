@@ -5,7 +5,7 @@ from __future__ import annotations
 from flytekit import task
 
 from tasks.core.compare import HardwareComparison, RunSummary, compare_runs
-from tasks.decks import comparison_deck
+from tasks.decks import DECK_FIELDS, comparison_deck
 from tasks.hardware import CPU_IMAGE, EVALUATE_CPU
 from tasks.types import EvaluationReport
 
@@ -30,6 +30,7 @@ def summarise(name: str, report: EvaluationReport) -> RunSummary:
     requests=EVALUATE_CPU.resources,
     limits=EVALUATE_CPU.resources,
     enable_deck=True,
+    deck_fields=DECK_FIELDS,
 )
 def compare(gpu: EvaluationReport, tpu: EvaluationReport, prices: dict[str, float]) -> HardwareComparison:
     comparison = compare_runs([summarise("gpu (pytorch)", gpu), summarise("tpu (tensorflow)", tpu)], prices)

@@ -5,8 +5,13 @@ from __future__ import annotations
 import html
 
 from flytekit import Deck
+from flytekit.deck import DeckField
 
 from tasks.core import plots
+
+# flytekit's default Decks without "Dependencies": that one runs `pip list` and `pip freeze` in
+# subprocesses for every task (about a second each), and the images pin every package anyway.
+DECK_FIELDS = (DeckField.SOURCE_CODE, DeckField.TIMELINE, DeckField.INPUT, DeckField.OUTPUT)
 
 
 def table(header: list[str], rows: list[list]) -> str:

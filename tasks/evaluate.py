@@ -10,7 +10,7 @@ from flytekit import task
 
 from tasks.core.data import read_split
 from tasks.core.metrics import classification_metrics
-from tasks.decks import evaluation_deck
+from tasks.decks import DECK_FIELDS, evaluation_deck
 from tasks.hardware import EVALUATE_CPU, GPU_IMAGE
 from tasks.logs import setup_logging
 from tasks.storage import local_path
@@ -51,6 +51,7 @@ def with_suffix(path: str, suffix: str) -> str:
     requests=EVALUATE_CPU.resources,
     limits=EVALUATE_CPU.resources,
     enable_deck=True,
+    deck_fields=DECK_FIELDS,
 )
 def evaluate(
     prepared: PreparedData, trained: TrainedModel, plan: ResourcePlan | None = None

@@ -24,6 +24,7 @@ from tasks.core.planner import (
     plan_training,
 )
 from tasks.core.validation import RunInputs, validate_run
+from tasks.decks import DECK_FIELDS
 from tasks.hardware import (
     EVALUATE_CPU,
     GPU_CATALOG,
@@ -173,6 +174,7 @@ def plan_deck(report: ResourcePlan) -> None:
     requests=EVALUATE_CPU.resources,
     limits=EVALUATE_CPU.resources,
     enable_deck=True,
+    deck_fields=DECK_FIELDS,
 )
 def train_on_target(
     prepared: PreparedData,

@@ -16,7 +16,7 @@ from tasks.core.data import (
     prepare_dataset,
     write_embedded_digits,
 )
-from tasks.decks import dataset_profile_deck
+from tasks.decks import DECK_FIELDS, dataset_profile_deck
 from tasks.hardware import CPU_IMAGE, PREPROCESS_CPU
 from tasks.logs import setup_logging
 from tasks.storage import parquet_dataset
@@ -57,6 +57,7 @@ PREPROCESS_CODE_VERSION = code_version("tasks.core.data", "tasks.preprocess")
     cache=True,
     cache_version=PREPROCESS_CODE_VERSION,
     enable_deck=True,
+    deck_fields=DECK_FIELDS,
 )
 def preprocess(
     dataset: str,

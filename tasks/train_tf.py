@@ -16,7 +16,7 @@ from flytekit.types.file import FlyteFile
 from tasks.checkpointing import flyte_checkpoint
 from tasks.core.config import TrainConfig
 from tasks.core.telemetry import UtilisationSampler
-from tasks.decks import training_deck
+from tasks.decks import DECK_FIELDS, training_deck
 from tasks.hardware import GPU_IMAGE, TPU_IMAGE, TRAIN_GPU, TRAIN_TPU, TRAINING_RETRIES
 from tasks.logs import setup_logging
 from tasks.types import PreparedData, TrainedModel
@@ -77,6 +77,7 @@ def train_tensorflow(prepared: PreparedData, config: TrainConfig, strategy: str)
     interruptible=True,
     retries=TRAINING_RETRIES,
     enable_deck=True,
+    deck_fields=DECK_FIELDS,
     accelerator=TRAIN_TPU.accelerator,
     pod_template=TRAIN_TPU.pod_template(),
 )
@@ -103,6 +104,7 @@ def train_tf_tpu(
     interruptible=True,
     retries=TRAINING_RETRIES,
     enable_deck=True,
+    deck_fields=DECK_FIELDS,
     requests=TRAIN_GPU.resources,
     limits=TRAIN_GPU.resources,
     accelerator=TRAIN_GPU.accelerator,

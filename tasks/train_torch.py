@@ -23,7 +23,7 @@ from tasks.checkpointing import flyte_checkpoint
 from tasks.core.config import TrainConfig
 from tasks.core.launch import plan_launch
 from tasks.core.telemetry import UtilisationSampler
-from tasks.decks import training_deck
+from tasks.decks import DECK_FIELDS, training_deck
 from tasks.hardware import GPU_IMAGE, TRAIN_GPU, TRAIN_GPU_MULTINODE, TRAINING_RETRIES, GpuTrainingProfile
 from tasks.logs import setup_logging
 from tasks.types import PreparedData, TrainedModel
@@ -74,8 +74,9 @@ def elastic(profile: GpuTrainingProfile) -> MachineFittedElastic:
         rdzv_configs={"timeout": timeout, "join_timeout": timeout, "read_timeout": timeout},
         # Restart the worker group on transient worker loss; a deterministic error fails each time.
         max_restarts=profile.max_restarts,
-        # How often the agent checks its workers: a dead or failed rank stops the group this fast.
-        monitor_interval=2,
+        # How often the agent checks its workers: a dead or failed rank stops the group this fast,
+        # and the task returns this soon after the last rank finishes. Polling is cheap.
+        monitor_interval=1,
     )
 
 
@@ -87,6 +88,7 @@ def hardware(profile: GpuTrainingProfile) -> dict:
         interruptible=True,
         retries=TRAINING_RETRIES,
         enable_deck=True,
+        deck_fields=DECK_FIELDS,
         container_image=GPU_IMAGE,
         requests=profile.resources,
         limits=profile.resources,
@@ -99,9 +101,10 @@ def hardware(profile: GpuTrainingProfile) -> dict:
 def train_with_ddp(prepared: PreparedData, config: TrainConfig, profile: GpuTrainingProfile) -> TrainedModel:
     """Runs in every DDP worker; rank 0's return value becomes the task output."""
     from tasks.core.checkpoint import TrainingCheckpoint
-    from tasks.core.torch_training import shutdown_distributed, train
+    from tasks.core.torch_training import shutdown_distributed, tensorboard_without_tensorflow, train
 
     setup_logging()
+    tensorboard_without_tensorflow()  # a spawned worker process: TensorFlow never runs here
     splits = prepared.local_splits()
     artifact = Path(current_context().working_directory) / "model.pt"
     try:

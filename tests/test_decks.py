@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -68,6 +69,7 @@ def test_each_task_writes_a_deck_with_its_sections_and_charts(decks, task):
 OPEN_EVALUATION_TAB = """<script>
 handleLinkClick([...document.querySelectorAll('#flyte-frame-tabs li')].find(li => li.textContent.trim() === 'Evaluation'));
 </script>"""
+REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 HEADLESS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
             "--disable-background-networking", "--disable-component-update", "--disable-sync"]  # fmt: skip
@@ -115,3 +117,42 @@ def test_tensorboard_event_files_hold_the_scalars(tmp_path, blob_splits):
     } <= set(tags)
     logged = [event.value for event in events.Scalars("accuracy/val")]
     assert logged == pytest.approx([epoch.val_accuracy for epoch in outcome.history])
+
+
+WORKER_WRITES_EVENTS = """
+import sys
+from tasks.core.torch_training import event_writer, tensorboard_without_tensorflow
+assert "tensorflow" not in sys.modules, "importing the training loop imported TensorFlow"
+tensorboard_without_tensorflow()
+board = event_writer(sys.argv[1])
+board.add_scalar("loss/train", 0.5, 1)
+board.close()
+assert "tensorflow" not in sys.modules, "writing TensorBoard events imported TensorFlow"
+"""
+
+
+def test_ddp_workers_write_tensorboard_events_without_importing_tensorflow(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run = subprocess.run([sys.executable, "-c", WORKER_WRITES_EVENTS, str(tmp_path / "board")],
+                         cwd=REPO, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    events = EventAccumulator(str(tmp_path / "board"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("loss/train")] == [(1, 0.5)]
+
+
+def test_tensorflow_free_switch_is_skipped_once_tensorflow_is_loaded(tmp_path):
+    code = (
+        "import sys, tensorflow, keras\n"
+        "from tasks.core.torch_training import tensorboard_without_tensorflow\n"
+        "tensorboard_without_tensorflow()\n"
+        "assert 'tensorboard.compat.notf' not in sys.modules\n"
+        "keras.callbacks.TensorBoard(sys.argv[1])  # TensorFlow's summaries still available\n"
+        "import tensorflow as tf\n"
+        "with tf.summary.create_file_writer(sys.argv[1]).as_default():\n"
+        "    tf.summary.scalar('x', 1.0, step=0)\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=REPO, capture_output=True,
+                         text=True, timeout=300)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]

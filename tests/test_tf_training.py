@@ -15,6 +15,7 @@ from tasks.core.data import read_split
 from tasks.core.tf_strategy import Environment
 from tasks.core.tf_training import (
     TPU_STEPS_PER_EXECUTION,
+    batches,
     build_keras_mlp,
     dtype_policy,
     precision_policy,
@@ -49,6 +50,34 @@ def test_same_seed_same_history_on_cpu(blob_splits):
     first = train_keras(config, blob_splits, env=Environment())
     second = train_keras(config, blob_splits, env=Environment())
     assert first.history == second.history
+
+
+def epoch_rows(dataset) -> list[np.ndarray]:
+    return [np.concatenate([labels.numpy() for _, labels in dataset]) for _epoch in range(3)]
+
+
+def test_shuffled_batches_cover_each_row_once_per_epoch_in_a_new_order():
+    features = np.arange(103 * 2, dtype="float32").reshape(103, 2)
+    row_ids = np.arange(103)
+    epochs = epoch_rows(batches(features, row_ids, 10, seed=7, shuffle=True, drop_remainder=True))
+    for rows in epochs:
+        assert len(rows) == 100 and len(set(rows)) == 100  # 10 full batches, no repeats
+    assert not np.array_equal(epochs[0], epochs[1]) and not np.array_equal(epochs[1], epochs[2])
+    again = epoch_rows(batches(features, row_ids, 10, seed=7, shuffle=True, drop_remainder=True))
+    assert all(np.array_equal(a, b) for a, b in zip(epochs, again, strict=True))  # same seed, same orders
+    other = epoch_rows(batches(features, row_ids, 10, seed=8, shuffle=True, drop_remainder=True))
+    assert not np.array_equal(epochs[0], other[0])
+
+
+def test_batches_pair_features_with_their_labels_and_keep_the_remainder_when_asked():
+    features = np.arange(103 * 2, dtype="float32").reshape(103, 2)
+    data = batches(features, np.arange(103), 10, seed=0, shuffle=True, drop_remainder=True)
+    for x, y in data:
+        np.testing.assert_array_equal(x.numpy(), features[y.numpy()])
+    in_order = batches(features, np.arange(103), 10, seed=0, shuffle=False, drop_remainder=False)
+    sizes = [len(y) for _, y in in_order]
+    assert sizes == [10] * 10 + [3]
+    np.testing.assert_array_equal(np.concatenate([y for _, y in in_order]), np.arange(103))
 
 
 @pytest.mark.parametrize(

@@ -68,10 +68,32 @@ def build_keras_mlp(config: ModelConfig) -> keras.Model:
 
 
 def batches(features, labels, batch: int, seed: int, shuffle: bool, drop_remainder: bool) -> tf.data.Dataset:
-    data = tf.data.Dataset.from_tensor_slices((features, labels))
+    """Batches gathered from in-memory arrays by row index.
+
+    Shuffling permutes row indices once per epoch rather than passing every row through a
+    `shuffle` buffer: that buffer cost about a fifth of a CPU epoch. Each pass over the dataset
+    (each epoch) draws a new key from a seeded stream, so orders differ between epochs but a
+    run is reproducible from its seed.
+    """
+    count = len(labels)
+    with tf.device("/cpu:0"):
+        features, labels = tf.constant(features), tf.constant(labels)
+    stop = count - count % batch if drop_remainder else count
+    starts = tf.data.Dataset.range(0, stop, batch)
     if shuffle:
-        data = data.shuffle(len(labels), seed=seed, reshuffle_each_iteration=True)
-    return data.batch(batch, drop_remainder=drop_remainder).prefetch(tf.data.AUTOTUNE)
+        keys = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).take(1)
+        orders = keys.map(lambda key: epoch_order(count, key, seed))
+        rows = orders.flat_map(lambda order: starts.map(lambda start: order[start : start + batch]))
+        rows = rows.apply(tf.data.experimental.assert_cardinality(starts.cardinality()))
+    else:
+        rows = starts.map(lambda start: tf.range(start, tf.minimum(start + batch, count)))
+    gather = lambda rows: (tf.gather(features, rows), tf.gather(labels, rows))  # noqa: E731
+    return rows.map(gather, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+
+
+def epoch_order(count: int, key, seed: int) -> tf.Tensor:
+    seed_pair = tf.stack([key, tf.constant(seed, tf.int64)])
+    return tf.random.experimental.stateless_shuffle(tf.range(count, dtype=tf.int64), seed=seed_pair)
 
 
 class TrainClock(keras.callbacks.Callback):
