@@ -1,6 +1,8 @@
 """`python -m benchmarks [--smoke]`: every figure as a ratio against a baseline from the same run.
 
 Full sizes are `make bench`; `--smoke` runs tiny sizes so the harness is exercised by the tests.
+Timed comparisons alternate the measurement and its baseline for several rounds and report the
+medians, so that a shared machine's drift does not fall on one side.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import time
 from pathlib import Path
 
 from benchmarks import loop_bench
-from benchmarks.measure import REPO, Figure, child_peak_rss_gib
+from benchmarks.measure import REPO, Figure, alternating_medians, child_peak_rss_gib
 from benchmarks.synthetic import write_table
 from tasks.core.config import ModelConfig, SplitPaths, TrainConfig
 from tasks.core.data import SplitConfig, prepare_dataset
@@ -26,8 +28,15 @@ FULL = {
     "preprocess_rows": (1_000_000, 10_000_000),
     "loop_rows": 200_000,
     "epochs": 1,
+    "rounds": 3,
 }
-SMOKE = {"pipeline_rows": 4_000, "preprocess_rows": (4_000, 40_000), "loop_rows": 4_000, "epochs": 1}
+SMOKE = {
+    "pipeline_rows": 4_000,
+    "preprocess_rows": (4_000, 40_000),
+    "loop_rows": 4_000,
+    "epochs": 1,
+    "rounds": 1,
+}
 FEATURES, BATCH = 64, 512
 
 
@@ -39,10 +48,13 @@ def run_child(module: str, *args: str) -> float:
     return time.perf_counter() - start
 
 
-def orchestration(work: Path, rows: int, epochs: int) -> list[Figure]:
+def orchestration(work: Path, rows: int, epochs: int, rounds: int) -> list[Figure]:
     data = write_table(str(work / "pipeline.parquet"), rows, FEATURES)
-    plain = run_child("benchmarks.plain_pipeline", data, str(work / "plain"), str(epochs), str(BATCH))
-    flyte = run_child("benchmarks.flyte_pipeline", data, str(epochs), str(BATCH))
+    flyte, plain = alternating_medians(
+        lambda: run_child("benchmarks.flyte_pipeline", data, str(epochs), str(BATCH)),
+        lambda: run_child("benchmarks.plain_pipeline", data, str(work / "plain"), str(epochs), str(BATCH)),
+        rounds,
+    )
     return [
         Figure(
             f"orchestration: local training_pipeline, {rows:,} rows, wall", flyte, plain, "s", "ratio <= 1.15"
@@ -72,19 +84,27 @@ def preprocessing(work: Path, sizes: tuple[int, int]) -> list[Figure]:
     ]  # fmt: skip
 
 
-def training_loops(work: Path, rows: int, epochs: int) -> list[Figure]:
+def training_loops(work: Path, rows: int, epochs: int, rounds: int) -> list[Figure]:
     data = write_table(str(work / "loop.parquet"), rows, FEATURES)
     prepared = prepare_dataset(data, "label", str(work / "loop-prepared"), SplitConfig(seed=0))
     splits = SplitPaths(prepared.paths["train"], prepared.paths["val"], prepared.feature_names, "label", 10)
     config = TrainConfig(epochs=epochs, batch_size=BATCH, hidden_sizes=[256, 128], dropout=0.1)
     os.environ.pop("WORLD_SIZE", None)
+    torch_rates = alternating_medians(
+        lambda: loop_bench.project_torch_samples_per_second(splits, config),
+        lambda: loop_bench.bare_torch_samples_per_second(splits, config),
+        rounds,
+    )
+    keras_rates = alternating_medians(
+        lambda: loop_bench.project_keras_samples_per_second(splits, config),
+        lambda: loop_bench.bare_keras_samples_per_second(splits, config),
+        rounds,
+    )
     figures = [
-        Figure("torch loop: samples/s, project loop vs bare loop (1 process, CPU)",
-               loop_bench.project_torch_samples_per_second(splits, config),
-               loop_bench.bare_torch_samples_per_second(splits, config), "samples/s", "ratio >= 0.9"),
-        Figure("keras loop: samples/s, project train_keras vs bare model.fit",
-               loop_bench.project_keras_samples_per_second(splits, config),
-               loop_bench.bare_keras_samples_per_second(splits, config), "samples/s", "ratio >= 0.9"),
+        Figure("torch loop: samples/s, project loop vs bare loop (1 process, CPU)", *torch_rates,
+               "samples/s", "ratio >= 0.9"),
+        Figure("keras loop: samples/s, project train_keras vs bare model.fit", *keras_rates,
+               "samples/s", "ratio >= 0.9"),
     ]  # fmt: skip
     return figures + gpu_figures(splits, config)
 
@@ -128,9 +148,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="mixedml-bench-") as tmp:
         work = Path(tmp)
         groups = {
-            "orchestration": lambda: orchestration(work, sizes["pipeline_rows"], sizes["epochs"]),
+            "orchestration": lambda: orchestration(
+                work, sizes["pipeline_rows"], sizes["epochs"], sizes["rounds"]
+            ),
             "preprocess": lambda: preprocessing(work, sizes["preprocess_rows"]),
-            "loops": lambda: training_loops(work, sizes["loop_rows"], sizes["epochs"]),
+            "loops": lambda: training_loops(work, sizes["loop_rows"], sizes["epochs"], sizes["rounds"]),
         }
         figures = []
         for name, run in groups.items():

@@ -54,11 +54,14 @@ def project_torch_samples_per_second(splits: SplitPaths, config: TrainConfig) ->
 
 def bare_keras_samples_per_second(splits: SplitPaths, config: TrainConfig) -> float:
     import keras
+    import tensorflow as tf
 
     from tasks.core.tf_training import build_keras_mlp
 
     x, y = read_split(splits.train, splits.feature_names, splits.label_column)
+    keras.backend.clear_session()
     keras.utils.set_random_seed(config.seed)
+    tf.config.experimental.enable_op_determinism()  # as train_keras runs on CPU
     model = build_keras_mlp(ModelConfig(x.shape[1], splits.n_classes, config.hidden_sizes, config.dropout))
     model.compile(optimizer=keras.optimizers.AdamW(config.learning_rate, weight_decay=config.weight_decay),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))  # fmt: skip
@@ -69,9 +72,12 @@ def bare_keras_samples_per_second(splits: SplitPaths, config: TrainConfig) -> fl
 
 
 def project_keras_samples_per_second(splits: SplitPaths, config: TrainConfig) -> float:
+    import keras
+
     from tasks.core.tf_strategy import Environment
     from tasks.core.tf_training import train_keras
 
+    keras.backend.clear_session()  # each run starts from the same state, as the bare run does
     return train_keras(config, splits, env=Environment()).samples_per_second
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -36,6 +37,18 @@ def timed(call: Callable[[], object]) -> float:
     start = time.perf_counter()
     call()
     return time.perf_counter() - start
+
+
+def alternating_medians(
+    measure: Callable[[], float], baseline: Callable[[], float], rounds: int
+) -> tuple[float, float]:
+    """Median of `rounds` measurements of each, taken in turn so that drift on a shared machine
+    (other jobs, thermal limits) lands on both sides rather than on whichever ran second."""
+    values, baselines = [], []
+    for _ in range(rounds):
+        values.append(measure())
+        baselines.append(baseline())
+    return statistics.median(values), statistics.median(baselines)
 
 
 def child_peak_rss_gib(module: str, *args: str) -> dict:

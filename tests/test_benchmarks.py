@@ -28,3 +28,15 @@ def test_smoke_benchmarks_print_every_figure_with_a_ratio(tmp_path):
         assert f"ratio {figure['ratio']:.3f}" in result.stdout
     assert "| figure | value | baseline | ratio | goal |" in result.stdout
     assert "machine:" in result.stdout
+
+
+def test_alternating_medians_interleaves_the_two_sides_and_takes_each_median():
+    from benchmarks.measure import alternating_medians
+
+    calls = []
+    values, baselines = iter([5.0, 1.0, 3.0]), iter([10.0, 30.0, 20.0])
+    median, baseline = alternating_medians(
+        lambda: calls.append("value") or next(values), lambda: calls.append("baseline") or next(baselines), 3
+    )
+    assert (median, baseline) == (3.0, 20.0)
+    assert calls == ["value", "baseline"] * 3
