@@ -28,14 +28,16 @@ FULL = {
     "preprocess_rows": (1_000_000, 10_000_000),
     "loop_rows": 200_000,
     "epochs": 1,
-    "rounds": 3,
+    "pipeline_rounds": 3,
+    "loop_rounds": 5,
 }
 SMOKE = {
     "pipeline_rows": 4_000,
     "preprocess_rows": (4_000, 40_000),
     "loop_rows": 4_000,
     "epochs": 1,
-    "rounds": 1,
+    "pipeline_rounds": 1,
+    "loop_rounds": 1,
 }
 FEATURES, BATCH = 64, 512
 
@@ -149,10 +151,10 @@ def main() -> None:
         work = Path(tmp)
         groups = {
             "orchestration": lambda: orchestration(
-                work, sizes["pipeline_rows"], sizes["epochs"], sizes["rounds"]
+                work, sizes["pipeline_rows"], sizes["epochs"], sizes["pipeline_rounds"]
             ),
             "preprocess": lambda: preprocessing(work, sizes["preprocess_rows"]),
-            "loops": lambda: training_loops(work, sizes["loop_rows"], sizes["epochs"], sizes["rounds"]),
+            "loops": lambda: training_loops(work, sizes["loop_rows"], sizes["epochs"], sizes["loop_rounds"]),
         }
         figures = []
         for name, run in groups.items():
