@@ -215,19 +215,22 @@ def optimizer_step(model, optimizer, scaler, x, y, rows, micro: int, ctx, dtype)
 
     Returns (summed loss, correct predictions) as device tensors: no host sync per step.
     """
-    chunks = rows.split(micro)
-    loss_sum = torch.zeros((), device=x.device)
-    correct = torch.zeros((), device=x.device)
+    chunks = rows.split(micro) if len(rows) > micro else (rows,)
+    loss_sum = correct = 0
+    # Per-step Python and small-op overhead shows on fast devices: no autocast context, sync
+    # context or loss rescaling unless they do something.
+    autocast = torch.autocast(ctx.device.type, dtype=dtype) if dtype is not None else nullcontext()
     for index, chunk in enumerate(chunks):
         last = index == len(chunks) - 1
         sync = nullcontext() if last or not ctx.is_distributed else model.no_sync()
         with sync:
-            with torch.autocast(ctx.device.type, dtype=dtype, enabled=dtype is not None):
+            with autocast:
                 logits = model(x[chunk])
                 loss = F.cross_entropy(logits.float(), y[chunk])
-            scaler.scale(loss * (len(chunk) / len(rows))).backward()
-        loss_sum += loss.detach() * len(chunk)
-        correct += (logits.argmax(1) == y[chunk]).sum()
+            share = loss if len(chunks) == 1 else loss * (len(chunk) / len(rows))
+            scaler.scale(share).backward()
+        loss_sum = loss_sum + loss.detach() * len(chunk)
+        correct = correct + (logits.argmax(1) == y[chunk]).sum()
     scaler.step(optimizer)
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
