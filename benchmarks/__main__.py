@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from benchmarks import loop_bench
-from benchmarks.measure import REPO, Figure, alternating_medians, child_peak_rss_gib
+from benchmarks.measure import REPO, Figure, alternate, alternating_medians, child_peak_rss_gib, median_phases
 from benchmarks.synthetic import write_table
 from tasks.core.config import ModelConfig, SplitPaths, TrainConfig
 from tasks.core.data import SplitConfig, prepare_dataset
@@ -42,27 +42,41 @@ SMOKE = {
 FEATURES, BATCH = 64, 512
 
 
-def run_child(module: str, *args: str) -> float:
-    """Wall seconds of `python -m module args`, as a user would run it (imports included)."""
+def run_pipeline(module: str, *args: str) -> dict[str, float]:
+    """Seconds per phase of `python -m module args` run as a user would (imports included), plus
+    "wall": the whole process, interpreter start and exit included."""
     env = {**os.environ, "FLYTE_LOCAL_CACHE_ENABLED": "false"}
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=env, check=True, capture_output=True)
-    return time.perf_counter() - start
+    run = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=env, check=True,
+                         capture_output=True, text=True)  # fmt: skip
+    wall = time.perf_counter() - start
+    result = json.loads(next(line for line in run.stdout.splitlines() if line.startswith("{")))
+    return {"wall": wall, **result["phases"]}
 
 
 def orchestration(work: Path, rows: int, epochs: int, rounds: int) -> list[Figure]:
     data = write_table(str(work / "pipeline.parquet"), rows, FEATURES)
-    flyte, plain = alternating_medians(
-        lambda: run_child("benchmarks.flyte_pipeline", data, str(epochs), str(BATCH)),
-        lambda: run_child("benchmarks.plain_pipeline", data, str(work / "plain"), str(epochs), str(BATCH)),
+    flyte_runs, plain_runs = alternate(
+        lambda: run_pipeline("benchmarks.flyte_pipeline", data, str(epochs), str(BATCH)),
+        lambda: run_pipeline("benchmarks.plain_pipeline", data, str(work / "plain"), str(epochs), str(BATCH)),
         rounds,
     )
-    return [
-        Figure(
-            f"orchestration: local training_pipeline, {rows:,} rows, wall", flyte, plain, "s", "ratio <= 1.15"
-        ),
-        Figure("orchestration: fixed overhead of Flyte (pipeline - plain script)", flyte - plain, plain, "s"),
-    ]
+    flyte, plain = median_phases(flyte_runs), median_phases(plain_runs)
+    figures = [
+        Figure(f"orchestration: local training_pipeline, {rows:,} rows, wall", flyte["wall"], plain["wall"],
+               "s", "ratio <= 1.15"),
+        Figure("orchestration: fixed overhead of Flyte (pipeline - plain script)", flyte["wall"] - plain["wall"],
+               plain["wall"], "s"),
+    ]  # fmt: skip
+    for phase in ("start-up", "preprocess", "train", "evaluate"):
+        figures.append(
+            Figure(f"orchestration phase {phase}: workflow vs plain script", flyte[phase], plain[phase], "s")
+        )
+    # Between tasks (literal conversion, the local store) and interpreter exit: no plain counterpart.
+    figures.append(Figure("orchestration phase between tasks + interpreter start/exit: workflow vs plain script",
+                          flyte["workflow"] + flyte["wall"] - sum(v for k, v in flyte.items() if k != "wall"),
+                          max(plain["wall"] - sum(v for k, v in plain.items() if k != "wall"), 1e-3), "s"))  # fmt: skip
+    return figures
 
 
 def preprocessing(work: Path, sizes: tuple[int, int]) -> list[Figure]:

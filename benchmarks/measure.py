@@ -10,8 +10,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 REPO = Path(__file__).resolve().parents[1]
+T = TypeVar("T")
 
 
 @dataclass
@@ -39,16 +41,38 @@ def timed(call: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-def alternating_medians(
-    measure: Callable[[], float], baseline: Callable[[], float], rounds: int
-) -> tuple[float, float]:
-    """Median of `rounds` measurements of each, taken in turn so that drift on a shared machine
-    (other jobs, thermal limits) lands on both sides rather than on whichever ran second."""
+def alternate(measure: Callable[[], T], baseline: Callable[[], T], rounds: int) -> tuple[list[T], list[T]]:
+    """`rounds` results of each, taken in turn so that drift on a shared machine (other jobs,
+    thermal limits) lands on both sides rather than on whichever ran second."""
     values, baselines = [], []
     for _ in range(rounds):
         values.append(measure())
         baselines.append(baseline())
+    return values, baselines
+
+
+def alternating_medians(
+    measure: Callable[[], float], baseline: Callable[[], float], rounds: int
+) -> tuple[float, float]:
+    values, baselines = alternate(measure, baseline, rounds)
     return statistics.median(values), statistics.median(baselines)
+
+
+def median_phases(runs: list[dict[str, float]]) -> dict[str, float]:
+    return {phase: statistics.median(run.get(phase, 0.0) for run in runs) for phase in runs[0]}
+
+
+class PhaseClock:
+    """Seconds per named phase of a run, from the moment it was created (the child's start)."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def mark(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + now - self._last
+        self._last = now
 
 
 def child_peak_rss_gib(module: str, *args: str) -> dict:

@@ -5,17 +5,21 @@
 
 from __future__ import annotations
 
-import json
-import os
-import sys
-from pathlib import Path
+from benchmarks.measure import PhaseClock
 
-from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+CLOCK = PhaseClock()  # before the heavy imports: start-up counts them
 
-from tasks.core.config import SplitPaths, TrainConfig
-from tasks.core.data import SplitConfig, prepare_dataset, read_split
-from tasks.core.metrics import classification_metrics
-from tasks.core.model import load_artifact, predict
+import json  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch  # noqa: E402
+
+from tasks.core.config import SplitPaths, TrainConfig  # noqa: E402
+from tasks.core.data import SplitConfig, prepare_dataset, read_split  # noqa: E402
+from tasks.core.metrics import classification_metrics  # noqa: E402
+from tasks.core.model import load_artifact, predict  # noqa: E402
 
 
 def train_worker(config: TrainConfig, splits: SplitPaths, artifact: str) -> None:
@@ -30,19 +34,23 @@ def train_worker(config: TrainConfig, splits: SplitPaths, artifact: str) -> None
 def main(data: str, workdir: str, epochs: str, batch: str) -> None:
     # As torchrun and the Flyte Elastic plugin do for several workers: one thread each, no oversubscription.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    CLOCK.mark("start-up")
     prepared = prepare_dataset(data, "label", str(Path(workdir) / "prepared"), SplitConfig(seed=0))
     splits = SplitPaths(prepared.paths["train"], prepared.paths["val"], prepared.feature_names, "label",
                         len(prepared.class_labels))  # fmt: skip
     artifact = str(Path(workdir) / "model.pt")
+    CLOCK.mark("preprocess")
     launch = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, run_id="plain", rdzv_backend="c10d",
                           rdzv_endpoint="localhost:0", start_method="spawn", monitor_interval=1)  # fmt: skip
     elastic_launch(launch, train_worker)(
         TrainConfig(epochs=int(epochs), batch_size=int(batch)), splits, artifact
     )
+    CLOCK.mark("train")
     model, _ = load_artifact(artifact)
     features, labels = read_split(prepared.paths["test"], prepared.feature_names, "label")
     metrics = classification_metrics(labels, predict(model, features), prepared.class_labels)
-    print(json.dumps({"accuracy": metrics.accuracy}))
+    CLOCK.mark("evaluate")
+    print(json.dumps({"accuracy": metrics.accuracy, "phases": CLOCK.seconds}))
 
 
 if __name__ == "__main__":

@@ -21,7 +21,9 @@ def test_smoke_benchmarks_print_every_figure_with_a_ratio(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     figures = json.loads(out.read_text())
     names = " ".join(f["name"] for f in figures)
-    for topic in ("orchestration", "preprocess: throughput", "peak RSS growth", "torch loop", "keras loop"):
+    topics = ("orchestration", "preprocess: throughput", "peak RSS growth", "torch loop", "keras loop",
+              "orchestration phase start-up", "orchestration phase train")  # fmt: skip
+    for topic in topics:
         assert topic in names
     for figure in figures:
         assert figure["value"] > 0 and figure["baseline"] > 0 and math.isfinite(figure["ratio"]), figure
