@@ -32,13 +32,20 @@ def test_smoke_benchmarks_print_every_figure_with_a_ratio(tmp_path):
     assert "machine:" in result.stdout
 
 
-def test_alternating_medians_interleaves_the_two_sides_and_takes_each_median():
-    from benchmarks.measure import alternating_medians
+def test_alternate_interleaves_the_two_sides_and_phases_take_each_median():
+    from benchmarks.measure import alternate, median_phases
 
     calls = []
-    values, baselines = iter([5.0, 1.0, 3.0]), iter([10.0, 30.0, 20.0])
-    median, baseline = alternating_medians(
-        lambda: calls.append("value") or next(values), lambda: calls.append("baseline") or next(baselines), 3
+    runs = iter([{"train": 5.0, "wall": 9.0}, {"train": 1.0, "wall": 4.0}, {"train": 3.0, "wall": 6.0}])
+    values, baselines = alternate(
+        lambda: calls.append("value") or next(runs), lambda: calls.append("baseline"), 3
     )
-    assert (median, baseline) == (3.0, 20.0)
     assert calls == ["value", "baseline"] * 3
+    assert median_phases(values) == {"train": 3.0, "wall": 6.0}
+
+
+def test_best_rates_take_each_sides_fastest_run():
+    from benchmarks.measure import alternating_best_rates
+
+    values, baselines = iter([5.0, 9.0, 3.0]), iter([10.0, 30.0, 20.0])
+    assert alternating_best_rates(lambda: next(values), lambda: next(baselines), 3) == (9.0, 30.0)
