@@ -156,3 +156,20 @@ def test_tensorflow_free_switch_is_skipped_once_tensorflow_is_loaded(tmp_path):
     run = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=REPO, capture_output=True,
                          text=True, timeout=300)  # fmt: skip
     assert run.returncode == 0, run.stderr[-2000:]
+
+
+def test_every_deck_task_skips_the_pip_dependencies_page():
+    from flytekit.deck import DeckField
+
+    from tasks.compare import compare
+    from tasks.evaluate import evaluate
+    from tasks.planner import train_on_target
+    from tasks.preprocess import preprocess
+    from tasks.train_tf import train_tf_gpu, train_tf_tpu
+    from tasks.train_torch import train_torch, train_torch_multinode
+
+    for task in (compare, evaluate, train_on_target, preprocess, train_tf_gpu, train_tf_tpu, train_torch,
+                 train_torch_multinode):  # fmt: skip
+        assert task.enable_deck, task.name
+        assert DeckField.DEPENDENCIES not in task.deck_fields, task.name
+        assert {DeckField.TIMELINE, DeckField.INPUT, DeckField.OUTPUT} <= set(task.deck_fields), task.name
