@@ -71,9 +71,9 @@ def batches(features, labels, batch: int, seed: int, shuffle: bool, drop_remaind
     """Batches gathered from in-memory arrays by row index.
 
     Shuffling permutes row indices once per epoch rather than passing every row through a
-    `shuffle` buffer: that buffer cost about a fifth of a CPU epoch. Each pass over the dataset
-    (each epoch) draws a new key from a seeded stream, so orders differ between epochs but a
-    run is reproducible from its seed.
+    full-size `shuffle` buffer (per-row host work every epoch). Each pass over the dataset (each
+    epoch) draws a new key from a seeded stream, so orders differ between epochs but a run is
+    reproducible from its seed.
     """
     count = len(labels)
     with tf.device("/cpu:0"):

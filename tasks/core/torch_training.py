@@ -302,8 +302,8 @@ def event_writer(log_dir: str):
 def tensorboard_without_tensorflow() -> None:
     """Make TensorBoard's event writer use its own TensorFlow-free file I/O (its `notf` switch).
 
-    Otherwise the first event file imports TensorFlow when installed, as in the GPU image: about
-    six seconds per rank before training starts. Process-wide and final (TensorFlow's own
+    Otherwise the first event file imports TensorFlow when installed, as in the GPU image: seconds
+    per rank before training starts. Process-wide and final (TensorFlow's own
     `tf.summary` stops working), so only DDP worker processes, which never run TensorFlow, call it.
     """
     if "tensorflow" not in sys.modules:
