@@ -35,12 +35,6 @@ class Figure:
         return f"{self.name}: {self.value:,.3f} {self.unit} vs baseline {self.baseline:,.3f} -> ratio {self.ratio:.3f}{goal}"
 
 
-def timed(call: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    call()
-    return time.perf_counter() - start
-
-
 def alternate(measure: Callable[[], T], baseline: Callable[[], T], rounds: int) -> tuple[list[T], list[T]]:
     """`rounds` results of each, taken in turn so that drift on a shared machine (other jobs,
     thermal limits) lands on both sides rather than on whichever ran second."""

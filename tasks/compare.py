@@ -5,8 +5,8 @@ from __future__ import annotations
 from flytekit import task
 
 from tasks.core.compare import HardwareComparison, RunSummary, compare_runs
-from tasks.decks import DECK_FIELDS, comparison_deck
-from tasks.hardware import CPU_IMAGE, EVALUATE_CPU
+from tasks.decks import DECKS, comparison_deck
+from tasks.hardware import CPU_IMAGE, EVALUATE_CPU, guaranteed
 from tasks.types import EvaluationReport
 
 
@@ -27,10 +27,8 @@ def summarise(name: str, report: EvaluationReport) -> RunSummary:
 
 @task(
     container_image=CPU_IMAGE,
-    requests=EVALUATE_CPU.resources,
-    limits=EVALUATE_CPU.resources,
-    enable_deck=True,
-    deck_fields=DECK_FIELDS,
+    **guaranteed(EVALUATE_CPU),
+    **DECKS,
 )
 def compare(gpu: EvaluationReport, tpu: EvaluationReport, prices: dict[str, float]) -> HardwareComparison:
     comparison = compare_runs([summarise("gpu (pytorch)", gpu), summarise("tpu (tensorflow)", tpu)], prices)

@@ -12,6 +12,7 @@ from tasks.core import plots
 # flytekit's default Decks without "Dependencies": that one runs `pip list` and `pip freeze` in
 # subprocesses for every task (about a second each), and the images pin every package anyway.
 DECK_FIELDS = (DeckField.SOURCE_CODE, DeckField.TIMELINE, DeckField.INPUT, DeckField.OUTPUT)
+DECKS = {"enable_deck": True, "deck_fields": DECK_FIELDS}  # every task's Deck options
 
 
 def table(header: list[str], rows: list[list]) -> str:

@@ -10,8 +10,8 @@ from flytekit import task
 
 from tasks.core.data import read_split
 from tasks.core.metrics import classification_metrics
-from tasks.decks import DECK_FIELDS, evaluation_deck
-from tasks.hardware import EVALUATE_CPU, GPU_IMAGE
+from tasks.decks import DECKS, evaluation_deck
+from tasks.hardware import EVALUATE_CPU, GPU_IMAGE, guaranteed
 from tasks.logs import setup_logging
 from tasks.storage import local_path
 from tasks.types import EvaluationReport, PreparedData, ResourcePlan, TrainedModel
@@ -48,10 +48,8 @@ def with_suffix(path: str, suffix: str) -> str:
 # The gpu image has both frameworks; the pod itself asks for CPU only.
 @task(
     container_image=GPU_IMAGE,
-    requests=EVALUATE_CPU.resources,
-    limits=EVALUATE_CPU.resources,
-    enable_deck=True,
-    deck_fields=DECK_FIELDS,
+    **guaranteed(EVALUATE_CPU),
+    **DECKS,
 )
 def evaluate(
     prepared: PreparedData, trained: TrainedModel, plan: ResourcePlan | None = None

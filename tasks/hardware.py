@@ -37,6 +37,11 @@ def image(name: str) -> str:
 CPU_IMAGE, GPU_IMAGE, TPU_IMAGE = image("cpu"), image("gpu"), image("tpu")
 
 
+def guaranteed(profile: CpuProfile | GpuTrainingProfile) -> dict:
+    """Task requests equal to limits: Kubernetes' Guaranteed QoS, so a pod gets what was sized."""
+    return {"requests": profile.resources, "limits": profile.resources}
+
+
 @dataclass(frozen=True)
 class CpuProfile:
     cpu: str

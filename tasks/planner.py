@@ -24,7 +24,7 @@ from tasks.core.planner import (
     plan_training,
 )
 from tasks.core.validation import RunInputs, validate_run
-from tasks.decks import DECK_FIELDS
+from tasks.decks import DECKS
 from tasks.hardware import (
     EVALUATE_CPU,
     GPU_CATALOG,
@@ -32,6 +32,7 @@ from tasks.hardware import (
     TPU_CATALOG,
     TRAIN_GPU,
     accelerator_for,
+    guaranteed,
     tpu_profile_for,
 )
 from tasks.logs import setup_logging
@@ -65,7 +66,7 @@ def size_preprocessing(dataset: str, label_column: str) -> PreprocessPlan:
     return plan_preprocessing(stats.bytes, stats.rows, stats.columns, BATCH_ROWS)
 
 
-@dynamic(container_image=GPU_IMAGE, requests=EVALUATE_CPU.resources, limits=EVALUATE_CPU.resources)
+@dynamic(container_image=GPU_IMAGE, **guaranteed(EVALUATE_CPU))
 def prepare_data(
     dataset: str,
     label_column: str,
@@ -171,10 +172,8 @@ def plan_deck(report: ResourcePlan) -> None:
 
 @dynamic(
     container_image=GPU_IMAGE,
-    requests=EVALUATE_CPU.resources,
-    limits=EVALUATE_CPU.resources,
-    enable_deck=True,
-    deck_fields=DECK_FIELDS,
+    **guaranteed(EVALUATE_CPU),
+    **DECKS,
 )
 def train_on_target(
     prepared: PreparedData,

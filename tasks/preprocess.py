@@ -16,8 +16,8 @@ from tasks.core.data import (
     prepare_dataset,
     write_embedded_digits,
 )
-from tasks.decks import DECK_FIELDS, dataset_profile_deck
-from tasks.hardware import CPU_IMAGE, PREPROCESS_CPU
+from tasks.decks import DECKS, dataset_profile_deck
+from tasks.hardware import CPU_IMAGE, PREPROCESS_CPU, guaranteed
 from tasks.logs import setup_logging
 from tasks.storage import parquet_dataset
 from tasks.types import PreparedData
@@ -52,12 +52,10 @@ PREPROCESS_CODE_VERSION = code_version("tasks.core.data", "tasks.preprocess")
 # URI recomputes), plus the hash of the code above.
 @task(
     container_image=CPU_IMAGE,
-    requests=PREPROCESS_CPU.resources,
-    limits=PREPROCESS_CPU.resources,
+    **guaranteed(PREPROCESS_CPU),
     cache=True,
     cache_version=PREPROCESS_CODE_VERSION,
-    enable_deck=True,
-    deck_fields=DECK_FIELDS,
+    **DECKS,
 )
 def preprocess(
     dataset: str,

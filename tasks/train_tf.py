@@ -16,8 +16,8 @@ from flytekit.types.file import FlyteFile
 from tasks.checkpointing import flyte_checkpoint
 from tasks.core.config import TrainConfig
 from tasks.core.telemetry import UtilisationSampler
-from tasks.decks import DECK_FIELDS, training_deck
-from tasks.hardware import GPU_IMAGE, TPU_IMAGE, TRAIN_GPU, TRAIN_TPU, TRAINING_RETRIES
+from tasks.decks import DECKS, training_deck
+from tasks.hardware import GPU_IMAGE, TPU_IMAGE, TRAIN_GPU, TRAIN_TPU, TRAINING_RETRIES, guaranteed
 from tasks.logs import setup_logging
 from tasks.types import PreparedData, TrainedModel
 
@@ -76,8 +76,7 @@ def train_tensorflow(prepared: PreparedData, config: TrainConfig, strategy: str)
     container_image=TPU_IMAGE,
     interruptible=True,
     retries=TRAINING_RETRIES,
-    enable_deck=True,
-    deck_fields=DECK_FIELDS,
+    **DECKS,
     accelerator=TRAIN_TPU.accelerator,
     pod_template=TRAIN_TPU.pod_template(),
 )
@@ -103,10 +102,8 @@ def train_tf_tpu(
     container_image=GPU_IMAGE,
     interruptible=True,
     retries=TRAINING_RETRIES,
-    enable_deck=True,
-    deck_fields=DECK_FIELDS,
-    requests=TRAIN_GPU.resources,
-    limits=TRAIN_GPU.resources,
+    **DECKS,
+    **guaranteed(TRAIN_GPU),
     accelerator=TRAIN_GPU.accelerator,
     shared_memory=TRAIN_GPU.shared_memory,
 )

@@ -23,8 +23,15 @@ from tasks.checkpointing import flyte_checkpoint
 from tasks.core.config import TrainConfig
 from tasks.core.launch import plan_launch
 from tasks.core.telemetry import UtilisationSampler
-from tasks.decks import DECK_FIELDS, training_deck
-from tasks.hardware import GPU_IMAGE, TRAIN_GPU, TRAIN_GPU_MULTINODE, TRAINING_RETRIES, GpuTrainingProfile
+from tasks.decks import DECKS, training_deck
+from tasks.hardware import (
+    GPU_IMAGE,
+    TRAIN_GPU,
+    TRAIN_GPU_MULTINODE,
+    TRAINING_RETRIES,
+    GpuTrainingProfile,
+    guaranteed,
+)
 from tasks.logs import setup_logging
 from tasks.types import PreparedData, TrainedModel
 
@@ -87,11 +94,9 @@ def hardware(profile: GpuTrainingProfile) -> dict:
         task_config=elastic(profile),
         interruptible=True,
         retries=TRAINING_RETRIES,
-        enable_deck=True,
-        deck_fields=DECK_FIELDS,
+        **DECKS,
         container_image=GPU_IMAGE,
-        requests=profile.resources,
-        limits=profile.resources,
+        **guaranteed(profile),
         accelerator=profile.accelerator,
         shared_memory=profile.shared_memory,
         environment={"NCCL_DEBUG": "WARN", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"},
