@@ -41,7 +41,7 @@ def main(data: str, workdir: str, epochs: str, batch: str) -> None:
     artifact = str(Path(workdir) / "model.pt")
     CLOCK.mark("preprocess")
     launch = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, run_id="plain", rdzv_backend="c10d",
-                          rdzv_endpoint="localhost:0", start_method="spawn", monitor_interval=1)  # fmt: skip
+                          rdzv_endpoint="localhost:0", start_method="spawn", monitor_interval=0.1)  # fmt: skip
     elastic_launch(launch, train_worker)(
         TrainConfig(epochs=int(epochs), batch_size=int(batch)), splits, artifact
     )

@@ -46,7 +46,17 @@ class MachineFittedElastic(Elastic):
 
 
 class MachineFittedElasticTask(PytorchElasticFunctionTask):
+    """Launches the workers fitted to the machine. The launcher process, idle while they train,
+    samples the node's utilisation and draws the Training Deck from rank 0's result, so no rank
+    spends time on charts between its last step and its exit."""
+
     def _execute(self, **kwargs):
+        with UtilisationSampler() as sampler:
+            trained = self._launch_fitted(**kwargs)  # only the launcher that holds rank 0 returns
+        training_deck(trained, sampler.samples)
+        return trained
+
+    def _launch_fitted(self, **kwargs):
         import torch
 
         configured = (self.task_config, self.min_nodes, self.max_nodes)
@@ -82,8 +92,8 @@ def elastic(profile: GpuTrainingProfile) -> MachineFittedElastic:
         # Restart the worker group on transient worker loss; a deterministic error fails each time.
         max_restarts=profile.max_restarts,
         # How often the agent checks its workers: a dead or failed rank stops the group this fast,
-        # and the task returns this soon after the last rank finishes. Polling is cheap.
-        monitor_interval=1,
+        # and the task returns this soon after the last rank finishes. Polling is cheap; torchrun's default.
+        monitor_interval=0.1,
     )
 
 
@@ -117,8 +127,7 @@ def train_with_ddp(prepared: PreparedData, config: TrainConfig, profile: GpuTrai
         every = config.checkpoint_every_steps
         checkpoint = TrainingCheckpoint(location.directory, every, location.on_save) if location else None
         board = Path(current_context().working_directory) / "tensorboard"
-        with UtilisationSampler() as sampler:
-            outcome = train(config, splits, str(artifact), checkpoint=checkpoint, log_dir=str(board))
+        outcome = train(config, splits, str(artifact), checkpoint=checkpoint, log_dir=str(board))
     finally:
         shutdown_distributed()
     log.info(
@@ -126,7 +135,7 @@ def train_with_ddp(prepared: PreparedData, config: TrainConfig, profile: GpuTrai
         outcome.rank, outcome.device, outcome.world_size, outcome.backend, outcome.precision,
         outcome.samples_per_second,
     )  # fmt: skip
-    trained = TrainedModel(
+    return TrainedModel(
         artifact=FlyteFile(str(artifact)),
         framework="pytorch",
         device=outcome.device,
@@ -142,9 +151,6 @@ def train_with_ddp(prepared: PreparedData, config: TrainConfig, profile: GpuTrai
         peak_device_memory_bytes=outcome.peak_memory_bytes,
         tensorboard=FlyteDirectory(str(board)) if outcome.rank == 0 else None,
     )
-    if outcome.rank == 0:
-        training_deck(trained, sampler.samples)
-    return trained
 
 
 @task(**hardware(TRAIN_GPU))

@@ -142,6 +142,21 @@ def test_ddp_workers_write_tensorboard_events_without_importing_tensorflow(tmp_p
     assert [(e.step, e.value) for e in events.Scalars("loss/train")] == [(1, 0.5)]
 
 
+WORKER_LOADS_THE_TASK = """
+import sys
+import tasks.train_torch  # what a spawned DDP worker imports to run the task function
+heavy = sorted(m for m in ("sklearn", "matplotlib", "tensorflow") if m in sys.modules)
+assert not heavy, f"every DDP worker would import {heavy} before its first step"
+"""
+
+
+def test_ddp_workers_skip_the_metrics_chart_and_tensorflow_libraries():
+    """Metrics run in evaluate and charts in the launcher, so each rank starts without them."""
+    run = subprocess.run([sys.executable, "-c", WORKER_LOADS_THE_TASK], cwd=REPO, capture_output=True,
+                         text=True, timeout=300)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+
+
 def test_tensorflow_free_switch_is_skipped_once_tensorflow_is_loaded(tmp_path):
     code = (
         "import sys, tensorflow, keras\n"

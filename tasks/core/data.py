@@ -14,6 +14,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import fsspec
 import fsspec.implementations.local
@@ -23,8 +24,9 @@ import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
-from sklearn.model_selection import train_test_split
-from sklearn.preprocessing import StandardScaler
+
+if TYPE_CHECKING:  # scikit-learn (about a second to import) is loaded only where a split is made
+    from sklearn.preprocessing import StandardScaler
 
 FORMATS_BY_SUFFIX = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv"}
 SPLITS = ("train", "val", "test")
@@ -215,6 +217,8 @@ def check_split_sizes(codes: np.ndarray, class_labels: list[str], split: SplitCo
 
 def assign_splits(codes: np.ndarray, split: SplitConfig) -> np.ndarray:
     """Deterministic stratified assignment: 0 = train, 1 = val, 2 = test, one byte per row."""
+    from sklearn.model_selection import train_test_split
+
     rows = np.arange(len(codes))
     rest, test = train_test_split(
         rows, test_size=split.test_fraction, stratify=codes, random_state=split.seed
@@ -234,6 +238,8 @@ def batch_features(batch: pa.RecordBatch, features: list[str]) -> np.ndarray:
 
 
 def fit_scaler(dataset: ds.Dataset, uri: str, features: list[str], assignment: np.ndarray) -> StandardScaler:
+    from sklearn.preprocessing import StandardScaler
+
     scaler = StandardScaler()
     offset = 0
     for batch in iter_batches(dataset, uri, columns=features):

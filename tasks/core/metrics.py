@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from sklearn.metrics import accuracy_score, confusion_matrix, f1_score, precision_recall_fscore_support
 
 
 @dataclass
@@ -30,6 +29,9 @@ class ClassificationMetrics:
 def classification_metrics(
     y_true: np.ndarray, y_pred: np.ndarray, class_labels: list[str]
 ) -> ClassificationMetrics:
+    # Imported here: the result types travel to DDP workers, which never compute metrics.
+    from sklearn.metrics import accuracy_score, confusion_matrix, f1_score, precision_recall_fscore_support
+
     codes = list(range(len(class_labels)))
     precision, recall, f1, support = precision_recall_fscore_support(
         y_true, y_pred, labels=codes, zero_division=0
