@@ -70,10 +70,18 @@ def orchestration(work: Path, rows: int, epochs: int, rounds: int) -> list[Figur
         rounds,
     )
     flyte, plain = median_phases(flyte_runs), median_phases(plain_runs)
+    empty_runs = alternate(
+        lambda: run_pipeline("benchmarks.empty_flyte"), lambda: run_pipeline("benchmarks.empty_plain"), rounds
+    )
+    empty_flyte, empty_plain = (median_phases(runs)["wall"] for runs in empty_runs)
+    overhead, floor = flyte["wall"] - plain["wall"], empty_flyte - empty_plain
     figures = [
         Figure(f"orchestration: local training_pipeline, {rows:,} rows, wall", flyte["wall"], plain["wall"],
                "s", "ratio <= 1.15"),
-        Figure("orchestration: fixed overhead of Flyte (pipeline - plain script)", flyte["wall"] - plain["wall"],
+        Figure("orchestration: fixed overhead of Flyte (pipeline - plain script)", overhead, plain["wall"], "s"),
+        Figure("orchestration floor: empty workflow of the same shape vs empty plain script", empty_flyte,
+               empty_plain, "s"),
+        Figure("orchestration: overhead above the floor (what the pipeline's own code adds)", overhead - floor,
                plain["wall"], "s"),
     ]  # fmt: skip
     for phase in ("start-up", "preprocess", "train", "evaluate"):

@@ -22,11 +22,14 @@ def test_smoke_benchmarks_print_every_figure_with_a_ratio(tmp_path):
     figures = json.loads(out.read_text())
     names = " ".join(f["name"] for f in figures)
     topics = ("orchestration", "preprocess: throughput", "peak RSS growth", "torch loop", "keras loop",
-              "orchestration phase start-up", "orchestration phase train")  # fmt: skip
+              "orchestration phase start-up", "orchestration phase train", "orchestration floor",
+              "overhead above the floor")  # fmt: skip
     for topic in topics:
         assert topic in names
     for figure in figures:
-        assert figure["value"] > 0 and figure["baseline"] > 0 and math.isfinite(figure["ratio"]), figure
+        assert figure["baseline"] > 0 and math.isfinite(figure["ratio"]), figure
+        # A difference of two noisy timings may come out below zero at smoke sizes; the rest may not.
+        assert figure["value"] > 0 or "overhead" in figure["name"], figure
         assert f"ratio {figure['ratio']:.3f}" in result.stdout
     assert "| figure | value | baseline | ratio | goal |" in result.stdout
     assert "machine:" in result.stdout
