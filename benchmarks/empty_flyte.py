@@ -18,7 +18,7 @@ def prepare(rows: int) -> int:
     return rows
 
 
-@task(task_config=Elastic(nnodes=1, nproc_per_node=2, monitor_interval=0.1))
+@task(task_config=Elastic(nnodes=1, nproc_per_node=2, monitor_interval=0.1, increase_shared_mem=False))
 def train(rows: int) -> int:
     return rows
 
