@@ -25,7 +25,7 @@ import pyarrow.csv as pa_csv
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-if TYPE_CHECKING:  # scikit-learn (about a second to import) is loaded only where a split is made
+if TYPE_CHECKING:  # scikit-learn (about a second to import) is loaded only where it splits or scales
     from sklearn.preprocessing import StandardScaler
 
 FORMATS_BY_SUFFIX = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv"}
