@@ -76,7 +76,8 @@ def orchestration(work: Path, rows: int, epochs: int, rounds: int) -> list[Figur
     empty_flyte, empty_plain = (median_phases(runs)["wall"] for runs in empty_runs)
     overhead, floor = flyte["wall"] - plain["wall"], empty_flyte - empty_plain
     figures = [
-        Figure(f"orchestration: local training_pipeline, {rows:,} rows, wall", flyte["wall"], plain["wall"],
+        Figure(f"orchestration: local training_pipeline, {rows:,} rows x {epochs} epochs, wall", flyte["wall"],
+               plain["wall"],
                "s", "ratio <= 1.15"),
         Figure("orchestration: fixed overhead of Flyte (pipeline - plain script)", overhead, plain["wall"], "s"),
         Figure("orchestration floor: empty workflow of the same shape vs empty plain script", empty_flyte,
@@ -175,8 +176,12 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, to check the harness")
     parser.add_argument("--json", help="also write the figures to this file")
     parser.add_argument("--only", choices=["orchestration", "preprocess", "loops"], help="run one group")
+    parser.add_argument("--rows", type=int, help="rows of the orchestration table (default 1,000,000)")
+    parser.add_argument("--epochs", type=int, help="epochs of the pipeline and the loops (default 1)")
+    parser.add_argument("--rounds", type=int, help="rounds of the pipeline comparison (default 3)")
     args = parser.parse_args()
-    sizes = SMOKE if args.smoke else FULL
+    overrides = {"pipeline_rows": args.rows, "epochs": args.epochs, "pipeline_rounds": args.rounds}
+    sizes = (SMOKE if args.smoke else FULL) | {key: value for key, value in overrides.items() if value}
     with tempfile.TemporaryDirectory(prefix="mixedml-bench-") as tmp:
         work = Path(tmp)
         groups = {

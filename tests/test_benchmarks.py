@@ -16,7 +16,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_smoke_benchmarks_print_every_figure_with_a_ratio(tmp_path):
     out = tmp_path / "figures.json"
-    result = subprocess.run([sys.executable, "-m", "benchmarks", "--smoke", "--json", str(out)],
+    result = subprocess.run([sys.executable, "-m", "benchmarks", "--smoke", "--rows", "3000", "--epochs", "2",
+                             "--json", str(out)],
                             cwd=REPO, capture_output=True, text=True, timeout=900)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     figures = json.loads(out.read_text())
@@ -26,6 +27,7 @@ def test_smoke_benchmarks_print_every_figure_with_a_ratio(tmp_path):
               "overhead above the floor")  # fmt: skip
     for topic in topics:
         assert topic in names
+    assert "3,000 rows x 2 epochs" in names, "--rows and --epochs did not reach the pipeline comparison"
     for figure in figures:
         assert figure["baseline"] > 0 and math.isfinite(figure["ratio"]), figure
         # A difference of two noisy timings may come out below zero at smoke sizes; the rest may not.
