@@ -77,8 +77,7 @@ def orchestration(work: Path, rows: int, epochs: int, rounds: int) -> list[Figur
     overhead, floor = flyte["wall"] - plain["wall"], empty_flyte - empty_plain
     figures = [
         Figure(f"orchestration: local training_pipeline, {rows:,} rows x {epochs} epochs, wall", flyte["wall"],
-               plain["wall"],
-               "s", "ratio <= 1.15"),
+               plain["wall"], "s", "ratio <= 1.15"),
         Figure("orchestration: fixed overhead of Flyte (pipeline - plain script)", overhead, plain["wall"], "s"),
         Figure("orchestration floor: empty workflow of the same shape vs empty plain script", empty_flyte,
                empty_plain, "s"),

@@ -14,8 +14,7 @@ import os  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from torch.distributed.launcher.api import LaunchConfig, elastic_launch  # noqa: E402
-
+from benchmarks.local_launch import two_local_workers  # noqa: E402
 from tasks.core.config import SplitPaths, TrainConfig  # noqa: E402
 from tasks.core.data import SplitConfig, prepare_dataset, read_split  # noqa: E402
 from tasks.core.metrics import classification_metrics  # noqa: E402
@@ -40,9 +39,7 @@ def main(data: str, workdir: str, epochs: str, batch: str) -> None:
                         len(prepared.class_labels))  # fmt: skip
     artifact = str(Path(workdir) / "model.pt")
     CLOCK.mark("preprocess")
-    launch = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, run_id="plain", rdzv_backend="c10d",
-                          rdzv_endpoint="localhost:0", start_method="spawn", monitor_interval=0.1)  # fmt: skip
-    elastic_launch(launch, train_worker)(
+    two_local_workers(train_worker, "plain")(
         TrainConfig(epochs=int(epochs), batch_size=int(batch)), splits, artifact
     )
     CLOCK.mark("train")

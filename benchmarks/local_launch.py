@@ -1,0 +1,13 @@
+"""How the plain scripts start their two workers: as the workflow's Elastic task does on a machine
+without GPUs (torch elastic, one node, spawn, torchrun's 0.1 s monitor interval)."""
+
+from __future__ import annotations
+
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+
+def two_local_workers(entrypoint, run_id: str):
+    """`entrypoint` run by two spawned workers; call the result with its arguments."""
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, run_id=run_id, rdzv_backend="c10d",
+                          rdzv_endpoint="localhost:0", start_method="spawn", monitor_interval=0.1)  # fmt: skip
+    return elastic_launch(config, entrypoint)
