@@ -6,7 +6,8 @@ Tasks refer to these profiles; change a GPU type or a size here, not in the task
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import timedelta
 
 from flytekit import PodTemplate, Resources
 from flytekit.extras.accelerators import (
@@ -24,6 +25,7 @@ from flytekit.extras.accelerators import (
 from kubernetes.client import V1Container, V1PodSpec, V1ResourceRequirements, V1Toleration
 
 from tasks.core.planner import CatalogEntry
+from tasks.core.preemption import DEFAULT_GRACE_S
 
 
 def image(name: str) -> str:
@@ -52,6 +54,36 @@ class CpuProfile:
         return Resources(cpu=self.cpu, mem=self.mem)
 
 
+# Seconds a preempted pod keeps after its workers' grace budget, for the launcher to exit.
+LAUNCHER_EXIT_MARGIN_S = 5
+
+
+@dataclass(frozen=True)
+class Attempts:
+    """How Flyte runs and retries a training task (docs/reliability.md says why these values).
+
+    `retries` is the task's budget for user-classified retryable failures: an out-of-memory kill,
+    `timeout` expiry, a recoverable worker error, a failed PyTorchJob. Preemptions and node loss
+    are system failures, counted against propeller's `max-node-retries-system-failures` instead.
+    `timeout` bounds each attempt, from its start (a pod stuck Pending counts); propeller fails the
+    node for good at twice this since it was first queued, whatever retries are left.
+    `preemption_grace_s` is the budget from SIGTERM to a saved checkpoint; the pod's
+    terminationGracePeriodSeconds is this plus LAUNCHER_EXIT_MARGIN_S.
+    """
+
+    retries: int = 2
+    timeout: timedelta = timedelta(hours=12)
+    preemption_grace_s: int = DEFAULT_GRACE_S
+
+    @property
+    def termination_grace_s(self) -> int:
+        return self.preemption_grace_s + LAUNCHER_EXIT_MARGIN_S
+
+    def task_options(self) -> dict:
+        """@task arguments: interruptible (spot capacity, where the cluster maps it), retries, timeout."""
+        return {"interruptible": True, "retries": self.retries, "timeout": self.timeout}
+
+
 @dataclass(frozen=True)
 class GpuTrainingProfile:
     accelerator: GPUAccelerator
@@ -66,6 +98,7 @@ class GpuTrainingProfile:
     rendezvous_timeout_s: int = 900
     # Worker-group restarts torch elastic makes after a worker dies, before the attempt fails.
     max_restarts: int = 1
+    attempts: Attempts = Attempts()
 
     @property
     def resources(self) -> Resources:
@@ -75,10 +108,15 @@ class GpuTrainingProfile:
     def device(self) -> str:
         return self.accelerator.to_flyte_idl().device
 
+    def pod_template(self) -> PodTemplate:
+        """Only the grace period: resources, accelerator and shared memory come from the task."""
+        return PodTemplate(
+            primary_container_name="primary",
+            pod_spec=V1PodSpec(
+                containers=[], termination_grace_period_seconds=self.attempts.termination_grace_s
+            ),
+        )
 
-# Attempts Flyte makes after a training attempt fails (e.g. a spot node reclaimed); each one
-# resumes from the last checkpoint.
-TRAINING_RETRIES = 3
 
 PREPROCESS_CPU = CpuProfile(cpu="2", mem="4Gi")
 EVALUATE_CPU = CpuProfile(cpu="1", mem="2Gi")
@@ -99,6 +137,9 @@ TRAIN_GPU_MULTINODE = GpuTrainingProfile(
     mem="512Gi",
     shared_memory="64Gi",
     rendezvous_timeout_s=1800,
+    # A reclaimed node fails the whole PyTorchJob, which propeller reports as a retryable *user*
+    # error: here preemptions spend the task's retries, so it gets more of them.
+    attempts=Attempts(retries=4),
 )
 
 
@@ -118,6 +159,7 @@ class TpuSliceProfile:
     topology: str
     cpu: str
     mem: str
+    attempts: Attempts = Attempts()
 
     def __post_init__(self) -> None:
         if self.generation not in TPU_GENERATIONS:
@@ -161,6 +203,7 @@ class TpuSliceProfile:
                     "cloud.google.com/gke-tpu-topology": self.topology,
                 },
                 tolerations=[V1Toleration(key=TPU_TAINT_KEY, operator="Exists", effect="NoSchedule")],
+                termination_grace_period_seconds=self.attempts.termination_grace_s,
             ),
         )
 
@@ -213,4 +256,4 @@ def accelerator_for(entry: CatalogEntry) -> BaseAccelerator:
 
 
 def tpu_profile_for(entry: CatalogEntry) -> TpuSliceProfile:
-    return TpuSliceProfile(TPU_GENERATION_OF[entry.device], entry.partition, TRAIN_TPU.cpu, TRAIN_TPU.mem)
+    return replace(TRAIN_TPU, generation=TPU_GENERATION_OF[entry.device], topology=entry.partition)

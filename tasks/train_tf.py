@@ -15,9 +15,10 @@ from flytekit.types.file import FlyteFile
 
 from tasks.checkpointing import flyte_checkpoint
 from tasks.core.config import TrainConfig
+from tasks.core.preemption import PREEMPTED_EXIT_CODE, Preempted, PreemptionNotice
 from tasks.core.telemetry import UtilisationSampler
 from tasks.decks import DECKS, training_deck
-from tasks.hardware import GPU_IMAGE, TPU_IMAGE, TRAIN_GPU, TRAIN_TPU, TRAINING_RETRIES, guaranteed
+from tasks.hardware import GPU_IMAGE, TPU_IMAGE, TRAIN_GPU, TRAIN_TPU, Attempts, guaranteed
 from tasks.logs import setup_logging
 from tasks.types import PreparedData, TrainedModel
 
@@ -33,7 +34,9 @@ def accelerator_used(strategy: str, device: str, replicas: int) -> tuple[str, in
     return "cpu", 1
 
 
-def train_tensorflow(prepared: PreparedData, config: TrainConfig, strategy: str) -> TrainedModel:
+def train_tensorflow(
+    prepared: PreparedData, config: TrainConfig, strategy: str, attempts: Attempts
+) -> TrainedModel:
     from tasks.core.tf_training import train_keras
 
     setup_logging()
@@ -41,12 +44,17 @@ def train_tensorflow(prepared: PreparedData, config: TrainConfig, strategy: str)
     artifact = Path(current_context().working_directory) / "model.keras"
     checkpoint = flyte_checkpoint()
     board = Path(current_context().working_directory) / "tensorboard"
-    with UtilisationSampler() as sampler:
-        outcome = train_keras(
-            config, splits, str(artifact), strategy=strategy,
-            checkpoint_dir=str(checkpoint.directory) if checkpoint else None,
-            on_checkpoint=checkpoint.on_save if checkpoint else None, log_dir=str(board),
-        )  # fmt: skip
+    with UtilisationSampler() as sampler, PreemptionNotice(attempts.preemption_grace_s) as notice:
+        try:
+            outcome = train_keras(
+                config, splits, str(artifact), strategy=strategy,
+                checkpoint_dir=str(checkpoint.directory) if checkpoint else None,
+                on_checkpoint=checkpoint.on_save if checkpoint else None, log_dir=str(board),
+                preemption=notice,
+            )  # fmt: skip
+        except Preempted:
+            # A failed attempt that propeller retries as a system failure, as for the torch launcher.
+            raise SystemExit(PREEMPTED_EXIT_CODE) from None
     log.info(
         "trained with tf.distribute '%s' on %s, %d replicas, %s, %.0f samples/s",
         outcome.strategy, outcome.device, outcome.replicas, outcome.precision, outcome.samples_per_second,
@@ -74,8 +82,7 @@ def train_tensorflow(prepared: PreparedData, config: TrainConfig, strategy: str)
 # No requests/limits here: the pod template carries cpu, memory and google.com/tpu together.
 @task(
     container_image=TPU_IMAGE,
-    interruptible=True,
-    retries=TRAINING_RETRIES,
+    **TRAIN_TPU.attempts.task_options(),
     **DECKS,
     accelerator=TRAIN_TPU.accelerator,
     pod_template=TRAIN_TPU.pod_template(),
@@ -95,17 +102,17 @@ def train_tf_tpu(
     checkpoint_every_steps: int = 0,
 ) -> TrainedModel:
     hyperparameters = {k: v for k, v in locals().items() if k not in ("prepared", "tf_strategy")}
-    return train_tensorflow(prepared, TrainConfig(**hyperparameters), tf_strategy)
+    return train_tensorflow(prepared, TrainConfig(**hyperparameters), tf_strategy, TRAIN_TPU.attempts)
 
 
 @task(
     container_image=GPU_IMAGE,
-    interruptible=True,
-    retries=TRAINING_RETRIES,
+    **TRAIN_GPU.attempts.task_options(),
     **DECKS,
     **guaranteed(TRAIN_GPU),
     accelerator=TRAIN_GPU.accelerator,
     shared_memory=TRAIN_GPU.shared_memory,
+    pod_template=TRAIN_GPU.pod_template(),
 )
 def train_tf_gpu(
     prepared: PreparedData,
@@ -122,4 +129,4 @@ def train_tf_gpu(
     checkpoint_every_steps: int = 0,
 ) -> TrainedModel:
     hyperparameters = {k: v for k, v in locals().items() if k not in ("prepared", "tf_strategy")}
-    return train_tensorflow(prepared, TrainConfig(**hyperparameters), tf_strategy)
+    return train_tensorflow(prepared, TrainConfig(**hyperparameters), tf_strategy, TRAIN_GPU.attempts)

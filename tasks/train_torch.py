@@ -13,22 +13,25 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from flytekit import current_context, task
+from flytekit.core.base_task import IgnoreOutputs
 from flytekit.core.task import TaskPlugins
+from flytekit.exceptions.user import FlyteRecoverableException
 from flytekit.types.directory import FlyteDirectory
 from flytekit.types.file import FlyteFile
-from flytekitplugins.kfpytorch import Elastic
+from flytekitplugins.kfpytorch import CleanPodPolicy, Elastic, RunPolicy
 from flytekitplugins.kfpytorch.task import PytorchElasticFunctionTask
 
 from tasks.checkpointing import flyte_checkpoint
 from tasks.core.config import TrainConfig
 from tasks.core.launch import plan_launch
+from tasks.core.preemption import DEFAULT_GRACE_S, Preempted, PreemptionNotice
 from tasks.core.telemetry import UtilisationSampler
 from tasks.decks import DECKS, training_deck
 from tasks.hardware import (
     GPU_IMAGE,
+    LAUNCHER_EXIT_MARGIN_S,
     TRAIN_GPU,
     TRAIN_GPU_MULTINODE,
-    TRAINING_RETRIES,
     GpuTrainingProfile,
     guaranteed,
 )
@@ -43,6 +46,13 @@ class MachineFittedElastic(Elastic):
     """`Elastic` whose launch is fitted to the machine when it runs outside a PyTorchJob."""
 
     local_cpu_workers: int = 2
+    preemption_grace_s: int = DEFAULT_GRACE_S
+
+
+def on_flyte_cluster() -> bool:
+    """Propeller sets the execution id in every task pod (flyteplugins/go/tasks/pluginmachinery/
+    flytek8s/k8s_resource_adds.go); local runs and the tests have none."""
+    return "FLYTE_INTERNAL_EXECUTION_ID" in os.environ
 
 
 class MachineFittedElasticTask(PytorchElasticFunctionTask):
@@ -56,6 +66,24 @@ class MachineFittedElasticTask(PytorchElasticFunctionTask):
         training_deck(trained, sampler.samples)
         return trained
 
+    def _launch_stopping_on_signal(self, **kwargs):
+        """On SIGTERM (the preemption notice) torch elastic passes the signal to the workers, waits for
+        them to save, and the plugin turns the agent's `SignalException` into `IgnoreOutputs`: a
+        successful exit without outputs. Exit with 128 + the signal instead, so the attempt fails;
+        propeller classifies a non-zero exit with no pod reason, or a node-shutdown reason, as a
+        system error and retries it (flyteplugins/go/tasks/pluginmachinery/flytek8s/pod_helper.go,
+        `DemystifyFailure`)."""
+        from torch.distributed.elastic.multiprocessing.api import SignalException
+
+        try:
+            return super()._execute(**kwargs)
+        except IgnoreOutputs as ignored:
+            if isinstance(ignored.__context__, SignalException):
+                log.warning("training stopped by %s; a retried attempt resumes from the checkpoint",
+                            ignored.__context__.sigval.name)  # fmt: skip
+                raise SystemExit(128 + ignored.__context__.sigval) from ignored.__context__
+            raise
+
     def _launch_fitted(self, **kwargs):
         import torch
 
@@ -67,13 +95,17 @@ class MachineFittedElasticTask(PytorchElasticFunctionTask):
             in_pytorch_job="PET_NNODES" in os.environ,
             gpu_count=torch.cuda.device_count(),
             local_cpu_workers=self.task_config.local_cpu_workers,
+            on_cluster=on_flyte_cluster(),
         )
         for note in launch.notes:
             log.warning(note)
+        # The agent waits this long for the workers' preemption save before it kills them (default 30 s).
+        grace = self.task_config.preemption_grace_s + LAUNCHER_EXIT_MARGIN_S
+        os.environ.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(grace))
         self._task_config = replace(self.task_config, nproc_per_node=launch.nproc_per_node)
         self.min_nodes, self.max_nodes = launch.min_nodes, launch.max_nodes
         try:
-            return super()._execute(**kwargs)
+            return self._launch_stopping_on_signal(**kwargs)
         finally:
             self._task_config, self.min_nodes, self.max_nodes = configured
 
@@ -94,21 +126,28 @@ def elastic(profile: GpuTrainingProfile) -> MachineFittedElastic:
         # How often the agent checks its workers: a dead or failed rank stops the group this fast,
         # and the task returns this soon after the last rank finishes. Polling is cheap; torchrun's default.
         monitor_interval=0.1,
+        preemption_grace_s=profile.attempts.preemption_grace_s,
+        # Used only by a PyTorchJob (nnodes > 1): the operator ends the job at the attempt's timeout and
+        # deletes pods still running when it ends, so a failed job frees its GPU nodes.
+        run_policy=RunPolicy(
+            clean_pod_policy=CleanPodPolicy.RUNNING,
+            active_deadline_seconds=int(profile.attempts.timeout.total_seconds()),
+        ),
     )
 
 
 def hardware(profile: GpuTrainingProfile) -> dict:
-    """Where and how the task runs. Spot capacity is fine: a reclaimed node costs a retry, and the
-    retry resumes from the last checkpoint."""
+    """Where and how the task runs: spot capacity where the cluster offers it, since a reclaimed node
+    costs a retry that resumes from the last checkpoint (retries and timeout: `Attempts`)."""
     return dict(
         task_config=elastic(profile),
-        interruptible=True,
-        retries=TRAINING_RETRIES,
+        **profile.attempts.task_options(),
         **DECKS,
         container_image=GPU_IMAGE,
         **guaranteed(profile),
         accelerator=profile.accelerator,
         shared_memory=profile.shared_memory,
+        pod_template=profile.pod_template(),
         environment={"NCCL_DEBUG": "WARN", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"},
     )
 
@@ -127,7 +166,11 @@ def train_with_ddp(prepared: PreparedData, config: TrainConfig, profile: GpuTrai
         every = config.checkpoint_every_steps
         checkpoint = TrainingCheckpoint(location.directory, every, location.on_save) if location else None
         board = Path(current_context().working_directory) / "tensorboard"
-        outcome = train(config, splits, str(artifact), checkpoint=checkpoint, log_dir=str(board))
+        with PreemptionNotice(profile.attempts.preemption_grace_s) as notice:
+            outcome = train(config, splits, str(artifact), checkpoint, str(board), preemption=notice)
+    except Preempted as stopped:
+        # Reached when the signal came to the workers directly rather than through the agent.
+        raise FlyteRecoverableException(str(stopped)) from stopped
     finally:
         shutdown_distributed()
     log.info(

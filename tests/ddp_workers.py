@@ -59,3 +59,35 @@ def train_with_failing_rank(config, splits, failing_rank: int, how: str) -> dict
 
     torch_training.optimizer_step = step
     return train_and_report(config, splits)
+
+
+def train_until_one_rank_is_signalled(
+    config, splits, checkpoint_dir: str, signalled_rank: int
+) -> dict[str, Any]:
+    """Train with a preemption notice; only `signalled_rank` gets SIGTERM, at its fifth optimizer step,
+    as when one node of several is reclaimed. Returns where each rank stopped."""
+    import os
+    import signal
+
+    from tasks.core import torch_training
+    from tasks.core.checkpoint import TrainingCheckpoint
+    from tasks.core.preemption import Preempted, PreemptionNotice
+
+    real_step, calls = torch_training.optimizer_step, []
+
+    def step(*args, **kwargs):
+        calls.append(1)
+        if int(os.environ["RANK"]) == signalled_rank and len(calls) == 5:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_step(*args, **kwargs)
+
+    torch_training.optimizer_step = step
+    checkpoint = TrainingCheckpoint(checkpoint_dir)
+    try:
+        with PreemptionNotice(grace_s=60) as notice:
+            torch_training.train(config, splits, checkpoint=checkpoint, preemption=notice)
+    except Preempted as stopped:
+        return {"epoch": stopped.epoch, "step": stopped.step, "steps_run": len(calls)}
+    finally:
+        torch_training.shutdown_distributed()
+    return {"epoch": None, "step": None, "steps_run": len(calls)}

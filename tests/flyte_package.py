@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flyteidl.admin import launch_plan_pb2, task_pb2, workflow_pb2
+from google.protobuf.json_format import MessageToDict
 
 REPO = Path(__file__).resolve().parents[1]
 REGISTRY, TAG = "registry.example.com/ml", "t1"
@@ -47,9 +48,29 @@ def read_package(archive: Path) -> Package:
     return package
 
 
-def image_of(spec: task_pb2.TaskSpec) -> str:
+def primary_container(spec: task_pb2.TaskSpec) -> dict:
+    """The task's container as a dict, whether serialized as a container or inside a pod spec."""
     template = spec.template
     if template.WhichOneof("target") == "k8s_pod":
-        (container,) = template.k8s_pod.pod_spec["containers"]
-        return container["image"]
-    return template.container.image
+        (container,) = MessageToDict(template.k8s_pod.pod_spec)["containers"]
+        return container
+    return MessageToDict(template.container)
+
+
+def image_of(spec: task_pb2.TaskSpec) -> str:
+    return primary_container(spec)["image"]
+
+
+def requests_of(spec: task_pb2.TaskSpec) -> dict[str, str]:
+    """Resource requests by lower-case name (cpu, memory, gpu), from either serialization."""
+    requests = primary_container(spec)["resources"]["requests"]
+    if isinstance(requests, list):
+        return {entry["name"].lower(): entry["value"] for entry in requests}
+    return requests
+
+
+def environment_of(spec: task_pb2.TaskSpec) -> dict[str, str]:
+    return {
+        entry.get("key", entry.get("name")): entry["value"]
+        for entry in primary_container(spec).get("env", [])
+    }

@@ -1,4 +1,6 @@
-from tasks.core.launch import plan_launch
+import pytest
+
+from tasks.core.launch import MissingPyTorchJob, plan_launch
 
 
 def launch(**overrides):
@@ -33,3 +35,29 @@ def test_fewer_gpus_than_asked_uses_those_present():
 
 def test_matching_gpus_need_no_note():
     assert launch().notes == []
+
+
+def test_multi_node_on_a_cluster_outside_a_pytorch_job_fails_naming_the_plugin():
+    with pytest.raises(MissingPyTorchJob, match="no 'pytorch' task plugin enabled") as error:
+        launch(min_nodes=2, max_nodes=2, on_cluster=True)
+    assert "PET_NNODES is unset" in str(error.value)
+
+
+def test_multi_node_locally_is_still_clamped():
+    plan = launch(min_nodes=2, max_nodes=2, on_cluster=False)
+    assert plan.max_nodes == 1 and "clamping to 1 node" in plan.notes[0]
+
+
+def test_single_node_on_a_cluster_is_unaffected():
+    assert launch(on_cluster=True).notes == []
+
+
+def test_the_multinode_task_fails_at_once_on_a_cluster_without_the_pytorch_plugin(monkeypatch):
+    """A Flyte execution id in the environment (as propeller sets in every pod) and no PET_NNODES (no
+    PyTorchJob): the task fails before it starts any worker."""
+    from tasks.train_torch import train_torch_multinode
+
+    monkeypatch.setenv("FLYTE_INTERNAL_EXECUTION_ID", "a1b2c3")
+    monkeypatch.delenv("PET_NNODES", raising=False)
+    with pytest.raises(MissingPyTorchJob, match="'pytorch' plugin in propeller's enabled-plugins"):
+        train_torch_multinode.execute(prepared=None)

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from flyteidl.core import tasks_pb2
 from google.protobuf.json_format import MessageToDict
 
-from tasks.hardware import TRAIN_GPU_MULTINODE
-from tests.flyte_package import REGISTRY, TAG, image_of
+from tasks.hardware import TRAIN_GPU, TRAIN_GPU_MULTINODE, TRAIN_TPU
+from tests.flyte_package import REGISTRY, TAG, environment_of, image_of, requests_of
 
 pytestmark = pytest.mark.slow
 
@@ -42,17 +41,10 @@ def test_each_task_runs_in_the_image_for_its_hardware(package, task, image):
     assert image_of(package.tasks[task]) == f"{REGISTRY}/mixedml-{image}:{TAG}"
 
 
-def resources(spec) -> dict[str, str]:
-    return {
-        tasks_pb2.Resources.ResourceName.Name(r.name): r.value
-        for r in spec.template.container.resources.requests
-    }
-
-
 def test_declared_resources_and_accelerators(package):
-    assert resources(package.tasks["tasks.preprocess.preprocess"]) == {"CPU": "2", "MEMORY": "4Gi"}
+    assert requests_of(package.tasks["tasks.preprocess.preprocess"]) == {"cpu": "2", "memory": "4Gi"}
     single = package.tasks["tasks.train_torch.train_torch"].template
-    assert resources(package.tasks["tasks.train_torch.train_torch"])["GPU"] == "1"
+    assert requests_of(package.tasks["tasks.train_torch.train_torch"])["gpu"] == "1"
     assert single.extended_resources.gpu_accelerator.device == "nvidia-l4"
     tpu = package.tasks["tasks.train_tf.train_tf_tpu"].template
     assert (tpu.extended_resources.gpu_accelerator.device, tpu.extended_resources.gpu_accelerator.partition_size) == (
@@ -71,10 +63,9 @@ def test_multi_node_training_is_a_pytorch_job_with_worker_replicas(package):
     assert (elastic["rdzvBackend"], elastic["minReplicas"], elastic["maxReplicas"], elastic["nprocPerNode"]) == (
         "c10d", 2, 2, TRAIN_GPU_MULTINODE.gpus_per_node,
     )  # fmt: skip
-    assert resources(package.tasks["tasks.train_torch.train_torch_multinode"])["GPU"] == "8"
+    assert requests_of(package.tasks["tasks.train_torch.train_torch_multinode"])["gpu"] == "8"
     assert spec.extended_resources.gpu_accelerator.device == "nvidia-h100"
-    env = {e.key: e.value for e in spec.container.env}
-    assert env["NCCL_DEBUG"] == "WARN"
+    assert environment_of(package.tasks["tasks.train_torch.train_torch_multinode"])["NCCL_DEBUG"] == "WARN"
     single = package.tasks["tasks.train_torch.train_torch"].template
     assert single.type == "python-task"
 
@@ -145,7 +136,7 @@ def test_planning_tasks_ask_for_no_accelerator(package):
     for name in ("tasks.planner.prepare_data", "tasks.planner.train_on_target"):
         template = package.tasks[name].template
         assert not template.extended_resources.HasField("gpu_accelerator")
-        assert "GPU" not in resources(package.tasks[name])
+        assert "gpu" not in requests_of(package.tasks[name])
 
 
 def test_comparison_trains_both_from_one_preparation_in_parallel(package):
@@ -160,14 +151,16 @@ def test_comparison_trains_both_from_one_preparation_in_parallel(package):
 
 
 @pytest.mark.parametrize(
-    "task",
-    ["tasks.train_torch.train_torch", "tasks.train_torch.train_torch_multinode", "tasks.train_tf.train_tf_tpu",
-     "tasks.train_tf.train_tf_gpu"],
+    "task, profile",
+    [("tasks.train_torch.train_torch", TRAIN_GPU), ("tasks.train_torch.train_torch_multinode", TRAIN_GPU_MULTINODE),
+     ("tasks.train_tf.train_tf_tpu", TRAIN_TPU), ("tasks.train_tf.train_tf_gpu", TRAIN_GPU)],
 )  # fmt: skip
-def test_training_runs_on_spot_capacity_with_retries(package, task):
-    metadata = package.tasks[task].template.metadata
-    assert metadata.interruptible
-    assert metadata.retries.retries == 3
+def test_training_runs_on_spot_capacity_with_retries_a_timeout_and_a_grace_period(package, task, profile):
+    template = package.tasks[task].template
+    assert template.metadata.interruptible
+    assert template.metadata.retries.retries == profile.attempts.retries
+    assert template.metadata.timeout.ToTimedelta() == profile.attempts.timeout
+    assert template.k8s_pod.pod_spec["terminationGracePeriodSeconds"] == profile.attempts.termination_grace_s
 
 
 def test_elastic_restarts_cover_transient_worker_loss(package):

@@ -11,10 +11,10 @@ from google.protobuf.json_format import MessageToDict
 
 from tasks.compare import compare
 from tasks.evaluate import evaluate
-from tasks.hardware import TRAIN_GPU, TRAIN_TPU
+from tasks.hardware import LAUNCHER_EXIT_MARGIN_S, TRAIN_GPU, TRAIN_GPU_MULTINODE, TRAIN_TPU
 from tasks.preprocess import preprocess
 from tasks.train_tf import train_tf_gpu, train_tf_tpu
-from tasks.train_torch import train_torch
+from tasks.train_torch import train_torch, train_torch_multinode
 
 IMAGES = {name: f"registry.example.com/mixedml-{name}:v1" for name in ("cpu", "gpu", "tpu")}
 SETTINGS = SerializationSettings(image_config=ImageConfig.from_images(IMAGES["cpu"], IMAGES))
@@ -54,19 +54,65 @@ def test_tpu_task_carries_accelerator_topology_and_gke_scheduling():
     assert "task-module" in primary["args"] and "tasks.train_tf" in primary["args"]
 
 
+def primary_container(spec) -> dict:
+    (primary,) = MessageToDict(spec.k8s_pod.pod_spec)["containers"]
+    assert primary["name"] == spec.config["primary_container_name"] == "primary"
+    return primary
+
+
 @pytest.mark.parametrize("task", [train_torch, train_tf_gpu], ids=["torch", "tf"])
 def test_gpu_tasks_carry_gpu_request_and_accelerator(task):
     spec = template(task)
     assert spec.extended_resources.gpu_accelerator.device == TRAIN_GPU.device == "nvidia-l4"
     assert spec.extended_resources.shared_memory.size_limit == TRAIN_GPU.shared_memory
-    declared = resources(spec.container)
+    declared = primary_container(spec)["resources"]
     assert declared["requests"]["gpu"] == declared["limits"]["gpu"] == "1"
+    assert declared["requests"]["cpu"] == TRAIN_GPU.cpu
 
 
 def test_single_node_elastic_is_a_plain_pod_running_torch_elastic():
     spec = template(train_torch)
     assert spec.type == "python-task"
-    assert "tasks.train_torch" in list(spec.container.args)
+    assert "tasks.train_torch" in primary_container(spec)["args"]
+
+
+TRAINING = {
+    "torch": (train_torch, TRAIN_GPU),
+    "torch-multinode": (train_torch_multinode, TRAIN_GPU_MULTINODE),
+    "tf-gpu": (train_tf_gpu, TRAIN_GPU),
+    "tf-tpu": (train_tf_tpu, TRAIN_TPU),
+}
+
+
+@pytest.mark.parametrize("name", TRAINING)
+def test_training_tasks_carry_timeout_retries_and_the_preemption_grace_period(name):
+    task, profile = TRAINING[name]
+    spec = template(task)
+    assert spec.metadata.timeout.ToTimedelta() == profile.attempts.timeout
+    assert spec.metadata.retries.retries == profile.attempts.retries
+    assert spec.metadata.interruptible
+    pod = MessageToDict(spec.k8s_pod.pod_spec)
+    expected = profile.attempts.preemption_grace_s + LAUNCHER_EXIT_MARGIN_S
+    assert pod["terminationGracePeriodSeconds"] == expected == 30
+
+
+def test_training_timeout_becomes_the_nodes_deadline():
+    """Propeller reads a node's timeout (its ExecutionDeadline) from the node metadata, which flytekit
+    fills from the task's timeout."""
+    node_metadata = train_torch.construct_node_metadata()
+    assert node_metadata.timeout == TRAIN_GPU.attempts.timeout
+
+
+def test_multinode_pytorchjob_carries_a_run_policy():
+    spec = template(train_torch_multinode)
+    assert spec.type == "pytorch"
+    policy = MessageToDict(spec.custom)["runPolicy"]
+    assert policy["cleanPodPolicy"] == "CLEANPOD_POLICY_RUNNING"
+    assert policy["activeDeadlineSeconds"] == TRAIN_GPU_MULTINODE.attempts.timeout.total_seconds()
+
+
+def test_preemptions_of_a_pytorchjob_spend_user_retries_so_it_gets_more():
+    assert TRAIN_GPU_MULTINODE.attempts.retries > TRAIN_GPU.attempts.retries
 
 
 @pytest.mark.parametrize("task", [preprocess, evaluate, compare], ids=lambda t: t.name)

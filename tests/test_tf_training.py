@@ -52,20 +52,22 @@ def test_same_seed_same_history_on_cpu(blob_splits):
     assert first.history == second.history
 
 
-def epoch_rows(dataset) -> list[np.ndarray]:
-    return [np.concatenate([labels.numpy() for _, labels in dataset]) for _epoch in range(3)]
+def epoch_rows(seed: int) -> list[np.ndarray]:
+    features, row_ids = np.arange(103 * 2, dtype="float32").reshape(103, 2), np.arange(103)
+    datasets = [
+        batches(features, row_ids, 10, seed, shuffle=True, drop_remainder=True, epoch=e) for e in range(3)
+    ]
+    return [np.concatenate([labels.numpy() for _, labels in dataset]) for dataset in datasets]
 
 
 def test_shuffled_batches_cover_each_row_once_per_epoch_in_a_new_order():
-    features = np.arange(103 * 2, dtype="float32").reshape(103, 2)
-    row_ids = np.arange(103)
-    epochs = epoch_rows(batches(features, row_ids, 10, seed=7, shuffle=True, drop_remainder=True))
+    epochs = epoch_rows(seed=7)
     for rows in epochs:
         assert len(rows) == 100 and len(set(rows)) == 100  # 10 full batches, no repeats
     assert not np.array_equal(epochs[0], epochs[1]) and not np.array_equal(epochs[1], epochs[2])
-    again = epoch_rows(batches(features, row_ids, 10, seed=7, shuffle=True, drop_remainder=True))
+    again = epoch_rows(seed=7)
     assert all(np.array_equal(a, b) for a, b in zip(epochs, again, strict=True))  # same seed, same orders
-    other = epoch_rows(batches(features, row_ids, 10, seed=8, shuffle=True, drop_remainder=True))
+    other = epoch_rows(seed=8)
     assert not np.array_equal(epochs[0], other[0])
 
 

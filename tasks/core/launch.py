@@ -13,6 +13,10 @@ class LaunchPlan:
     notes: list[str] = field(default_factory=list)
 
 
+class MissingPyTorchJob(RuntimeError):
+    """A multi-node launch on a cluster that ran the task as a single pod."""
+
+
 def plan_launch(
     min_nodes: int,
     max_nodes: int,
@@ -20,16 +24,26 @@ def plan_launch(
     in_pytorch_job: bool,
     gpu_count: int,
     local_cpu_workers: int,
+    on_cluster: bool = False,
 ) -> LaunchPlan:
     """Fit the configured launch to this machine.
 
-    Inside a Kubeflow PyTorchJob the configuration is used as declared. Elsewhere (a laptop, a
-    single pod) a multi-node request is clamped to one node, since no peers will ever join the
-    rendezvous, and the worker count follows the GPUs present, or `local_cpu_workers` on CPU.
+    Inside a Kubeflow PyTorchJob the configuration is used as declared. On a laptop or in CI a
+    multi-node request is clamped to one node, since no peers will ever join the rendezvous, and
+    the worker count follows the GPUs present, or `local_cpu_workers` on CPU. On a cluster, a
+    multi-node task outside a PyTorchJob means the cluster has no `pytorch` plugin and ran it as a
+    plain pod: that fails at once, since training on one node would be a silently different run.
     """
     if in_pytorch_job:
         return LaunchPlan(min_nodes, max_nodes, nproc_per_node)
     notes = []
+    if (min_nodes > 1 or max_nodes > 1) and on_cluster:
+        raise MissingPyTorchJob(
+            f"this task asks for nnodes={min_nodes}:{max_nodes} but runs as a single pod, not in a Kubeflow "
+            "PyTorchJob (PET_NNODES is unset): the cluster has no 'pytorch' task plugin enabled, so "
+            "propeller ran it with the default pod plugin. Install the Kubeflow training operator and enable "
+            "the 'pytorch' plugin in propeller's enabled-plugins (README: Multi-node training), or train on one node"
+        )
     if min_nodes > 1 or max_nodes > 1:
         notes.append(
             f"nnodes={min_nodes}:{max_nodes} requested but this run is not in a PyTorchJob; "

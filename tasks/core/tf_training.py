@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 
 import keras
@@ -16,11 +18,13 @@ import tensorflow as tf
 
 from tasks.core.config import EpochMetrics, ModelConfig, SplitPaths, TrainConfig
 from tasks.core.data import read_split
+from tasks.core.preemption import PreemptionNotice
 from tasks.core.tf_strategy import Environment, detect_environment, select_strategy
 
 log = logging.getLogger(__name__)
 
 TPU_STEPS_PER_EXECUTION = 32
+STATE_FILE = "training_state.json"
 
 
 @dataclass
@@ -67,32 +71,36 @@ def build_keras_mlp(config: ModelConfig) -> keras.Model:
     return keras.Model(inputs, logits, name="mlp")
 
 
-def batches(features, labels, batch: int, seed: int, shuffle: bool, drop_remainder: bool) -> tf.data.Dataset:
-    """Batches gathered from in-memory arrays by row index.
+def batches(
+    features,
+    labels,
+    batch: int,
+    seed: int,
+    shuffle: bool,
+    drop_remainder: bool,
+    epoch: int = 0,
+    skip: int = 0,
+) -> tf.data.Dataset:
+    """One epoch of batches gathered from in-memory arrays by row index, from its `skip`-th batch on.
 
     Shuffling permutes row indices once per epoch rather than passing every row through a
-    full-size `shuffle` buffer (per-row host work every epoch). Each pass over the dataset (each
-    epoch) draws a new key from a seeded stream, so orders differ between epochs but a run is
-    reproducible from its seed.
+    full-size `shuffle` buffer (per-row host work every epoch). The permutation is a pure function
+    of (seed, epoch): orders differ between epochs, a run is reproducible from its seed, and a
+    resumed run skips exactly the batches the interrupted one trained.
     """
     count = len(labels)
     with tf.device("/cpu:0"):
         features, labels = tf.constant(features), tf.constant(labels)
+        order = epoch_order(count, seed, epoch) if shuffle else tf.range(count, dtype=tf.int64)
     stop = count - count % batch if drop_remainder else count
-    starts = tf.data.Dataset.range(0, stop, batch)
-    if shuffle:
-        keys = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).take(1)
-        orders = keys.map(lambda key: epoch_order(count, key, seed))
-        rows = orders.flat_map(lambda order: starts.map(lambda start: order[start : start + batch]))
-        rows = rows.apply(tf.data.experimental.assert_cardinality(starts.cardinality()))
-    else:
-        rows = starts.map(lambda start: tf.range(start, tf.minimum(start + batch, count)))
+    starts = tf.data.Dataset.range(skip * batch, stop, batch)
+    rows = starts.map(lambda start: order[start : start + batch])
     gather = lambda rows: (tf.gather(features, rows), tf.gather(labels, rows))  # noqa: E731
     return rows.map(gather, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
 
 
-def epoch_order(count: int, key, seed: int) -> tf.Tensor:
-    seed_pair = tf.stack([key, tf.constant(seed, tf.int64)])
+def epoch_order(count: int, seed: int, epoch: int) -> tf.Tensor:
+    seed_pair = tf.constant([seed, epoch], tf.int64)
     return tf.random.experimental.stateless_shuffle(tf.range(count, dtype=tf.int64), seed=seed_pair)
 
 
@@ -126,34 +134,112 @@ class EpochLog(keras.callbacks.Callback):
         )  # fmt: skip
 
 
-class EpochRecords(keras.callbacks.Callback):
-    """Keeps the per-epoch history across attempts (Keras's History only sees the current one)
-    and publishes the checkpoint after BackupAndRestore has written it."""
+@dataclass
+class TrainingState:
+    """Where training stands: the epoch in progress (from 0), the batches done in it, and one
+    [epoch, train_loss, train_accuracy, val_loss, val_accuracy] record per completed epoch."""
 
-    def __init__(self, directory: Path, on_save: Callable[[str], None] | None):
+    epoch: int = 0
+    step: int = 0
+    history: list[list[float]] = field(default_factory=list)
+
+    def batches_done(self, steps_per_epoch: int) -> int:
+        return self.epoch * steps_per_epoch + self.step
+
+
+def write_checkpoint(model: keras.Model, directory: Path, state: TrainingState) -> None:
+    """Weights (model and optimizer) under a name of their own, then the state naming them: replacing
+    the state file is the one step that commits a save, so a kill at any point leaves the previous
+    checkpoint whole."""
+    weights = f"epoch{state.epoch}-step{state.step}.weights.h5"
+    model.save_weights(str(directory / weights))
+    pending = directory / f"{STATE_FILE}.partial"
+    pending.write_text(json.dumps({**asdict(state), "weights": weights}))
+    os.replace(pending, directory / STATE_FILE)
+    for stale in directory.glob("*.weights.h5"):
+        if stale.name != weights:
+            stale.unlink()
+
+
+class Checkpointing(keras.callbacks.Callback):
+    """Tracks the epoch, step and history across attempts. With a directory, saves them with the
+    weights after every epoch, every `every_steps` batches and on the preemption notice, and hands the
+    directory to `on_save` after each save.
+
+    Ours rather than keras.callbacks.BackupAndRestore, which restores only the epoch (a mid-epoch
+    backup re-trains the whole epoch) and, after a resume, records epoch 0 for a mid-epoch save made
+    before the resumed run's first epoch end.
+    """
+
+    def __init__(self, directory: str | None, every_steps: int, steps_per_epoch: int,
+                 on_save: Callable[[str], None] | None, preemption: PreemptionNotice | None):  # fmt: skip
         super().__init__()
-        self.path, self.on_save = directory / "history.json", on_save
-        self.records = json.loads(self.path.read_text()) if self.path.exists() else []
+        self.directory = Path(directory) if directory else None
+        self.every_steps, self.steps_per_epoch = every_steps, steps_per_epoch
+        self.on_save, self.preemption = on_save, preemption
+        self.state = TrainingState()
+        self.first_step = self.saved_step = 0
+        if self.directory:
+            self.directory.mkdir(parents=True, exist_ok=True)
+
+    def restore(self, model: keras.Model) -> TrainingState:
+        """Loads the saved weights into the compiled `model`; returns the state to resume from."""
+        path = self.directory / STATE_FILE if self.directory else None
+        if path is None or not path.exists():
+            return self.state
+        saved = json.loads(path.read_text())
+        model.optimizer.build(model.trainable_variables)  # so that load_weights restores its variables
+        model.load_weights(str(self.directory / saved.pop("weights")))
+        self.state = TrainingState(**saved)
+        log.info("resuming from checkpoint: epoch %d, step %d", self.state.epoch + 1, self.state.step)
+        return self.state
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.first_step = self.saved_step = self.state.step  # > 0 in an epoch resumed mid-way
+
+    def on_train_batch_end(self, batch, logs=None):
+        # `batch` counts from this fit's first batch; under steps_per_execution, the last of several.
+        self.state.step = min(self.first_step + batch + 1, self.steps_per_epoch)
+        if self.state.step == self.steps_per_epoch:
+            return  # the epoch end saves, with the validation metrics
+        if self.preemption is not None and self.preemption.received:
+            self.stop()
+        if self.every_steps and self.state.step - self.saved_step >= self.every_steps:
+            self.save()
 
     def on_epoch_end(self, epoch, logs=None):
         logs = logs or {}
         keys = ("loss", "accuracy", "val_loss", "val_accuracy")
-        self.records.append([epoch + 1, *(float(logs.get(key, np.nan)) for key in keys)])
-        self.path.write_text(json.dumps(self.records))
+        self.state.history.append([epoch + 1, *(float(logs.get(key, np.nan)) for key in keys)])
+        self.state.epoch, self.state.step = epoch + 1, 0
+        self.save()
+
+    def save(self) -> None:
+        if self.directory is None:
+            return
+        write_checkpoint(self.model, self.directory, self.state)
+        self.saved_step = self.state.step
         if self.on_save:
-            self.on_save(str(self.path.parent))
+            self.on_save(str(self.directory))
+
+    def stop(self) -> None:
+        """Saves the step reached and raises out of `fit` (after `stop_training`, Keras would still
+        validate the partial epoch and end it as if complete)."""
+        if self.directory is None:
+            log.warning("the preemption notice came with no checkpoint directory: stopping without a save")
+        self.save()
+        raise self.preemption.stopped(self.state.epoch, self.state.step)
 
 
-def resumable(checkpoint_dir: str | None, every_steps: int, on_save) -> list[keras.callbacks.Callback]:
-    """BackupAndRestore (model, optimizer, epoch and step) plus the history, in `checkpoint_dir`."""
-    if not checkpoint_dir:
-        return []
-    directory = Path(checkpoint_dir)
-    directory.mkdir(parents=True, exist_ok=True)
-    backup = keras.callbacks.BackupAndRestore(
-        str(directory / "backup"), save_freq=every_steps or "epoch", delete_checkpoint=False
-    )
-    return [backup, EpochRecords(directory, on_save)]
+def notice_to_heed(preemption: PreemptionNotice | None, strategy_kind: str) -> PreemptionNotice | None:
+    """MultiWorkerMirroredStrategy workers would have to agree to stop; one stopping alone hangs the rest."""
+    if preemption is not None and strategy_kind == "multi_worker":
+        log.warning(
+            "the preemption notice is not acted on under MultiWorkerMirroredStrategy; "
+            "checkpoints are saved on the usual schedule"
+        )
+        return None
+    return preemption
 
 
 def board(log_dir: str | None) -> list[keras.callbacks.Callback]:
@@ -198,6 +284,19 @@ def compile_model(model: keras.Model, config: TrainConfig, strategy_kind: str, g
     )
 
 
+def fit_epochs(model: keras.Model, tracker: Checkpointing, train_epoch: Callable, val_data, epochs: int,
+               callbacks: list, log_dir: str | None) -> None:  # fmt: skip
+    """One `fit` per epoch, on that epoch's order from the batch the tracker reached. (A stream of
+    epochs under `steps_per_epoch` would let an epoch's last multi-step execution on a TPU run into
+    the next epoch; Keras's TensorBoard closes its writers after each fit, hence a fresh one.)"""
+    for epoch in range(tracker.state.epoch, epochs):
+        data = train_epoch(epoch=epoch, skip=tracker.state.step)
+        model.fit(data, validation_data=val_data, initial_epoch=epoch, epochs=epoch + 1, verbose=0,
+                  shuffle=False, callbacks=[tracker, *callbacks, *board(log_dir)])  # fmt: skip
+        if model.stop_training:  # a callback ended training early
+            return
+
+
 def train_keras(
     config: TrainConfig,
     splits: SplitPaths,
@@ -210,8 +309,15 @@ def train_keras(
     on_checkpoint: Callable[[str], None] | None = None,
     callbacks: list | None = None,
     log_dir: str | None = None,
+    preemption: PreemptionNotice | None = None,
 ) -> KerasOutcome:
-    """Train the Keras MLP; `config.batch_size` is the global batch (per-replica x replicas)."""
+    """Train the Keras MLP; `config.batch_size` is the global batch (per-replica x replicas).
+
+    With `checkpoint_dir`, training resumes from the epoch and step saved there. On the `preemption`
+    notice it saves the step reached and raises `Preempted`. The history has one record per epoch
+    across attempts; the train loss and accuracy of an epoch resumed mid-way cover only the batches
+    trained in this attempt.
+    """
     env = env or detect_environment()
     dist_strategy, kind = select_strategy(strategy, allow_fallback, env, resolver_factory)
     replicas = dist_strategy.num_replicas_in_sync
@@ -226,8 +332,9 @@ def train_keras(
         raise ValueError(
             f"{len(y)} training rows are fewer than one global batch ({micro_batch}); lower batch_size"
         )
+    steps = len(y) // micro_batch
     static_shapes = kind == "tpu"
-    train_data = batches(x, y, micro_batch, config.seed, shuffle=True, drop_remainder=True)
+    train_epoch = partial(batches, x, y, micro_batch, config.seed, shuffle=True, drop_remainder=True)
     val_data = batches(vx, vy, micro_batch, config.seed, shuffle=False, drop_remainder=static_shapes)
 
     policy = precision_policy(kind, env.gpu_count, config.precision)
@@ -244,24 +351,20 @@ def train_keras(
     with dtype_policy(policy), dist_strategy.scope():
         model = build_keras_mlp(model_config)
         compile_model(model, config, kind, env.gpu_count)
+        tracker = Checkpointing(checkpoint_dir, config.checkpoint_every_steps, steps, on_checkpoint,
+                                notice_to_heed(preemption, kind))  # fmt: skip
+        resumed_at = tracker.restore(model).batches_done(steps)
         start = time.perf_counter()
         clock = TrainClock()
-        checkpointing = resumable(checkpoint_dir, config.checkpoint_every_steps, on_checkpoint)
-        fit = model.fit(train_data, validation_data=val_data, epochs=config.epochs, verbose=0, shuffle=False,
-                        callbacks=[clock, *checkpointing, EpochLog(config.epochs), *board(log_dir), *(callbacks or [])])  # fmt: skip
+        every_fit = [clock, EpochLog(config.epochs), *(callbacks or [])]
+        fit_epochs(model, tracker, train_epoch, val_data, config.epochs, every_fit, log_dir)
         seconds = time.perf_counter() - start
     if artifact_path:
         model.save(artifact_path)
 
-    epochs_run = len(fit.history.get("loss", []))
-    samples = (len(y) // micro_batch) * micro_batch * epochs_run
-    if checkpointing:
-        history = [EpochMetrics(*record) for record in checkpointing[-1].records]
-    else:
-        keys = ("loss", "accuracy", "val_loss", "val_accuracy")
-        history = [EpochMetrics(i + 1, *(float(fit.history[k][i]) for k in keys)) for i in range(epochs_run)]
+    samples = (tracker.state.batches_done(steps) - resumed_at) * micro_batch
     return KerasOutcome(
-        history=history,
+        history=[EpochMetrics(*record) for record in tracker.state.history],
         samples_per_second=samples / clock.seconds if clock.seconds > 0 else 0.0,
         train_seconds=seconds,
         device=describe_device(kind, env),

@@ -26,6 +26,7 @@ from tasks.core.checkpoint import TrainingCheckpoint
 from tasks.core.config import EpochMetrics, ModelConfig, SplitPaths, TrainConfig
 from tasks.core.data import read_shard
 from tasks.core.model import build_mlp, save_artifact
+from tasks.core.preemption import PreemptionNotice
 from tasks.core.progress import ProgressReporter
 
 log = logging.getLogger(__name__)
@@ -210,6 +211,38 @@ class MicroBatch:
         )  # fmt: skip
 
 
+class StopVote:
+    """Whether every rank stops after this step, on the preemption notice of any of them.
+
+    A notice may reach only some ranks (one node of several is reclaimed), so the ranks vote: one
+    4-byte all-reduce per step on a gloo group of its own, read one step later so that it overlaps
+    the next step instead of stalling it (and never syncs a CUDA stream). Every rank reads the same
+    result after the same step, so no rank is left waiting in a collective.
+    """
+
+    def __init__(self, notice: PreemptionNotice, ctx: DistributedContext):
+        self.notice = notice
+        self.group = dist.new_group(backend="gloo") if ctx.is_distributed else None
+        self.pending: tuple | None = None
+
+    def stop_now(self) -> bool:
+        if self.group is None:
+            return self.notice.received
+        decided = False
+        if self.pending is not None:
+            work, votes = self.pending
+            work.wait()
+            decided = bool(votes.item())
+        vote = torch.tensor([int(self.notice.received)], dtype=torch.int32)
+        self.pending = (dist.all_reduce(vote, op=dist.ReduceOp.MAX, group=self.group, async_op=True), vote)
+        return decided
+
+    def close(self) -> None:
+        if self.pending is not None:
+            self.pending[0].wait()
+            self.pending = None
+
+
 def optimizer_step(model, optimizer, scaler, x, y, rows, micro: int, ctx, dtype):
     """One optimizer step over `rows`, in micro-batches of `micro`, gradients synced on the last.
 
@@ -316,12 +349,14 @@ def train(
     artifact_path: str | None = None,
     checkpoint: TrainingCheckpoint | None = None,
     log_dir: str | None = None,
+    preemption: PreemptionNotice | None = None,
 ) -> TrainOutcome:
     """Train the MLP on this rank's shard; rank 0 writes the artifact to `artifact_path`.
 
     With a `checkpoint`, the run resumes from its saved state, if any, and saves after every epoch
     and every `checkpoint.every_steps` optimizer steps. With a `log_dir`, rank 0 writes TensorBoard
-    scalars there every epoch.
+    scalars there every epoch. With a `preemption` notice, the ranks stop together after the step
+    during which the notice arrived, save that step and raise `Preempted`.
     """
     ctx = init_distributed(config.collective_timeout_s)
     torch.manual_seed(config.seed)
@@ -361,10 +396,22 @@ def train(
     reporter = ProgressReporter(config.epochs, enabled=ctx.rank == 0)
     board = event_writer(log_dir) if log_dir and ctx.rank == 0 else None
 
+    vote = StopVote(preemption, ctx) if preemption is not None else None
+
     def on_step(epoch, steps, loss_sum, correct) -> None:
         reporter.step(epoch, progress.step, steps, lambda: loss_sum.item() / (progress.step * per_step))
+        if vote is not None and vote.stop_now():
+            stop_on_notice(loss_sum, correct)
         if checkpoint is not None and checkpoint.due(progress.step):
             save(loss_sum, correct)
+
+    def stop_on_notice(loss_sum, correct) -> None:
+        if checkpoint is not None:
+            save(loss_sum, correct)
+        else:
+            log.warning("preemption notice without a checkpoint: the steps done so far are lost")
+        vote.close()
+        raise preemption.stopped(progress.epoch, progress.step)
 
     if ctx.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(ctx.device)
@@ -389,6 +436,8 @@ def train(
                 "epoch %d/%d train_loss=%.4f train_acc=%.4f val_loss=%.4f val_acc=%.4f",
                 epoch + 1, config.epochs, train_loss, train_acc, val_loss, val_acc,
             )  # fmt: skip
+    if vote is not None:
+        vote.close()
     if ctx.device.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start

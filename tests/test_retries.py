@@ -1,0 +1,176 @@
+"""Retries as a Flyte cluster runs them, with each attempt run from its serialized command.
+
+Propeller hands attempt N >= 1 attempt N-1's checkpoint prefix, written or not
+(flytepropeller/pkg/controller/nodes/task/taskexec_context.go, `ComputePreviousCheckpointPath`), and a
+reclaimed node sends SIGTERM before the kill. Here the prefixes are local folders and the attempts
+are fresh processes, signalled or killed as a node would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tasks.core.checkpoint import STATE_FILE
+from tasks.core.preemption import DEFAULT_GRACE_S, PREEMPTED_EXIT_CODE
+from tasks.core.tf_training import STATE_FILE as KERAS_STATE_FILE
+from tasks.preprocess import preprocess
+from tasks.train_tf import train_tf_gpu
+from tasks.train_torch import train_torch
+from tasks.types import TrainedModel
+from tests.flyte_package import REPO
+from tests.pods import (
+    literals,
+    merged,
+    model_parameters,
+    output,
+    pod_command,
+    pod_environment,
+    run_like_a_pod,
+)
+
+pytestmark = pytest.mark.slow
+
+HYPER = {"epochs": 3, "batch_size": 16, "learning_rate": 3e-3, "weight_decay": 1e-2, "grad_accum_steps": 1,
+         "hidden_sizes": [32], "dropout": 0.1, "seed": 3, "precision": "auto"}  # fmt: skip
+SLOW_STEPS = {"PYTHONPATH": str(REPO / "tests" / "slow_steps"), "MIXEDML_TEST_STEP_SECONDS": "0.05"}
+
+
+@pytest.fixture(scope="module")
+def train_spec(flyte_package):
+    return flyte_package.tasks["tasks.train_torch.train_torch"]
+
+
+@pytest.fixture(scope="module")
+def train_inputs(flyte_package, tmp_path_factory):
+    prepared = run_like_a_pod(
+        flyte_package.tasks["tasks.preprocess.preprocess"],
+        literals(preprocess, {"dataset": "", "label_column": "label", "val_fraction": 0.15,
+                              "test_fraction": 0.15, "seed": 0}),
+        tmp_path_factory.mktemp("retries") / "preprocess",
+    )  # fmt: skip
+    return merged(literals(train_torch, HYPER), prepared=prepared.literals["o0"])
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(train_spec, train_inputs, tmp_path_factory) -> TrainedModel:
+    return output(
+        run_like_a_pod(train_spec, train_inputs, tmp_path_factory.mktemp("whole") / "a0"), TrainedModel
+    )
+
+
+def start_attempt(spec, inputs, workdir: Path, previous_checkpoint: str = "", **env) -> subprocess.Popen:
+    return subprocess.Popen(
+        pod_command(spec, inputs, workdir, previous_checkpoint), cwd=REPO, env=pod_environment(**env),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )  # fmt: skip
+
+
+def wait_for_state(path: Path, attempt: subprocess.Popen, ready, timeout_s: float = 180) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert attempt.poll() is None, f"the attempt ended early:\n{attempt.stdout.read()[-3000:]}"
+        if path.exists():
+            state = torch.load(path, weights_only=True)
+            if ready(state):
+                return state
+        time.sleep(0.01)
+    raise AssertionError(f"no checkpoint state at {path} within {timeout_s} s")
+
+
+def assert_same_model(first: TrainedModel, second: TrainedModel) -> None:
+    assert second.history == first.history
+    first_state, second_state = model_parameters(first), model_parameters(second)
+    assert all(torch.equal(first_state[name], second_state[name]) for name in first_state)
+
+
+def test_a_retry_whose_previous_attempt_saved_nothing_trains_from_scratch(train_spec, train_inputs, tmp_path):
+    never_written = tmp_path / "attempt-0" / "checkpoint"
+    trained = run_like_a_pod(train_spec, train_inputs, tmp_path / "attempt-1", str(never_written))
+    model = output(trained, TrainedModel)
+    assert [epoch.epoch for epoch in model.history] == [1, 2, 3]
+    assert model.samples_per_second > 0
+    assert (tmp_path / "attempt-1" / "checkpoint" / STATE_FILE).exists()
+
+
+def test_a_chain_of_early_failures_keeps_the_last_good_checkpoint(
+    train_spec, train_inputs, uninterrupted, tmp_path
+):
+    first = tmp_path / "attempt-0"
+    run_like_a_pod(train_spec, train_inputs, first)  # saves: every epoch done
+
+    # Attempt 1 restores attempt 0's state and dies (SIGKILL, as a lost node) before any save of its own.
+    second = tmp_path / "attempt-1"
+    attempt = start_attempt(train_spec, train_inputs, second, str(first / "checkpoint"))
+    try:
+        wait_for_state(second / "checkpoint" / STATE_FILE, attempt, ready=lambda state: True)
+    finally:
+        os.killpg(attempt.pid, signal.SIGKILL)
+        attempt.wait(timeout=60)
+    assert attempt.returncode == -signal.SIGKILL
+
+    third = run_like_a_pod(train_spec, train_inputs, tmp_path / "attempt-2", str(second / "checkpoint"))
+    resumed = output(third, TrainedModel)
+    assert resumed.samples_per_second == 0.0  # attempt 0's state reached it: nothing left to train
+    assert_same_model(uninterrupted, resumed)
+
+
+def test_sigterm_mid_epoch_saves_the_step_reached_and_the_retry_matches_an_uninterrupted_run(
+    train_spec, train_inputs, uninterrupted, tmp_path
+):
+    first = tmp_path / "attempt-0"
+    attempt = start_attempt(train_spec, train_inputs, first, **SLOW_STEPS)
+    state_file = first / "checkpoint" / STATE_FILE
+    try:
+        wait_for_state(state_file, attempt, ready=lambda state: state["epoch"] >= 1)  # an epoch's save
+        time.sleep(0.3)  # some steps into the next epoch
+        signalled = time.monotonic()
+        attempt.send_signal(signal.SIGTERM)  # the launcher alone, as the kubelet signals a container
+        attempt.wait(timeout=DEFAULT_GRACE_S + 30)
+        stopped_after = time.monotonic() - signalled
+    finally:
+        if attempt.poll() is None:
+            os.killpg(attempt.pid, signal.SIGKILL)
+    log = attempt.stdout.read()
+    assert attempt.returncode == PREEMPTED_EXIT_CODE, log[-3000:]
+    assert stopped_after < DEFAULT_GRACE_S, log[-3000:]
+    assert "stopped on the preemption notice (SIGTERM)" in log
+    assert not (first / "outputs" / "outputs.pb").exists()
+
+    saved = torch.load(state_file, weights_only=True)
+    assert saved["epoch"] >= 1 and saved["step"] > 0, "the checkpoint should hold the step reached, mid-epoch"
+
+    retried = run_like_a_pod(train_spec, train_inputs, tmp_path / "attempt-1", str(first / "checkpoint"))
+    assert_same_model(uninterrupted, output(retried, TrainedModel))
+
+
+def test_a_keras_attempt_saves_and_exits_143_on_sigterm(flyte_package, train_inputs, tmp_path):
+    """The TensorFlow task, run from its serialized command, turns the notice into a failed attempt."""
+    spec = flyte_package.tasks["tasks.train_tf.train_tf_gpu"]
+    inputs = merged(train_inputs, literals(train_tf_gpu, {"epochs": 500, "tf_strategy": "auto"}))
+    attempt = start_attempt(spec, inputs, tmp_path / "attempt-0")
+    state_file = tmp_path / "attempt-0" / "checkpoint" / KERAS_STATE_FILE
+    try:
+        deadline = time.monotonic() + 180
+        while not (state_file.exists() and json.loads(state_file.read_text())["epoch"] >= 1):
+            assert attempt.poll() is None and time.monotonic() < deadline, attempt.stdout.read()[-3000:]
+            time.sleep(0.01)
+        signalled = time.monotonic()
+        attempt.send_signal(signal.SIGTERM)
+        attempt.wait(timeout=DEFAULT_GRACE_S + 30)
+        stopped_after = time.monotonic() - signalled
+    finally:
+        if attempt.poll() is None:
+            os.killpg(attempt.pid, signal.SIGKILL)
+    log = attempt.stdout.read()
+    assert attempt.returncode == PREEMPTED_EXIT_CODE, log[-3000:]
+    assert stopped_after < DEFAULT_GRACE_S, log[-3000:]
+    assert "stopped on the preemption notice (SIGTERM)" in log
+    assert 1 <= json.loads(state_file.read_text())["epoch"] < 500
