@@ -85,6 +85,24 @@ def wait_for_state(path: Path, attempt: subprocess.Popen, ready, timeout_s: floa
     raise AssertionError(f"no checkpoint state at {path} within {timeout_s} s")
 
 
+def assert_stops_on_sigterm(attempt: subprocess.Popen, once) -> None:
+    """Signals the attempt's main process alone, as the kubelet signals a container, once `once()`
+    returns: the attempt must save and exit with the preempted code within the grace budget."""
+    try:
+        once()
+        signalled = time.monotonic()
+        attempt.send_signal(signal.SIGTERM)
+        attempt.wait(timeout=DEFAULT_GRACE_S + 30)
+        stopped_after = time.monotonic() - signalled
+    finally:
+        if attempt.poll() is None:
+            os.killpg(attempt.pid, signal.SIGKILL)
+    log = attempt.stdout.read()
+    assert attempt.returncode == PREEMPTED_EXIT_CODE, log[-3000:]
+    assert stopped_after < DEFAULT_GRACE_S, log[-3000:]
+    assert "stopped on the preemption notice (SIGTERM)" in log
+
+
 def assert_same_model(first: TrainedModel, second: TrainedModel) -> None:
     assert second.history == first.history
     first_state, second_state = model_parameters(first), model_parameters(second)
@@ -128,20 +146,12 @@ def test_sigterm_mid_epoch_saves_the_step_reached_and_the_retry_matches_an_unint
     first = tmp_path / "attempt-0"
     attempt = start_attempt(train_spec, train_inputs, first, **SLOW_STEPS)
     state_file = first / "checkpoint" / STATE_FILE
-    try:
+
+    def some_steps_into_the_second_epoch():
         wait_for_state(state_file, attempt, ready=lambda state: state["epoch"] >= 1)  # an epoch's save
-        time.sleep(0.3)  # some steps into the next epoch
-        signalled = time.monotonic()
-        attempt.send_signal(signal.SIGTERM)  # the launcher alone, as the kubelet signals a container
-        attempt.wait(timeout=DEFAULT_GRACE_S + 30)
-        stopped_after = time.monotonic() - signalled
-    finally:
-        if attempt.poll() is None:
-            os.killpg(attempt.pid, signal.SIGKILL)
-    log = attempt.stdout.read()
-    assert attempt.returncode == PREEMPTED_EXIT_CODE, log[-3000:]
-    assert stopped_after < DEFAULT_GRACE_S, log[-3000:]
-    assert "stopped on the preemption notice (SIGTERM)" in log
+        time.sleep(0.3)
+
+    assert_stops_on_sigterm(attempt, once=some_steps_into_the_second_epoch)
     assert not (first / "outputs" / "outputs.pb").exists()
 
     saved = torch.load(state_file, weights_only=True)
@@ -157,20 +167,12 @@ def test_a_keras_attempt_saves_and_exits_143_on_sigterm(flyte_package, train_inp
     inputs = merged(train_inputs, literals(train_tf_gpu, {"epochs": 500, "tf_strategy": "auto"}))
     attempt = start_attempt(spec, inputs, tmp_path / "attempt-0")
     state_file = tmp_path / "attempt-0" / "checkpoint" / KERAS_STATE_FILE
-    try:
+
+    def an_epoch_saved():
         deadline = time.monotonic() + 180
         while not (state_file.exists() and json.loads(state_file.read_text())["epoch"] >= 1):
             assert attempt.poll() is None and time.monotonic() < deadline, attempt.stdout.read()[-3000:]
             time.sleep(0.01)
-        signalled = time.monotonic()
-        attempt.send_signal(signal.SIGTERM)
-        attempt.wait(timeout=DEFAULT_GRACE_S + 30)
-        stopped_after = time.monotonic() - signalled
-    finally:
-        if attempt.poll() is None:
-            os.killpg(attempt.pid, signal.SIGKILL)
-    log = attempt.stdout.read()
-    assert attempt.returncode == PREEMPTED_EXIT_CODE, log[-3000:]
-    assert stopped_after < DEFAULT_GRACE_S, log[-3000:]
-    assert "stopped on the preemption notice (SIGTERM)" in log
+
+    assert_stops_on_sigterm(attempt, once=an_epoch_saved)
     assert 1 <= json.loads(state_file.read_text())["epoch"] < 500
