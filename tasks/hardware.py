@@ -13,7 +13,6 @@ from flytekit import PodTemplate, Resources
 from flytekit.extras.accelerators import (
     A100,
     A100_80GB,
-    H100,
     L4,
     V5E,
     V5P,
@@ -24,6 +23,7 @@ from flytekit.extras.accelerators import (
 )
 from kubernetes.client import V1Container, V1PodSpec, V1ResourceRequirements, V1Toleration
 
+from tasks.core.machines import MachineType
 from tasks.core.planner import CatalogEntry
 from tasks.core.preemption import DEFAULT_GRACE_S
 
@@ -42,6 +42,37 @@ CPU_IMAGE, GPU_IMAGE, TPU_IMAGE = image("cpu"), image("gpu"), image("tpu")
 def guaranteed(profile: CpuProfile | GpuTrainingProfile) -> dict:
     """Task requests equal to limits: Kubernetes' Guaranteed QoS, so a pod gets what was sized."""
     return {"requests": profile.resources, "limits": profile.resources}
+
+
+class H100_80GB(MultiInstanceGPUAccelerator):
+    """H100 as GKE labels its nodes (`cloud.google.com/gke-accelerator`); flytekit's H100 says
+    `nvidia-h100`, which no GKE node carries. MIG profiles as NVIDIA's MIG guide lists them."""
+
+    device = "nvidia-h100-80gb"
+
+
+class H200_141GB(MultiInstanceGPUAccelerator):
+    """H200 as GKE labels its nodes; flytekit 1.16 has no H200 class."""
+
+    device = "nvidia-h200-141gb"
+
+
+H100, H200 = H100_80GB().unpartitioned, H200_141GB().unpartitioned
+
+# Compute Engine machine types (vCPUs, memory) that the profiles and catalogs are sized for.
+G2_STANDARD_8 = MachineType("g2-standard-8", 8, 32)  # 1 x L4
+A2_HIGHGPU_1G = MachineType("a2-highgpu-1g", 12, 85)  # 1 x A100 40GB
+A2_ULTRAGPU_1G = MachineType("a2-ultragpu-1g", 12, 170)  # 1 x A100 80GB
+A3_HIGHGPU_8G = MachineType("a3-highgpu-8g", 208, 1872)  # 8 x H100 80GB
+A3_ULTRAGPU_8G = MachineType("a3-ultragpu-8g", 224, 2952)  # 8 x H200 141GB
+# The node type each GPU model comes on, for the planner's options (one pod per option).
+MACHINE_FOR_GPU = {
+    L4.to_flyte_idl().device: G2_STANDARD_8,
+    "nvidia-tesla-a100": A2_HIGHGPU_1G,
+    "nvidia-a100-80gb": A2_ULTRAGPU_1G,
+    H100_80GB.device: A3_HIGHGPU_8G,
+    H200_141GB.device: A3_ULTRAGPU_8G,
+}
 
 
 @dataclass(frozen=True)
@@ -86,12 +117,13 @@ class Attempts:
 
 @dataclass(frozen=True)
 class GpuTrainingProfile:
-    accelerator: GPUAccelerator
+    accelerator: GPUAccelerator | MultiInstanceGPUAccelerator
     gpus_per_node: int
     nnodes: int
     cpu: str
     mem: str
     shared_memory: str
+    machine: MachineType  # the node type it is sized for: cpu and mem fit its allocatable
     # Worker processes when the task runs where there is no GPU (a laptop, CI): DDP over gloo.
     local_cpu_workers: int = 2
     # Seconds to wait for every node to join; multi-node runs wait for node scale-up and image pulls.
@@ -124,9 +156,10 @@ TRAIN_GPU = GpuTrainingProfile(
     accelerator=L4,
     gpus_per_node=1,
     nnodes=1,
-    cpu="4",
-    mem="16Gi",
+    cpu="6",
+    mem="24Gi",
     shared_memory="2Gi",
+    machine=G2_STANDARD_8,
 )
 # nnodes > 1 makes the training task a Kubeflow PyTorchJob with one worker replica per node.
 TRAIN_GPU_MULTINODE = GpuTrainingProfile(
@@ -136,6 +169,7 @@ TRAIN_GPU_MULTINODE = GpuTrainingProfile(
     cpu="64",
     mem="512Gi",
     shared_memory="64Gi",
+    machine=A3_HIGHGPU_8G,
     rendezvous_timeout_s=1800,
     # A reclaimed node fails the whole PyTorchJob, which propeller reports as a retryable *user*
     # error: here preemptions spend the task's retries, so it gets more of them.
@@ -144,11 +178,26 @@ TRAIN_GPU_MULTINODE = GpuTrainingProfile(
 
 
 # GKE's TPU node label values, the flytekit accelerator for each, and the single-host
-# topologies (one pod = one TPU VM). Multi-host slices need one pod per host and are not offered.
+# topologies (one pod = one TPU VM) with the machine type GKE runs each on. Multi-host slices need
+# one pod per host and are not offered.
 TPU_GENERATIONS = {
-    "v5e": (V5E, ("1x1", "2x2", "2x4")),
-    "v5p": (V5P, ("2x2x1",)),
-    "v6e": (V6E, ("1x1", "2x2", "2x4")),
+    "v5e": (
+        V5E,
+        {
+            "1x1": MachineType("ct5lp-hightpu-1t", 24, 48),
+            "2x2": MachineType("ct5lp-hightpu-4t", 112, 192),
+            "2x4": MachineType("ct5lp-hightpu-8t", 224, 384),
+        },
+    ),
+    "v5p": (V5P, {"2x2x1": MachineType("ct5p-hightpu-4t", 208, 448)}),
+    "v6e": (
+        V6E,
+        {
+            "1x1": MachineType("ct6e-standard-1t", 44, 176),
+            "2x2": MachineType("ct6e-standard-4t", 180, 720),
+            "2x4": MachineType("ct6e-standard-8t", 180, 1440),
+        },
+    ),
 }
 TPU_TAINT_KEY = "google.com/tpu"
 
@@ -178,6 +227,10 @@ class TpuSliceProfile:
     @property
     def gke_accelerator(self) -> str:
         return self.accelerator.device
+
+    @property
+    def machine(self) -> MachineType:
+        return TPU_GENERATIONS[self.generation][1][self.topology]
 
     @property
     def chips(self) -> int:
@@ -217,23 +270,32 @@ DEFAULT_PRICES_PER_HOUR = {
     "nvidia-l4": 0.71,
     "nvidia-tesla-t4": 0.35,
     "nvidia-tesla-a100": 2.93,
-    "nvidia-h100": 9.80,
+    "nvidia-h100-80gb": 9.80,
+    "nvidia-h200-141gb": 10.60,
     "tpu-v5-lite-podslice": 1.20,
     "tpu-v5p-slice": 4.20,
     "tpu-v6e-slice": 2.70,
 }
 
 
-# What the planner may choose from, with memory per device and the price of the whole option
-# (USD/hour, illustrative on-demand figures; MIG slices priced by their share of the card).
+# What the planner may choose from, with usable memory per device and the price of the whole option
+# (USD/hour, illustrative on-demand figures; MIG slices priced by their share of the card's 7 compute
+# slices; MIG profiles from NVIDIA's MIG user guide).
 GPU_CATALOG = [
     CatalogEntry("a100-mig-1g.5gb", "mig", "nvidia-tesla-a100", "1g.5gb", 4.75, 1, 0.42),
     CatalogEntry("a100-mig-2g.10gb", "mig", "nvidia-tesla-a100", "2g.10gb", 9.75, 1, 0.84),
     CatalogEntry("a100-mig-3g.20gb", "mig", "nvidia-tesla-a100", "3g.20gb", 19.5, 1, 1.26),
+    CatalogEntry("h100-mig-1g.10gb", "mig", H100_80GB.device, "1g.10gb", 9.75, 1, 1.40),
+    CatalogEntry("h100-mig-2g.20gb", "mig", H100_80GB.device, "2g.20gb", 19.5, 1, 2.80),
+    CatalogEntry("h100-mig-3g.40gb", "mig", H100_80GB.device, "3g.40gb", 39.4, 1, 4.20),
+    CatalogEntry("h200-mig-1g.18gb", "mig", H200_141GB.device, "1g.18gb", 16.5, 1, 1.51),
+    CatalogEntry("h200-mig-2g.35gb", "mig", H200_141GB.device, "2g.35gb", 32.5, 1, 3.03),
+    CatalogEntry("h200-mig-3g.71gb", "mig", H200_141GB.device, "3g.71gb", 66.0, 1, 4.54),
     CatalogEntry("l4", "gpu", "nvidia-l4", "", 22.0, 1, 0.71),
     CatalogEntry("a100-40gb", "gpu", "nvidia-tesla-a100", "", 39.4, 1, 2.93),
     CatalogEntry("a100-80gb", "gpu", "nvidia-a100-80gb", "", 79.1, 1, 3.67),
-    CatalogEntry("h100-80gb", "gpu", "nvidia-h100", "", 79.1, 1, 9.80),
+    CatalogEntry("h100-80gb", "gpu", H100_80GB.device, "", 79.1, 1, 9.80),
+    CatalogEntry("h200-141gb", "gpu", H200_141GB.device, "", 139.8, 1, 10.60),
 ]
 TPU_CATALOG = [
     CatalogEntry("tpu-v5e-1x1", "tpu", "tpu-v5-lite-podslice", "1x1", 16.0, 1, 1.20),
@@ -241,7 +303,13 @@ TPU_CATALOG = [
     CatalogEntry("tpu-v5e-2x4", "tpu", "tpu-v5-lite-podslice", "2x4", 16.0, 8, 9.60),
     CatalogEntry("tpu-v6e-1x1", "tpu", "tpu-v6e-slice", "1x1", 32.0, 1, 2.70),
 ]
-WHOLE_GPUS = {"nvidia-tesla-a100": A100, "nvidia-a100-80gb": A100_80GB}
+# The GPUs with MIG partitions, by device name.
+MIG_GPUS = {
+    "nvidia-tesla-a100": A100,
+    "nvidia-a100-80gb": A100_80GB,
+    H100_80GB.device: H100,
+    H200_141GB.device: H200,
+}
 TPU_GENERATION_OF = {accelerator.device: name for name, (accelerator, _) in TPU_GENERATIONS.items()}
 
 
@@ -249,7 +317,7 @@ def accelerator_for(entry: CatalogEntry) -> BaseAccelerator:
     """The flytekit accelerator for a catalog entry (a MIG partition, a whole GPU or a TPU slice)."""
     if entry.kind == "tpu":
         return tpu_profile_for(entry).accelerator
-    base = WHOLE_GPUS.get(entry.device)
+    base = MIG_GPUS.get(entry.device)
     if entry.kind == "mig":
         return base.partitioned(entry.partition)
     return base.unpartitioned if base is not None else GPUAccelerator(entry.device)

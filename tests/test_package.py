@@ -64,7 +64,7 @@ def test_multi_node_training_is_a_pytorch_job_with_worker_replicas(package):
         "c10d", 2, 2, TRAIN_GPU_MULTINODE.gpus_per_node,
     )  # fmt: skip
     assert requests_of(package.tasks["tasks.train_torch.train_torch_multinode"])["gpu"] == "8"
-    assert spec.extended_resources.gpu_accelerator.device == "nvidia-h100"
+    assert spec.extended_resources.gpu_accelerator.device == "nvidia-h100-80gb"
     assert environment_of(package.tasks["tasks.train_torch.train_torch_multinode"])["NCCL_DEBUG"] == "WARN"
     single = package.tasks["tasks.train_torch.train_torch"].template
     assert single.type == "python-task"

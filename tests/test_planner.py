@@ -117,8 +117,8 @@ def test_activations_that_do_not_fit_lower_the_micro_batch_not_the_effective_bat
 
 
 def test_model_too_large_for_the_catalog_fails_saying_what_it_needs():
-    with pytest.raises(PlanError, match=r"needs about \d+\.\d GiB per device .* largest option, a100-80gb"):
-        plan_training(workload([65536, 65536]), GPU_CATALOG)
+    with pytest.raises(PlanError, match=r"needs about \d+\.\d GiB per device .* largest option, h200-141gb"):
+        plan_training(workload([98304, 98304]), GPU_CATALOG)
 
 
 def test_tpu_plan_uses_the_tpu_catalog():

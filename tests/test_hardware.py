@@ -1,0 +1,71 @@
+"""Hardware names as GKE labels them, and requests that fit the nodes they are meant for."""
+
+from __future__ import annotations
+
+import pytest
+
+from tasks.core.machines import DAEMONSET_ALLOWANCE, MachineType
+from tasks.hardware import (
+    GPU_CATALOG,
+    MACHINE_FOR_GPU,
+    TPU_CATALOG,
+    TRAIN_GPU,
+    TRAIN_GPU_MULTINODE,
+    TRAIN_TPU,
+    accelerator_for,
+    tpu_profile_for,
+)
+
+
+def quantity(value: str) -> float:
+    """cpu "6" or memory "24Gi" as a number of cores or GiB."""
+    return float(value.removesuffix("Gi"))
+
+
+def test_gke_allocatable_follows_the_documented_reservations():
+    node = MachineType("g2-standard-8", 8, 32)
+    # CPU: 6% of core 1, 1% of core 2, 0.5% of cores 3-4, 0.25% of cores 5-8.
+    assert node.allocatable_cpu == pytest.approx(8 - 0.09 - DAEMONSET_ALLOWANCE[0])
+    # Memory: 25% of 4, 20% of 4, 10% of 8, 6% of 16 GiB, and the 100 MiB eviction threshold.
+    assert node.allocatable_memory_gib == pytest.approx(32 - 3.56 - 100 / 1024 - DAEMONSET_ALLOWANCE[1])
+    big = MachineType("a3-highgpu-8g", 208, 1872)
+    assert big.allocatable_memory_gib == pytest.approx(
+        1872 - (1 + 0.8 + 0.8 + 6.72 + 0.02 * 1744) - 100 / 1024 - 1
+    )
+
+
+def test_a_request_of_the_whole_machine_does_not_fit():
+    four_vcpu_l4 = MachineType("g2-standard-4", 4, 16)
+    assert "4 CPU > 3.42 allocatable" in four_vcpu_l4.misfit(4, 16)
+    assert "16 GiB > 12.3 GiB allocatable" in four_vcpu_l4.misfit(4, 16)
+    assert four_vcpu_l4.misfit(3, 12) is None
+
+
+@pytest.mark.parametrize(
+    "profile", [TRAIN_GPU, TRAIN_GPU_MULTINODE, TRAIN_TPU], ids=["gpu", "gpu-multinode", "tpu"]
+)
+def test_each_training_profile_fits_the_machine_it_is_meant_for(profile):
+    assert profile.machine.misfit(quantity(profile.cpu), quantity(profile.mem)) is None
+
+
+@pytest.mark.parametrize("entry", GPU_CATALOG, ids=lambda e: e.name)
+def test_every_gpu_option_the_planner_may_choose_fits_its_node(entry):
+    """The planner sizes every GPU option with TRAIN_GPU's cpu and memory (tasks/planner.py)."""
+    assert MACHINE_FOR_GPU[entry.device].misfit(quantity(TRAIN_GPU.cpu), quantity(TRAIN_GPU.mem)) is None
+
+
+@pytest.mark.parametrize("entry", TPU_CATALOG, ids=lambda e: e.name)
+def test_every_tpu_option_fits_its_tpu_vm(entry):
+    profile = tpu_profile_for(entry)
+    assert profile.machine.misfit(quantity(profile.cpu), quantity(profile.mem)) is None
+    assert profile.chips == entry.devices
+
+
+def test_h100_and_h200_carry_gke_label_values():
+    assert TRAIN_GPU_MULTINODE.device == "nvidia-h100-80gb"
+    by_name = {entry.name: entry for entry in GPU_CATALOG}
+    whole = accelerator_for(by_name["h200-141gb"]).to_flyte_idl()
+    assert (whole.device, whole.unpartitioned) == ("nvidia-h200-141gb", True)
+    mig = accelerator_for(by_name["h100-mig-1g.10gb"]).to_flyte_idl()
+    assert (mig.device, mig.partition_size) == ("nvidia-h100-80gb", "1g.10gb")
+    assert accelerator_for(by_name["h200-mig-3g.71gb"]).to_flyte_idl().partition_size == "3g.71gb"
