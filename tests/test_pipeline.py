@@ -85,7 +85,7 @@ def test_unknown_target_lists_the_valid_ones():
 
 def test_a_model_too_large_for_the_catalog_fails_before_training():
     with pytest.raises(Exception, match="no accelerator in the catalog fits this model") as error:
-        training_pipeline(hidden_sizes=[65536, 65536], epochs=1)
+        training_pipeline(hidden_sizes=[98304, 98304], epochs=1)
     assert "train_torch" not in str(error.value)
 
 
