@@ -1,8 +1,15 @@
 # syntax=docker/dockerfile:1.7
-# One image per hardware target; tasks name theirs (cpu, gpu, tpu) and registration resolves them:
-#   docker build --target cpu -t REGISTRY/mixedml-cpu:TAG .
+# One image per hardware target and training framework, so a pod pulls only what it runs and a
+# CPU pod no CUDA libraries; tasks name theirs (tasks/hardware.py) and registration resolves them:
+#   docker build --target torch-gpu -t REGISTRY/mixedml-torch-gpu:TAG .   # `make images` builds all five
 #   pyflyte --config flyte.config.yaml register workflows \
-#       --image cpu=REGISTRY/mixedml-cpu:TAG --image gpu=REGISTRY/mixedml-gpu:TAG --image tpu=REGISTRY/mixedml-tpu:TAG
+#       --image cpu=REGISTRY/mixedml-cpu:TAG --image ml-cpu=REGISTRY/mixedml-ml-cpu:TAG \
+#       --image torch-gpu=REGISTRY/mixedml-torch-gpu:TAG --image tf-gpu=REGISTRY/mixedml-tf-gpu:TAG \
+#       --image tpu=REGISTRY/mixedml-tpu:TAG
+# Versions: constraints.txt, the pin set the tests run against, constrains every install. The
+# TensorFlow builds (tensorflow, tensorflow-tpu) and torch's CPU build are named differently from
+# its pins (tensorflow_cpu, torch), so their stages read the version out of it with sed: one
+# TensorFlow release for every build, and no version number here.
 
 ARG PYTHON_IMAGE=python:3.11.10-slim-bookworm
 
@@ -29,21 +36,39 @@ COPY workflows ./workflows
 RUN pip install --no-deps . && chown -R mixedml /home/mixedml
 USER mixedml
 
-# ---- gpu: CUDA PyTorch (wheels bundle CUDA) and TensorFlow for GPU; also runs evaluation -----
-FROM base AS gpu
-ARG TENSORFLOW_VERSION=2.21.0
-RUN pip install -c constraints.txt ".[torch]" \
-    && pip install "tensorflow[and-cuda]==${TENSORFLOW_VERSION}"
+# ---- ml-cpu: CPU builds of torch and TensorFlow; evaluation and the planner dynamics ----------
+# PyPI's Linux torch wheels pull the CUDA libraries; the CPU build comes from PyTorch's own index,
+# alone (--no-deps), and the second install finds it there and adds its dependencies from PyPI.
+FROM base AS ml-cpu
+RUN TORCH=$(sed -n 's/^torch==//p' constraints.txt) \
+    && pip install --no-deps --index-url https://download.pytorch.org/whl/cpu "torch==${TORCH:?}+cpu" \
+    && pip install -c constraints.txt ".[torch,tf-cpu]"
 COPY tasks ./tasks
 COPY workflows ./workflows
 RUN pip install --no-deps . && chown -R mixedml /home/mixedml
 USER mixedml
 
-# ---- tpu: TensorFlow with the TPU runtime (libtpu) --------------------------------------------
+# ---- torch-gpu: CUDA PyTorch (PyPI's wheels bundle CUDA) and the PyTorch plugin; no TensorFlow -
+FROM base AS torch-gpu
+RUN pip install -c constraints.txt ".[torch,gpu]"
+COPY tasks ./tasks
+COPY workflows ./workflows
+RUN pip install --no-deps . && chown -R mixedml /home/mixedml
+USER mixedml
+
+# ---- tf-gpu: TensorFlow with its CUDA libraries (the and-cuda extra); no torch ----------------
+FROM base AS tf-gpu
+RUN TENSORFLOW=$(sed -n 's/^tensorflow[-_]cpu==//p' constraints.txt) \
+    && pip install -c constraints.txt ".[gpu]" "tensorflow[and-cuda]==${TENSORFLOW:?}"
+COPY tasks ./tasks
+COPY workflows ./workflows
+RUN pip install --no-deps . && chown -R mixedml /home/mixedml
+USER mixedml
+
+# ---- tpu: TensorFlow with the TPU runtime (libtpu); no torch ----------------------------------
 FROM base AS tpu
-ARG TENSORFLOW_TPU_VERSION=2.20.0
-RUN pip install -c constraints.txt . \
-    && pip install "tensorflow-tpu==${TENSORFLOW_TPU_VERSION}" \
+RUN TENSORFLOW=$(sed -n 's/^tensorflow[-_]cpu==//p' constraints.txt) \
+    && pip install -c constraints.txt . "tensorflow-tpu==${TENSORFLOW:?}" \
        -f https://storage.googleapis.com/libtpu-tf-releases/index.html
 COPY tasks ./tasks
 COPY workflows ./workflows

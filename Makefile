@@ -3,15 +3,17 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-EXTRAS ?= torch,tf-cpu,dev
+EXTRAS ?= torch,tf-cpu,gpu,dev
 
 # Images: the demo cluster (`flytectl demo start`) serves a registry on localhost:30000.
 REGISTRY ?= localhost:30000
 TAG ?= latest
-IMAGE_FLAGS := $(foreach t,cpu gpu tpu,--image $(t)=$(REGISTRY)/mixedml-$(t):$(TAG))
+# One per Dockerfile stage; tasks name theirs in tasks/hardware.py.
+IMAGES := cpu ml-cpu torch-gpu tf-gpu tpu
+IMAGE_FLAGS := $(foreach t,$(IMAGES),--image $(t)=$(REGISTRY)/mixedml-$(t):$(TAG))
 PACKAGE := dist/mixedml-flyte-package.tgz
 
-.PHONY: install run test lint format clean images push package register browser bench
+.PHONY: install run test lint format clean images images-check push package register browser bench
 
 install: $(STAMP)
 
@@ -47,10 +49,14 @@ format: install
 	$(BIN)/ruff format .
 
 images:
-	for target in cpu gpu tpu; do docker build --target $$target -t $(REGISTRY)/mixedml-$$target:$(TAG) . || exit 1; done
+	for target in $(IMAGES); do docker build --target $$target -t $(REGISTRY)/mixedml-$$target:$(TAG) . || exit 1; done
 
 push: images
-	for target in cpu gpu tpu; do docker push $(REGISTRY)/mixedml-$$target:$(TAG) || exit 1; done
+	for target in $(IMAGES); do docker push $(REGISTRY)/mixedml-$$target:$(TAG) || exit 1; done
+
+# Each image's install set resolved for linux/x86_64 by pip, without building; needs the package index.
+images-check: install
+	$(BIN)/python deploy/check_images.py
 
 # Serialized tasks, workflows and launch plans, as the cluster would receive them.
 package: install

@@ -11,7 +11,7 @@ from flytekit import task
 from tasks.core.data import read_split
 from tasks.core.metrics import classification_metrics
 from tasks.decks import DECKS, evaluation_deck
-from tasks.hardware import EVALUATE_CPU, GPU_IMAGE, guaranteed
+from tasks.hardware import EVALUATE_CPU, ML_CPU_IMAGE, guaranteed
 from tasks.logs import setup_logging
 from tasks.storage import local_path
 from tasks.types import EvaluationReport, PreparedData, ResourcePlan, TrainedModel
@@ -45,9 +45,9 @@ def with_suffix(path: str, suffix: str) -> str:
     return str(linked)
 
 
-# The gpu image has both frameworks; the pod itself asks for CPU only.
+# The ml-cpu image has the CPU builds of both frameworks: a model from either is rebuilt without CUDA.
 @task(
-    container_image=GPU_IMAGE,
+    container_image=ML_CPU_IMAGE,
     **guaranteed(EVALUATE_CPU),
     **DECKS,
 )

@@ -29,14 +29,21 @@ from tasks.core.preemption import DEFAULT_GRACE_S
 
 
 def image(name: str) -> str:
-    """A named image, resolved at registration: `pyflyte register --image gpu=REGISTRY/mixedml-gpu:TAG`."""
+    """A named image, resolved at registration: `pyflyte register --image tpu=REGISTRY/mixedml-tpu:TAG`."""
     return f"{{{{.image.{name}.fqn}}}}:{{{{.image.{name}.version}}}}"
 
 
-# cpu: flytekit, pandas, pyarrow, scikit-learn (no torch, no tensorflow).
-# gpu: + CUDA torch and TensorFlow; also runs evaluation on a CPU pod, as it has both frameworks.
-# tpu: + TensorFlow with TPU support.
-CPU_IMAGE, GPU_IMAGE, TPU_IMAGE = image("cpu"), image("gpu"), image("tpu")
+# One training framework per GPU image, so a pod pulls one CUDA stack, and none on CPU pods.
+# cpu: flytekit, pandas, pyarrow, scikit-learn (no torch, no TensorFlow).
+CPU_IMAGE = image("cpu")
+# ml-cpu: + CPU builds of torch and TensorFlow, for evaluation and the planner dynamics (no CUDA).
+ML_CPU_IMAGE = image("ml-cpu")
+# torch-gpu: + CUDA torch and the PyTorch plugin (no TensorFlow).
+TORCH_GPU_IMAGE = image("torch-gpu")
+# tf-gpu: + TensorFlow with its CUDA libraries (no torch).
+TF_GPU_IMAGE = image("tf-gpu")
+# tpu: + TensorFlow with the TPU runtime (no torch).
+TPU_IMAGE = image("tpu")
 
 
 def guaranteed(profile: CpuProfile | GpuTrainingProfile) -> dict:

@@ -28,7 +28,7 @@ from tasks.decks import DECKS
 from tasks.hardware import (
     EVALUATE_CPU,
     GPU_CATALOG,
-    GPU_IMAGE,
+    ML_CPU_IMAGE,
     TPU_CATALOG,
     TRAIN_GPU,
     accelerator_for,
@@ -66,7 +66,7 @@ def size_preprocessing(dataset: str, label_column: str) -> PreprocessPlan:
     return plan_preprocessing(stats.bytes, stats.rows, stats.columns, BATCH_ROWS)
 
 
-@dynamic(container_image=GPU_IMAGE, **guaranteed(EVALUATE_CPU))
+@dynamic(container_image=ML_CPU_IMAGE, **guaranteed(EVALUATE_CPU))
 def prepare_data(
     dataset: str,
     label_column: str,
@@ -171,7 +171,7 @@ def plan_deck(report: ResourcePlan) -> None:
 
 
 @dynamic(
-    container_image=GPU_IMAGE,
+    container_image=ML_CPU_IMAGE,
     **guaranteed(EVALUATE_CPU),
     **DECKS,
 )

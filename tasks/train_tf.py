@@ -18,7 +18,7 @@ from tasks.core.config import TrainConfig
 from tasks.core.preemption import PREEMPTED_EXIT_CODE, Preempted, PreemptionNotice
 from tasks.core.telemetry import UtilisationSampler
 from tasks.decks import DECKS, training_deck
-from tasks.hardware import GPU_IMAGE, TPU_IMAGE, TRAIN_GPU, TRAIN_TPU, Attempts, guaranteed
+from tasks.hardware import TF_GPU_IMAGE, TPU_IMAGE, TRAIN_GPU, TRAIN_TPU, Attempts, guaranteed
 from tasks.logs import setup_logging
 from tasks.types import PreparedData, TrainedModel
 
@@ -106,7 +106,7 @@ def train_tf_tpu(
 
 
 @task(
-    container_image=GPU_IMAGE,
+    container_image=TF_GPU_IMAGE,
     **TRAIN_GPU.attempts.task_options(),
     **DECKS,
     **guaranteed(TRAIN_GPU),

@@ -28,8 +28,8 @@ from tasks.core.preemption import DEFAULT_GRACE_S, Preempted, PreemptionNotice
 from tasks.core.telemetry import UtilisationSampler
 from tasks.decks import DECKS, training_deck
 from tasks.hardware import (
-    GPU_IMAGE,
     LAUNCHER_EXIT_MARGIN_S,
+    TORCH_GPU_IMAGE,
     TRAIN_GPU,
     TRAIN_GPU_MULTINODE,
     GpuTrainingProfile,
@@ -143,7 +143,7 @@ def hardware(profile: GpuTrainingProfile) -> dict:
         task_config=elastic(profile),
         **profile.attempts.task_options(),
         **DECKS,
-        container_image=GPU_IMAGE,
+        container_image=TORCH_GPU_IMAGE,
         **guaranteed(profile),
         accelerator=profile.accelerator,
         shared_memory=profile.shared_memory,

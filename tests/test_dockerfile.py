@@ -1,11 +1,18 @@
-"""The Dockerfile, checked statically: stages, users, pins, and that each image has what its tasks import."""
+"""The Dockerfile, checked statically: stages, users, pins, and that each image has what its tasks import
+and no training framework they do not."""
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import re
 import shlex
+import subprocess
+import sys
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from tasks.compare import compare
 from tasks.evaluate import evaluate
@@ -27,7 +34,10 @@ TASKS = [
     preprocess, evaluate, compare, dataset_partition, train_torch, train_torch_multinode, train_tf_gpu, train_tf_tpu,
     prepare_data, train_on_target,
 ]  # fmt: skip
-TARGETS = ("cpu", "gpu", "tpu")
+TARGETS = ("cpu", "ml-cpu", "torch-gpu", "tf-gpu", "tpu")
+# The names each training framework's code imports.
+FRAMEWORK_IMPORTS = {"torch": {"torch"}, "tensorflow": {"tensorflow", "keras"}}
+PYTORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
 
 def instructions() -> list[tuple[str, str]]:
@@ -58,27 +68,48 @@ def stage_chain(name: str) -> list[str]:
     return chain
 
 
-def pip_requirements(stage: str) -> list[str]:
-    """Everything `pip install`ed in the stage and its bases, '.[extras]' expanded from pyproject."""
-    requirements = []
+@functools.cache
+def pip_commands(stage: str) -> tuple[tuple[str, ...], ...]:
+    """The arguments of each `pip install` in the stage and its bases, in order, shell variables expanded."""
+    commands = []
     for name in stage_chain(stage):
         for instruction, arguments in stages()[name]:
             if instruction != "RUN":
                 continue
+            variables = shell_variables(arguments)
             for command in re.split(r"&&|;", arguments):
-                words = shlex.split(command)
-                if words[:2] != ["pip", "install"]:
-                    continue
-                requirements += install_targets(words[2:])
-    return requirements
+                words = shlex.split(expand(command, variables))
+                if words[:2] == ["pip", "install"]:
+                    commands.append(tuple(words[2:]))
+    return tuple(commands)
 
 
-def install_targets(words: list[str]) -> list[str]:
+def expand(command: str, variables: dict[str, str]) -> str:
+    return re.sub(r"\$\{(\w+)[^}]*\}", lambda match: variables[match.group(1)], command)
+
+
+def shell_variables(run_arguments: str) -> dict[str, str]:
+    """The variables a RUN assigns (`NAME=$(...)`), evaluated in the repository as the build does."""
+    assignments = [part.strip() for part in run_arguments.split("&&") if re.match(r"\s*\w+=", part)]
+    names = [assignment.split("=", 1)[0] for assignment in assignments]
+    if not names:
+        return {}
+    script = " && ".join(assignments + [f'echo "${name}"' for name in names])
+    output = subprocess.run(["sh", "-c", script], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    return dict(zip(names, output.splitlines(), strict=True))
+
+
+def pip_requirements(stage: str) -> list[str]:
+    """Everything `pip install`ed in the stage and its bases, '.[extras]' expanded from pyproject."""
+    return [requirement for words in pip_commands(stage) for requirement in install_targets(words)]
+
+
+def install_targets(words: tuple[str, ...]) -> list[str]:
     targets, skip_next = [], False
     for word in words:
         if skip_next:
             skip_next = False
-        elif word in ("-c", "-f", "-r", "--constraint", "--find-links", "--index-url"):
+        elif word in ("-c", "-f", "-r", "--constraint", "--find-links", "--index-url", "--extra-index-url"):
             skip_next = True
         elif word.startswith("-"):
             continue
@@ -86,8 +117,24 @@ def install_targets(words: list[str]) -> list[str]:
             extras = re.match(r"\.(?:\[(.*)\])?$", word).group(1)
             targets += project_requirements(extras.split(",") if extras else [])
         else:
-            targets.append(re.sub(r"\$\{\w+\}", "0", word))
+            targets.append(word)
     return targets
+
+
+def constraint_pins() -> dict[str, str]:
+    lines = (REPO / "constraints.txt").read_text().split()
+    return {
+        canonicalize_name(name): version
+        for name, version in (line.split("==", 1) for line in lines if "==" in line)
+    }
+
+
+def release_installed(requirement: Requirement, words: tuple[str, ...]) -> str | None:
+    """The release a `pip install <words>` gets for `requirement`: its own == pin, else constraints.txt's."""
+    exact = [spec.version.split("+")[0] for spec in requirement.specifier if spec.operator == "=="]
+    if exact:
+        return exact[0]
+    return constraint_pins().get(canonicalize_name(requirement.name)) if "constraints.txt" in words else None
 
 
 def provided(stage: str) -> set[str]:
@@ -96,14 +143,38 @@ def provided(stage: str) -> set[str]:
 
 def image_target(task) -> str:
     match = re.fullmatch(
-        r"\{\{\.image\.(\w+)\.fqn\}\}:\{\{\.image\.\w+\.version\}\}", task.container_image or ""
+        r"\{\{\.image\.([\w-]+)\.fqn\}\}:\{\{\.image\.[\w-]+\.version\}\}", task.container_image or ""
     )
     assert match, f"{task.name} does not use a named image: {task.container_image!r}"
     return match.group(1)
 
 
-def test_one_stage_per_hardware_target():
-    assert set(TARGETS) <= set(stages())
+def frameworks_carried(stage: str) -> set[str]:
+    return {
+        framework for framework, names in FRAMEWORK_IMPORTS.items() if provided(stage) & distributions(names)
+    }
+
+
+def distributions(import_names: set[str]) -> set[str]:
+    return set().union(*map(distributions_for, import_names))
+
+
+@functools.cache
+def check_images_script():
+    """deploy/check_images.py, imported without running it (it is a script, not a package module)."""
+    spec = importlib.util.spec_from_file_location("check_images", REPO / "deploy" / "check_images.py")
+    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_one_stage_per_image_and_every_image_used():
+    assert set(stages()) - {"base"} == set(TARGETS) == {image_target(task) for task in TASKS}
+
+
+def test_makefile_builds_pushes_and_registers_every_image():
+    (line,) = [line for line in (REPO / "Makefile").read_text().splitlines() if line.startswith("IMAGES :=")]
+    assert line.split(":=")[1].split() == list(TARGETS)
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -118,21 +189,45 @@ def test_final_user_is_not_root(target):
     assert users[-1].split(":")[0] not in ("root", "0")
 
 
-def test_base_images_and_framework_versions_are_pinned():
-    for instruction, arguments in instructions():
-        if instruction == "ARG" and "IMAGE" in arguments:
-            image = arguments.split("=", 1)[1]
-            assert re.search(r":\d+\.\d+\.\d+", image), f"unpinned base image {image}"
-    for target in TARGETS:
-        for requirement in pip_requirements(target):
-            if canonical(requirement.split("[")[0].split("=")[0]) in ("tensorflow-cpu", "torch"):
-                assert "==" in requirement or requirement.startswith(("torch>", "tensorflow-cpu>")), (
-                    requirement
+def test_base_image_is_pinned():
+    images = [arguments.split("=", 1)[1] for instruction, arguments in instructions() if instruction == "ARG"]
+    assert images and all(re.search(r":\d+\.\d+\.\d+", image) for image in images), images
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_each_framework_build_gets_the_release_constraints_txt_pins(target):
+    """tensorflow and tensorflow-tpu at the tensorflow-cpu pin, torch at the torch pin: the release the tests run."""
+    expected = {"torch": constraint_pins()["torch"], "tensorflow-cpu": constraint_pins()["tensorflow-cpu"]}
+    for words in pip_commands(target):
+        for requirement in map(Requirement, install_targets(words)):
+            if (framework := canonical(requirement.name)) in expected:
+                assert release_installed(requirement, words) == expected[framework], (
+                    target,
+                    str(requirement),
                 )
 
 
-def test_cpu_image_has_neither_torch_nor_tensorflow():
-    assert not provided("cpu") & {"torch", "tensorflow-cpu", "keras"}
+@pytest.mark.parametrize("target", ["cpu", "ml-cpu"])
+def test_cpu_images_carry_no_cuda_libraries(target):
+    cuda = {
+        name for name in provided(target) if name.startswith(("nvidia-", "cuda-")) and name != "nvidia-ml-py"
+    }
+    assert not cuda
+    # PyPI's Linux torch pulls CUDA: the first install that names torch takes the CPU build from its own index.
+    torch_installs = [
+        words
+        for words in pip_commands(target)
+        if "torch" in {canonical(Requirement(r).name) for r in install_targets(words)}
+    ]
+    if torch_installs:
+        first = torch_installs[0]
+        assert "--index-url" in first and first[first.index("--index-url") + 1] == PYTORCH_CPU_INDEX, first
+        assert all(str(Requirement(r).specifier).endswith("+cpu") for r in install_targets(first)), first
+
+
+@pytest.mark.parametrize("target", ["torch-gpu", "tf-gpu", "tpu"])
+def test_each_accelerator_image_carries_one_framework(target):
+    assert len(frameworks_carried(target)) == 1, frameworks_carried(target)
 
 
 @pytest.mark.parametrize("task", TASKS, ids=lambda t: t.name)
@@ -146,6 +241,32 @@ def test_each_image_installs_what_its_tasks_import(task):
         if not distributions_for(name) & available
     }
     assert not missing, f"{task.name} runs in the {target} image, which lacks {missing}"
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_each_image_carries_no_framework_its_tasks_do_not_import(target):
+    imported = set().union(
+        *(third_party_imports(task.name.rsplit(".", 1)[0]) for task in TASKS if image_target(task) == target)
+    )
+    needed = {framework for framework, names in FRAMEWORK_IMPORTS.items() if names & imported}
+    assert frameworks_carried(target) <= needed, (
+        f"none of the {target} image's tasks import {frameworks_carried(target) - needed}"
+    )
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_images_check_resolves_what_each_stage_installs(target):
+    script = check_images_script()
+    image = script.IMAGES[target]
+    dockerfile_sources = {
+        word for words in pip_commands(target) for option, word in zip(words, words[1:], strict=False)
+        if option in ("--index-url", "--extra-index-url", "-f", "--find-links")
+    }  # fmt: skip
+    assert set(script.IMAGES) == set(TARGETS)
+    assert {str(Requirement(r)) for r in script.install_set(image)} == {
+        str(Requirement(r)) for r in pip_requirements(target)
+    }
+    assert {image.index, image.find_links} - {""} == dockerfile_sources
 
 
 def test_dockerignore_sends_only_what_the_images_need():

@@ -14,13 +14,13 @@ IMAGE_OF_TASK = {
     "tasks.preprocess.preprocess": "cpu",
     "tasks.compare.compare": "cpu",
     "tasks.schedule.dataset_partition": "cpu",
-    "tasks.evaluate.evaluate": "gpu",
-    "tasks.train_torch.train_torch": "gpu",
-    "tasks.train_torch.train_torch_multinode": "gpu",
-    "tasks.train_tf.train_tf_gpu": "gpu",
+    "tasks.evaluate.evaluate": "ml-cpu",
+    "tasks.train_torch.train_torch": "torch-gpu",
+    "tasks.train_torch.train_torch_multinode": "torch-gpu",
+    "tasks.train_tf.train_tf_gpu": "tf-gpu",
     "tasks.train_tf.train_tf_tpu": "tpu",
-    "tasks.planner.prepare_data": "gpu",
-    "tasks.planner.train_on_target": "gpu",
+    "tasks.planner.prepare_data": "ml-cpu",
+    "tasks.planner.train_on_target": "ml-cpu",
 }
 
 

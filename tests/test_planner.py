@@ -150,8 +150,11 @@ def test_planned_overrides_reach_the_serialized_node():
             grad_accum_steps=plan.grad_accum_steps, hidden_sizes=[256, 128], dropout=0.1, seed=0, precision="auto",
         ).with_overrides(**overrides_for(plan))  # fmt: skip
 
-    images = {name: f"registry.example.com/mixedml-{name}:v1" for name in ("cpu", "gpu", "tpu")}
-    settings = SerializationSettings(image_config=ImageConfig.from_images(images["gpu"], images))
+    images = {
+        name: f"registry.example.com/mixedml-{name}:v1"
+        for name in ("cpu", "ml-cpu", "torch-gpu", "tf-gpu", "tpu")
+    }
+    settings = SerializationSettings(image_config=ImageConfig.from_images(images["ml-cpu"], images))
     spec = get_serializable(OrderedDict(), settings, planned).template.to_flyte_idl()
     (train_node,) = [n for n in spec.nodes if "train_torch" in n.task_node.reference_id.name]
     overrides = train_node.task_node.overrides

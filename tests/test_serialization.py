@@ -16,7 +16,10 @@ from tasks.preprocess import preprocess
 from tasks.train_tf import train_tf_gpu, train_tf_tpu
 from tasks.train_torch import train_torch, train_torch_multinode
 
-IMAGES = {name: f"registry.example.com/mixedml-{name}:v1" for name in ("cpu", "gpu", "tpu")}
+IMAGES = {
+    name: f"registry.example.com/mixedml-{name}:v1"
+    for name in ("cpu", "ml-cpu", "torch-gpu", "tf-gpu", "tpu")
+}
 SETTINGS = SerializationSettings(image_config=ImageConfig.from_images(IMAGES["cpu"], IMAGES))
 
 
