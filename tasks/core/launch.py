@@ -42,7 +42,7 @@ def plan_launch(
             f"this task asks for nnodes={min_nodes}:{max_nodes} but runs as a single pod, not in a Kubeflow "
             "PyTorchJob (PET_NNODES is unset): the cluster has no 'pytorch' task plugin enabled, so "
             "propeller ran it with the default pod plugin. Install the Kubeflow training operator and enable "
-            "the 'pytorch' plugin in propeller's enabled-plugins (README: Multi-node training), or train on one node"
+            "the 'pytorch' plugin in propeller's enabled-plugins (deploy/training-operator.md), or train on one node"
         )
     if min_nodes > 1 or max_nodes > 1:
         notes.append(

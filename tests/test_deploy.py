@@ -1,0 +1,427 @@
+"""deploy/ against what the package needs: every task and planner option admitted and schedulable.
+
+The needs come from the serialized package (`make package`) and the planner's catalogs; what the
+cluster offers comes from deploy/flyte-binary-values.yaml (Flyte's configuration) and
+deploy/gke-node-pools.sh (node pools). A bigger task, a new accelerator or a new plugin task type
+fails here until deploy/ is updated.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+from datetime import timedelta
+from decimal import Decimal
+from functools import cache
+
+import pytest
+import yaml
+from google.protobuf.json_format import MessageToDict
+from kubernetes.utils import parse_quantity
+
+from tasks.core.data import BATCH_ROWS
+from tasks.core.machines import MachineType
+from tasks.core.planner import TrainingPlan, plan_preprocessing
+from tasks.hardware import MACHINE_FOR_GPU, TPU_GENERATIONS, Attempts
+from tasks.planner import CATALOGS, TRAINING_TASKS, overrides_for
+from tests.dependencies import REPO
+from tests.test_cluster_config import readme_section
+
+DEPLOY = REPO / "deploy"
+VALUES = DEPLOY / "flyte-binary-values.yaml"
+POOLS = DEPLOY / "gke-node-pools.sh"
+
+# flyteadmin's built-in task_resources limits (flyteadmin/pkg/runtime/task_resource_provider.go).
+BUILTIN_LIMITS = {"cpu": "2", "memory": "1Gi", "gpu": "1"}
+# Task types the default pod plugins register (flyteplugins/go/tasks/plugins/k8s/pod/plugin.go).
+POD_PLUGIN_TASK_TYPES = {"container": {"container", "python-task", "raw-container"}, "sidecar": {"sidecar"}}
+# Plugins that create a custom resource, which flyte-binary's ClusterRole must let them manage.
+CUSTOM_RESOURCES = {"pytorch": ("kubeflow.org", "pytorchjobs")}
+MANAGE = {"create", "delete", "get", "list", "watch"}
+SPOT_LABEL = "cloud.google.com/gke-spot"  # GKE puts it on --spot nodes, value "true"
+TPU_ACCELERATOR, TPU_TOPOLOGY = "cloud.google.com/gke-tpu-accelerator", "cloud.google.com/gke-tpu-topology"
+# The largest input the CPU pool is sized for (its comment in gke-node-pools.sh says so).
+LARGEST_TABLE = {"input_bytes": 100 * 2**30, "rows": 10**9, "columns": 100}
+# CPU machine types a CPU pool may use: (vCPUs, GiB) from Compute Engine's machine type list.
+CPU_MACHINES = {m.name: m for m in (MachineType("n2-standard-8", 8, 32),)}
+
+
+@cache
+def flyte_config() -> dict:
+    """`configuration.inline`: the Flyte configuration the chart merges last."""
+    return yaml.safe_load(VALUES.read_text())["configuration"]["inline"]
+
+
+def k8s_plugin() -> dict:
+    return flyte_config()["plugins"]["k8s"]
+
+
+# --- What the package and the planner ask for ---------------------------------------------------
+
+
+@dataclass
+class Demand:
+    """One pod's needs: a serialized task's container, or what a planner option overrides it with."""
+
+    source: str
+    requests: dict[str, str]
+    limits: dict[str, str]
+    accelerator: tuple[str, str] | None  # (GPU device, MIG partition or "")
+    node_selector: dict[str, str]
+    interruptible: bool
+    nodes: int = 1
+
+    def amount(self, name: str) -> Decimal:
+        return max(parse_quantity(r.get(name, "0")) for r in (self.requests, self.limits))
+
+
+def lower_keys(resources: dict | list) -> dict[str, str]:
+    if isinstance(resources, list):  # a task container: [{"name": "CPU", "value": "2"}, ...]
+        return {entry["name"].lower(): entry["value"] for entry in resources}
+    return {name.lower(): str(value) for name, value in resources.items()}
+
+
+def accelerator_of(proto) -> tuple[str, str]:
+    return proto.device, proto.partition_size
+
+
+def containers_of(template) -> list[tuple[dict, dict, dict]]:
+    """(requests, limits, node selector) of each container a task's pod would run."""
+    if template.WhichOneof("target") == "k8s_pod":
+        pod = MessageToDict(template.k8s_pod.pod_spec)
+        selector = pod.get("nodeSelector", {})
+        resources = [container.get("resources", {}) for container in pod["containers"]]
+    else:
+        selector, resources = {}, [MessageToDict(template.container).get("resources", {})]
+    return [(lower_keys(r.get("requests", {})), lower_keys(r.get("limits", {})), selector) for r in resources]
+
+
+def task_demands(package) -> list[Demand]:
+    demands = []
+    for name, spec in sorted(package.tasks.items()):
+        template = spec.template
+        extended = template.extended_resources
+        accelerator = (
+            accelerator_of(extended.gpu_accelerator) if extended.HasField("gpu_accelerator") else None
+        )
+        replicas = int(MessageToDict(template.custom).get("workerReplicas", {}).get("replicas", 1))
+        interruptible = template.metadata.interruptible
+        for requests, limits, selector in containers_of(template):
+            demand = Demand(f"task {name}", requests, limits, accelerator, selector, interruptible, replicas)
+            demands.append(demand)
+    return demands
+
+
+def chosen(entry) -> TrainingPlan:
+    """A plan that picked `entry`; overrides_for reads only the choice."""
+    return TrainingPlan(
+        choice=entry, estimate=None, estimated_peak_gib=0.0, micro_batch_size=1, grad_accum_steps=1,
+        effective_batch_size=1, options=[],
+    )  # fmt: skip
+
+
+def override_demand(source: str, overrides: dict, interruptible: bool) -> Demand:
+    accelerator = accelerator_of(overrides["accelerator"].to_flyte_idl())
+    if "pod_template" in overrides:
+        pod = overrides["pod_template"].pod_spec
+        (container,) = pod.containers
+        requests, limits = container.resources.requests, container.resources.limits
+        return Demand(
+            source, lower_keys(requests), lower_keys(limits), accelerator, pod.node_selector, interruptible
+        )
+    sized = {}
+    for kind in ("requests", "limits"):
+        resources = overrides[kind]
+        sized[kind] = {
+            k: v for k, v in (("cpu", resources.cpu), ("memory", resources.mem), ("gpu", resources.gpu)) if v
+        }
+    return Demand(source, sized["requests"], sized["limits"], accelerator, {}, interruptible)
+
+
+def planner_demands(package) -> list[Demand]:
+    """Every catalog option for every target, and preprocessing sized for the largest table."""
+    demands = []
+    for target, catalog in CATALOGS.items():
+        interruptible = package.tasks[TRAINING_TASKS[target].name].template.metadata.interruptible
+        for entry in catalog:
+            source = f"planner option {entry.name} (target {target})"
+            demands.append(override_demand(source, overrides_for(chosen(entry)), interruptible))
+    plan = plan_preprocessing(
+        LARGEST_TABLE["input_bytes"], LARGEST_TABLE["rows"], LARGEST_TABLE["columns"], BATCH_ROWS
+    )
+    sized = {"cpu": plan.cpu, "memory": plan.mem}
+    interruptible = package.tasks["tasks.preprocess.preprocess"].template.metadata.interruptible
+    demands.append(
+        Demand(f"preprocess plan for {plan.input_rows} rows", sized, sized, None, {}, interruptible)
+    )
+    return demands
+
+
+@pytest.fixture(scope="module")
+def demands(flyte_package) -> dict[str, list[Demand]]:
+    return {"task": task_demands(flyte_package), "planner": planner_demands(flyte_package)}
+
+
+# --- What the node pools offer --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Pool:
+    name: str
+    machine: str
+    accelerator: dict[str, str]  # --accelerator: type, count, gpu-partition-size
+    tpu_topology: str
+    spot: bool
+    optional: bool
+
+    @property
+    def gpu(self) -> tuple[str, str] | None:
+        if not self.accelerator:
+            return None
+        return self.accelerator["type"], self.accelerator.get("gpu-partition-size", "")
+
+    @property
+    def tpu(self) -> tuple[str, str] | None:
+        """(accelerator label value, topology) GKE gives a TPU machine type's nodes."""
+        for accelerator, topologies in TPU_GENERATIONS.values():
+            for topology, machine in topologies.items():
+                if machine.name == self.machine:
+                    return accelerator.device, topology
+        return None
+
+
+# Pool functions in gke-node-pools.sh: (creates a spot twin, created only when OPTIONAL names it).
+POOL_FUNCTIONS = {"pool": (False, False), "training_pool": (True, False), "optional_pool": (True, True)}
+
+
+def flags(words: list[str]) -> dict[str, str]:
+    return {
+        word: words[i + 1] if i + 1 < len(words) and not words[i + 1].startswith("--") else ""
+        for i, word in enumerate(words)
+        if word.startswith("--")
+    }
+
+
+@cache
+def node_pools() -> tuple[Pool, ...]:
+    pools = []
+    for line in POOLS.read_text().replace("\\\n", " ").splitlines():
+        if not re.match(rf"({'|'.join(POOL_FUNCTIONS)}) [a-z]", line):
+            continue
+        function, name, *rest = shlex.split(line, comments=True)
+        twin, optional = POOL_FUNCTIONS[function]
+        given = flags(rest)
+        accelerator = dict(
+            item.split("=", 1) for item in given.get("--accelerator", "").split(",") if "=" in item
+        )
+        for spot in (False, True) if twin else ("--spot" in given,):
+            pools.append(
+                Pool(
+                    f"{name}-spot" if spot and twin else name, given.get("--machine-type", ""), accelerator,
+                    given.get("--tpu-topology", ""), spot, optional,
+                )
+            )  # fmt: skip
+    return tuple(pools)
+
+
+def max_nodes() -> int:
+    return int(re.search(r'MAX_NODES="\$\{MAX_NODES:-(\d+)\}"', POOLS.read_text()).group(1))
+
+
+def machine(pool: Pool) -> MachineType | None:
+    known = [*MACHINE_FOR_GPU.values(), *CPU_MACHINES.values()]
+    known += [m for _, topologies in TPU_GENERATIONS.values() for m in topologies.values()]
+    return next((m for m in known if m.name == pool.machine), None)
+
+
+def placement(demand: Demand) -> str:
+    if demand.amount("gpu") or demand.amount("nvidia.com/gpu"):
+        device, partition = demand.accelerator or ("any GPU", "")
+        return f"{device} {partition}".strip()
+    if demand.amount("google.com/tpu"):
+        return f"TPU {demand.node_selector.get(TPU_ACCELERATOR)} {demand.node_selector.get(TPU_TOPOLOGY)}"
+    return "CPU"
+
+
+def serves(pool: Pool, demand: Demand) -> bool:
+    gpus = max(demand.amount("gpu"), demand.amount("nvidia.com/gpu"))
+    if gpus:
+        return pool.gpu == demand.accelerator and int(pool.accelerator.get("count", "1")) >= gpus
+    if demand.amount("google.com/tpu"):
+        return pool.tpu == (demand.node_selector.get(TPU_ACCELERATOR), demand.node_selector.get(TPU_TOPOLOGY))
+    return pool.gpu is None and pool.tpu is None
+
+
+def fits(pool: Pool, demand: Demand) -> bool:
+    size = machine(pool)
+    memory_gib = float(demand.amount("memory")) / 2**30
+    return size is not None and size.misfit(float(demand.amount("cpu")), memory_gib) is None
+
+
+def unscheduled(demand: Demand, pools: tuple[Pool, ...]) -> str | None:
+    """Why no node pool would take this pod; None when one would."""
+    usable = [pool for pool in pools if serves(pool, demand) and fits(pool, demand)]
+    needed = {"spot": True, "on-demand": False} if demand.interruptible else {"on-demand": False}
+    missing = [kind for kind, spot in needed.items() if not any(pool.spot == spot for pool in usable)]
+    cpu, memory = demand.amount("cpu"), demand.requests.get("memory", "?")
+    if missing:
+        wanted = f"{placement(demand)} with room for {cpu} CPU, {memory}"
+        return f"{demand.source}: no pool for {wanted}; needs {' and '.join(missing)}"
+    if demand.nodes > max_nodes():
+        return f"{demand.source}: needs {demand.nodes} nodes, MAX_NODES is {max_nodes()}"
+    return None
+
+
+# --- Flyte configuration --------------------------------------------------------------------------
+
+
+def test_default_plugins_for_task_types_are_enabled():
+    plugins = flyte_config()["tasks"]["task-plugins"]
+    not_enabled = set(plugins["default-for-task-types"].values()) - set(plugins["enabled-plugins"])
+    assert not not_enabled, f"propeller refuses to start: default plugins {not_enabled} are not enabled"
+
+
+def rbac_allows(group: str, resource: str) -> bool:
+    rules = yaml.safe_load(VALUES.read_text())["rbac"]["extraRules"]
+    return any(
+        group in rule["apiGroups"] and resource in rule["resources"] and set(rule["verbs"]) >= MANAGE
+        for rule in rules
+    )
+
+
+def test_plugins_may_manage_their_custom_resources():
+    enabled = set(flyte_config()["tasks"]["task-plugins"]["enabled-plugins"])
+    for plugin, (group, resource) in CUSTOM_RESOURCES.items():
+        if plugin in enabled:
+            assert rbac_allows(group, resource), (
+                f"plugin {plugin}: rbac.extraRules must allow {MANAGE} on {group}/{resource}"
+            )
+
+
+def test_propeller_uses_gkes_node_labels_and_spot_taint():
+    k8s = k8s_plugin()
+    assert k8s["gpu-device-node-label"] == "cloud.google.com/gke-accelerator"
+    assert k8s["gpu-partition-size-node-label"] == "cloud.google.com/gke-gpu-partition-size"
+    taint = re.search(r"--node-taints (\S+)=(\S+):(\w+)", POOLS.read_text()).groups()
+    assert taint == (SPOT_LABEL, "true", "NoSchedule")
+    assert {"key": SPOT_LABEL, "operator": "Equal", "value": "true", "effect": "NoSchedule"} in k8s[
+        "interruptible-tolerations"
+    ]
+    assert k8s["interruptible-node-selector-requirement"] == {
+        "key": SPOT_LABEL,
+        "operator": "In",
+        "values": ["true"],
+    }
+    assert k8s["non-interruptible-node-selector-requirement"] == {
+        "key": SPOT_LABEL,
+        "operator": "DoesNotExist",
+    }
+
+
+def go_duration(text: str) -> timedelta:
+    units = {"h": "hours", "m": "minutes", "s": "seconds"}
+    parts = re.findall(r"(\d+)([hms])", text)
+    assert parts and "".join(n + u for n, u in parts) == text, f"not a Go duration: {text}"
+    return sum((timedelta(**{units[unit]: int(n)}) for n, unit in parts), timedelta())
+
+
+def test_pending_pods_time_out_after_a_node_scale_up_and_before_the_task_timeout():
+    pending = go_duration(k8s_plugin()["pod-pending-timeout"])
+    assert timedelta(minutes=10) <= pending < Attempts().timeout
+
+
+@pytest.mark.slow
+def test_task_types_have_an_enabled_plugin(flyte_package):
+    plugins = flyte_config()["tasks"]["task-plugins"]
+    by_type = {t: plugin for plugin, types in POD_PLUGIN_TASK_TYPES.items() for t in types}
+    by_type |= plugins["default-for-task-types"]
+    enabled = set(plugins["enabled-plugins"])
+    unhandled = [
+        f"task {name}: type '{spec.template.type}'"
+        for name, spec in sorted(flyte_package.tasks.items())
+        if by_type.get(spec.template.type) not in enabled
+    ]
+    assert not unhandled, (
+        f"{unhandled} would fall back to a plain pod: enable its plugin and map it in tasks.task-plugins "
+        f"({VALUES.name}), and install its operator"
+    )
+    assert by_type.get("pytorch") == "pytorch", (
+        "default-for-task-types must map pytorch to the pytorch plugin"
+    )
+
+
+@pytest.mark.slow
+def test_task_resource_limits_admit_every_task_and_planner_option(demands):
+    configured = flyte_config().get("task_resources", {}).get("limits", {})
+    limits = {name: str(value) for name, value in (BUILTIN_LIMITS | configured).items()}
+    too_big = [
+        f"{demand.source}: {name} {kind} {value} > task_resources.limits.{name} {limits[name]}"
+        for demand in demands["task"] + demands["planner"]
+        for kind, resources in (("request", demand.requests), ("limit", demand.limits))
+        for name, value in resources.items()
+        if name in limits and parse_quantity(value) > parse_quantity(limits[name])
+    ]
+    assert not too_big, "flyteadmin would reject or propeller clamp:\n" + "\n".join(too_big)
+
+
+@pytest.mark.slow
+def test_cron_schedules_fire_in_utc(flyte_package):
+    cron = [
+        name
+        for name, plan in sorted(flyte_package.launch_plans.items())
+        if plan.spec.entity_metadata.schedule.WhichOneof("ScheduleExpression")
+        in ("cron_schedule", "cron_expression")
+    ]
+    assert cron, "the package has scheduled launch plans"
+    local = flyte_config()["scheduler"]["workflowExecutor"]["local"]
+    assert local.get("useUTCTz") is True, f"{cron} would fire in the scheduler's local time zone"
+
+
+# --- Node pools -----------------------------------------------------------------------------------
+
+
+def test_pools_use_the_machine_types_the_profiles_are_sized_for():
+    wrong = []
+    for pool in node_pools():
+        if pool.gpu and MACHINE_FOR_GPU[pool.gpu[0]].name != pool.machine:
+            wrong.append(
+                f"{pool.name}: {pool.gpu[0]} on {pool.machine}, not {MACHINE_FOR_GPU[pool.gpu[0]].name}"
+            )
+        elif pool.tpu_topology and (pool.tpu is None or pool.tpu[1] != pool.tpu_topology):
+            wrong.append(f"{pool.name}: --tpu-topology {pool.tpu_topology} does not match {pool.machine}")
+        elif machine(pool) is None:
+            wrong.append(
+                f"{pool.name}: machine type {pool.machine} unknown to tasks/hardware.py or CPU_MACHINES"
+            )
+    assert not wrong, wrong
+
+
+@pytest.mark.slow
+def test_every_task_has_a_default_node_pool(demands):
+    default_pools = tuple(pool for pool in node_pools() if not pool.optional)
+    problems = [p for demand in demands["task"] if (p := unscheduled(demand, default_pools))]
+    assert not problems, f"{POOLS.name}:\n" + "\n".join(problems)
+
+
+@pytest.mark.slow
+def test_every_planner_option_has_a_node_pool_default_or_optional(demands):
+    problems = [p for demand in demands["planner"] if (p := unscheduled(demand, node_pools()))]
+    assert not problems, f"{POOLS.name}:\n" + "\n".join(problems)
+
+
+def test_readme_prepares_the_cluster_in_order():
+    section = readme_section("Run on a Flyte cluster")
+    steps = [
+        "deploy/gke-node-pools.sh",
+        "training-operator",
+        "-f deploy/flyte-binary-values.yaml",
+        "docker build",
+    ]
+    positions = [section.find(step) for step in steps]
+    assert -1 not in positions and positions == sorted(positions), dict(zip(steps, positions, strict=True))
+    pinned = r"manifests/overlays/standalone\?ref=(v1\.\d+\.\d+)"
+    operator = re.findall(pinned, (DEPLOY / "training-operator.md").read_text())
+    assert operator and set(re.findall(pinned, section)) == set(operator), (
+        "one pinned training operator release"
+    )
