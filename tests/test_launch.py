@@ -61,3 +61,61 @@ def test_the_multinode_task_fails_at_once_on_a_cluster_without_the_pytorch_plugi
     monkeypatch.delenv("PET_NNODES", raising=False)
     with pytest.raises(MissingPyTorchJob, match="'pytorch' plugin in propeller's enabled-plugins"):
         train_torch_multinode.execute(prepared=None)
+
+
+class LaunchCaptured(Exception):
+    pass
+
+
+def fake_elastic_launch(captured: list, raise_in_launch: Exception | None = None):
+    """Stands in for torch's elastic_launch: records the LaunchConfig the plugin builds from the task."""
+
+    def elastic_launch(config, entrypoint):
+        captured.append(config)
+
+        def launch(*args):
+            raise raise_in_launch or LaunchCaptured()
+
+        return launch
+
+    return elastic_launch
+
+
+def test_the_plugin_launches_with_the_fitted_config_and_the_task_keeps_its_declared_one(monkeypatch):
+    """Pins the private contract the launcher fitting relies on: the kfpytorch plugin builds its
+    LaunchConfig from `task_config.nproc_per_node`, `min_nodes` and `max_nodes` at launch time. A plugin
+    upgrade that reads them elsewhere fails here, not on a cluster."""
+    import torch.distributed.launcher.api as launcher
+
+    from tasks.hardware import LAUNCHER_EXIT_MARGIN_S, TRAIN_GPU_MULTINODE
+    from tasks.train_torch import train_torch_multinode
+
+    captured = []
+    monkeypatch.setattr(launcher, "elastic_launch", fake_elastic_launch(captured))
+    monkeypatch.delenv("FLYTE_INTERNAL_EXECUTION_ID", raising=False)
+    monkeypatch.delenv("PET_NNODES", raising=False)
+    monkeypatch.delenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", raising=False)
+    with pytest.raises(LaunchCaptured):
+        train_torch_multinode.execute(prepared=None)
+    (config,) = captured
+    assert (config.min_nodes, config.max_nodes, config.nproc_per_node) == (1, 1, 2)  # fitted: no GPU here
+    assert config.shutdown_timeout == TRAIN_GPU_MULTINODE.attempts.preemption_grace_s + LAUNCHER_EXIT_MARGIN_S
+    declared = train_torch_multinode
+    assert (declared.min_nodes, declared.max_nodes, declared.task_config.nproc_per_node) == (2, 2, 8)
+
+
+def test_a_signalled_agent_makes_the_attempt_exit_with_the_signal(monkeypatch):
+    """Pins the plugin's turning the agent's SignalException into IgnoreOutputs (raised while handling
+    it), which the task turns back into a failed attempt: exit code 128 + the signal."""
+    import signal
+
+    import torch.distributed.launcher.api as launcher
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    from tasks.train_torch import train_torch
+
+    preempted = SignalException("got SIGTERM", sigval=signal.SIGTERM)
+    monkeypatch.setattr(launcher, "elastic_launch", fake_elastic_launch([], raise_in_launch=preempted))
+    with pytest.raises(SystemExit) as exit_:
+        train_torch.execute(prepared=None)
+    assert exit_.value.code == 128 + signal.SIGTERM
