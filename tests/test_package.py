@@ -143,7 +143,7 @@ def test_comparison_trains_both_from_one_preparation_in_parallel(package):
     nodes = package.workflows["workflows.comparison.hardware_comparison"].template.nodes
     tasks_of = {node.id: node_tasks(node) for node in nodes}
     upstream = {node.id: depends_on(node) for node in nodes}
-    (prep,) = [i for i, t in tasks_of.items() if t == ["tasks.preprocess.preprocess"]]
+    (prep,) = [i for i, t in tasks_of.items() if t == ["tasks.planner.prepare_data"]]  # the front door
     trains = [i for i, t in tasks_of.items() if t and t[0].startswith("tasks.train_")]
     assert len(trains) == 2
     for node in trains:

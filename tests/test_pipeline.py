@@ -102,6 +102,24 @@ def test_hardware_comparison_trains_both_from_the_same_data():
     assert comparison.cheapest in names and comparison.fastest in names
 
 
+def test_comparison_checks_its_inputs_as_the_pipeline_does():
+    with pytest.raises(Exception, match="input 'epochs' = 0: must be at least 1"):
+        hardware_comparison(epochs=0)
+
+
+def test_a_comparison_over_a_file_rewritten_in_place_trains_on_the_new_content(tmp_path):
+    path = tmp_path / "data.parquet"
+    learnable = blobs_frame(n_rows=300)
+    learnable.to_parquet(path, index=False)
+    before = hardware_comparison(dataset=str(path), label_column="species", epochs=10)
+    assert all(row.run.accuracy >= 0.9 for row in before.rows)
+
+    shuffled = learnable.assign(species=learnable["species"].sample(frac=1.0, random_state=1).to_numpy())
+    shuffled.to_parquet(path, index=False)  # same URI, new content: labels no longer follow the features
+    after = hardware_comparison(dataset=str(path), label_column="species", epochs=10)
+    assert all(row.run.accuracy < 0.75 for row in after.rows), [row.run.accuracy for row in after.rows]
+
+
 def test_multinode_target_is_clamped_to_one_node_locally():
     report = training_pipeline(target="gpu-multinode", epochs=3)
     assert (report.framework, report.world_size) == ("pytorch", 2)

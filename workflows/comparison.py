@@ -8,7 +8,7 @@ from tasks.compare import compare
 from tasks.core.compare import HardwareComparison
 from tasks.evaluate import evaluate
 from tasks.hardware import DEFAULT_PRICES_PER_HOUR
-from tasks.preprocess import preprocess
+from tasks.planner import prepare_data
 from tasks.train_tf import train_tf_tpu
 from tasks.train_torch import train_torch
 
@@ -40,9 +40,13 @@ def hardware_comparison(
         seed: seeds the split, the initialisation and the shuffling.
         prices: USD per accelerator-hour by accelerator name (GPU, TPU chip, or "cpu" per worker).
     """
-    prepared = preprocess(
-        dataset=dataset, label_column=label_column, val_fraction=0.15, test_fraction=0.15, seed=seed
-    )
+    # The pipeline's front door: every input checked before any accelerator is asked for, and the
+    # preprocessing cache keyed on the data's fingerprint, so a file rewritten in place is prepared again.
+    prepared, _ = prepare_data(
+        dataset=dataset, label_column=label_column, val_fraction=0.15, test_fraction=0.15, seed=seed,
+        plan_resources=True, target="gpu", epochs=epochs, batch_size=batch_size, learning_rate=learning_rate,
+        grad_accum_steps=1, hidden_sizes=hidden_sizes, dropout=dropout, precision="auto", tf_strategy="auto",
+    )  # fmt: skip
     hyper = dict(
         prepared=prepared, epochs=epochs, batch_size=batch_size, learning_rate=learning_rate,
         weight_decay=weight_decay, grad_accum_steps=1, hidden_sizes=hidden_sizes, dropout=dropout, seed=seed,
