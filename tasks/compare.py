@@ -22,6 +22,7 @@ def summarise(name: str, report: EvaluationReport) -> RunSummary:
         macro_f1=report.macro_f1,
         train_seconds=report.train_seconds,
         samples_per_second=report.samples_per_second,
+        planned_price_per_hour=report.planned_price_per_hour,
     )
 
 

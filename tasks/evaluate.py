@@ -45,6 +45,27 @@ def with_suffix(path: str, suffix: str) -> str:
     return str(linked)
 
 
+def billed_hardware(trained: TrainedModel, plan: ResourcePlan | None) -> dict:
+    """What the run is billed for. A training task reports its declared profile; where the planner put
+    it on other hardware (a 1-chip TPU slice, a MIG slice), the applied plan says what ran. Local runs
+    on CPU are billed as CPU worker processes."""
+    as_declared = {"accelerator": trained.accelerator, "accelerator_count": trained.accelerator_count}
+    if trained.device == "cpu":
+        return {**as_declared, "notes": []}
+    if plan is None or not plan.applied:
+        return {
+            **as_declared,
+            "notes": ["no resource plan was applied: billed as declared in tasks/hardware.py"],
+        }
+    return {
+        "accelerator": plan.device,
+        "accelerator_count": plan.devices,
+        "accelerator_partition": plan.partition,
+        "planned_price_per_hour": plan.price_per_hour / plan.devices,
+        "notes": [],
+    }
+
+
 # The ml-cpu image has the CPU builds of both frameworks: a model from either is rebuilt without CUDA.
 @task(
     container_image=ML_CPU_IMAGE,
@@ -68,8 +89,7 @@ def evaluate(
         trained_on=trained.device,
         world_size=trained.world_size,
         strategy=trained.strategy,
-        accelerator=trained.accelerator,
-        accelerator_count=trained.accelerator_count,
+        **billed_hardware(trained, plan),
         samples_per_second=trained.samples_per_second,
         train_seconds=trained.train_seconds,
         dataset=prepared.source,

@@ -66,7 +66,7 @@ def size_preprocessing(dataset: str, label_column: str) -> PreprocessPlan:
     return plan_preprocessing(stats.bytes, stats.rows, stats.columns, BATCH_ROWS)
 
 
-@dynamic(container_image=ML_CPU_IMAGE, **guaranteed(EVALUATE_CPU))
+@dynamic(container_image=ML_CPU_IMAGE, **guaranteed(EVALUATE_CPU), **DECKS)
 def prepare_data(
     dataset: str,
     label_column: str,

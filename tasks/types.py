@@ -121,6 +121,8 @@ class EvaluationReport:
     train_seconds: float
     dataset: str
     resource_plan: ResourcePlan | None = None
+    accelerator_partition: str = ""  # MIG partition or TPU topology of the applied plan
+    planned_price_per_hour: float | None = None  # per device, from the applied plan
     peak_device_memory_bytes: int = 0
     notes: list[str] = field(default_factory=list)
 
@@ -129,6 +131,9 @@ class EvaluationReport:
             f"dataset: {self.dataset}",
             f"trained with {self.framework} ({self.strategy}) on {self.trained_on} x{self.world_size} "
             f"({self.samples_per_second:,.0f} samples/s, {self.train_seconds:.1f}s)",
+            f"billed as: {self.accelerator} {self.accelerator_partition}".rstrip()
+            + f" x{self.accelerator_count}",
+            *self.notes,
             f"test rows: {self.n_test}  accuracy: {self.accuracy:.4f}  macro-F1: {self.macro_f1:.4f}",
             f"{'class':>12} {'support':>8} {'predicted':>9} {'precision':>9} {'recall':>7} {'f1':>6}",
         ]

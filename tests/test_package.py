@@ -144,7 +144,9 @@ def test_comparison_trains_both_from_one_preparation_in_parallel(package):
     tasks_of = {node.id: node_tasks(node) for node in nodes}
     upstream = {node.id: depends_on(node) for node in nodes}
     (prep,) = [i for i, t in tasks_of.items() if t == ["tasks.planner.prepare_data"]]  # the front door
-    trains = [i for i, t in tasks_of.items() if t and t[0].startswith("tasks.train_")]
+    trains = [
+        i for i, t in tasks_of.items() if t == ["tasks.planner.train_on_target"]
+    ]  # planned, as the pipeline
     assert len(trains) == 2
     for node in trains:
         assert upstream[node] == {prep}  # neither waits for the other

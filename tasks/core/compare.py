@@ -19,6 +19,8 @@ class RunSummary:
     macro_f1: float
     train_seconds: float
     samples_per_second: float
+    # From the applied resource plan: its catalog price per device (GPU, MIG slice or TPU chip).
+    planned_price_per_hour: float | None = None
 
 
 @dataclass
@@ -56,12 +58,16 @@ class HardwareComparison:
 
 def price_run(run: RunSummary, prices: dict[str, float]) -> ComparisonRow:
     hours = run.train_seconds / 3600 * run.accelerator_count
-    price = prices.get(run.accelerator)
+    price = (
+        run.planned_price_per_hour if run.planned_price_per_hour is not None else prices.get(run.accelerator)
+    )
     return ComparisonRow(run, hours, price, hours * price if price is not None else None)
 
 
 def compare_runs(runs: list[RunSummary], prices: dict[str, float]) -> HardwareComparison:
-    """Cost = accelerator-hours of training x the price per accelerator-hour from `prices`."""
+    """Cost = accelerator-hours of training x the price per accelerator-hour: the applied plan's catalog
+    price where a plan put the run on its hardware (a MIG slice is not priced as its whole GPU), else the
+    price from `prices` for the accelerator."""
     if not runs:
         raise ValueError("nothing to compare: no runs given")
     rows = [price_run(run, prices) for run in runs]
