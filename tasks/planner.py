@@ -1,8 +1,9 @@
 """Right-sizing per run: plan the hardware from the data and the model, then run the stage with it.
 
 Both tasks are `@dynamic`: they run on a small CPU pod, decide, and launch the real task with
-`with_overrides`, so no accelerator is requested until the plan says which one. They use the gpu
-image because they reference the training tasks (whose plugin needs torch to be constructed).
+`with_overrides`, so no accelerator is requested until the plan says which one. They use the ml-cpu
+image (CPU builds of both frameworks) because they reference the training tasks, whose plugin needs
+torch to be constructed. Targets come from the one table in tasks/targets.py.
 """
 
 from __future__ import annotations
@@ -27,9 +28,7 @@ from tasks.core.validation import RunInputs, validate_run
 from tasks.decks import DECKS
 from tasks.hardware import (
     EVALUATE_CPU,
-    GPU_CATALOG,
     ML_CPU_IMAGE,
-    TPU_CATALOG,
     TRAIN_GPU,
     accelerator_for,
     guaranteed,
@@ -37,19 +36,10 @@ from tasks.hardware import (
 )
 from tasks.logs import setup_logging
 from tasks.preprocess import preprocess
-from tasks.train_tf import train_tf_gpu, train_tf_tpu
-from tasks.train_torch import train_torch, train_torch_multinode
+from tasks.targets import TARGETS
 from tasks.types import PreparedData, ResourcePlan, TrainedModel
 
 log = logging.getLogger(__name__)
-
-TRAINING_TASKS = {
-    "gpu": train_torch,
-    "gpu-multinode": train_torch_multinode,
-    "tpu": train_tf_tpu,
-    "gpu-tf": train_tf_gpu,
-}
-CATALOGS = {"gpu": GPU_CATALOG, "gpu-tf": GPU_CATALOG, "tpu": TPU_CATALOG}
 EMBEDDED_DIGITS_SHAPE = (1797, 65, 600_000)  # rows, columns, bytes as parquet
 EMBEDDED_FINGERPRINT = f"embedded-digits-scikit-learn-{importlib.metadata.version('scikit-learn')}"
 
@@ -94,7 +84,8 @@ def prepare_data(
             target=target, epochs=epochs, batch_size=batch_size, learning_rate=learning_rate,
             grad_accum_steps=grad_accum_steps, hidden_sizes=hidden_sizes, dropout=dropout,
             val_fraction=val_fraction, test_fraction=test_fraction, precision=precision, tf_strategy=tf_strategy,
-        )
+        ),
+        targets=TARGETS,
     )  # fmt: skip
     plan = size_preprocessing(dataset, label_column)
     log.info(
@@ -129,7 +120,7 @@ def workload(prepared: PreparedData, target: str, hyper: dict) -> Workload:
         train_rows=prepared.rows["train"],
         val_rows=prepared.rows["val"],
         mixed_precision=hyper["precision"] != "fp32",
-        framework="torch" if target.startswith("gpu") and target != "gpu-tf" else "tensorflow",
+        framework=TARGETS[target].framework,
     )
 
 
@@ -205,8 +196,8 @@ def train_on_target(
     plan_deck(report)
     if report.applied:
         hyper["grad_accum_steps"] = report.grad_accum_steps
-    extra = {"tf_strategy": tf_strategy} if target in ("tpu", "gpu-tf") else {}
-    trained = TRAINING_TASKS[target](prepared=prepared, **hyper, **extra)
+    extra = {"tf_strategy": tf_strategy} if TARGETS[target].framework == "tensorflow" else {}
+    trained = TARGETS[target].task(prepared=prepared, **hyper, **extra)
     if overrides:
         trained = trained.with_overrides(**overrides)
     return trained, report
@@ -214,11 +205,12 @@ def train_on_target(
 
 def plan_report(target: str, work: Workload, hyper: dict, preprocess_plan, plan_resources: bool):
     """(ResourcePlan, node overrides). Raises PlanError when planning is on and nothing fits."""
-    if target not in CATALOGS:
+    catalog = TARGETS[target].catalog
+    if catalog is None:
         note = f"target {target} keeps its declared multi-node profile; the planner sizes single-node targets"
         return declared_report(target, work.framework, hyper, preprocess_plan, note), {}
     try:
-        plan = plan_training(work, CATALOGS[target])
+        plan = plan_training(work, catalog)
     except PlanError as error:
         if plan_resources:
             raise

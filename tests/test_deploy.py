@@ -24,7 +24,8 @@ from tasks.core.data import BATCH_ROWS
 from tasks.core.machines import MachineType
 from tasks.core.planner import TrainingPlan, plan_preprocessing
 from tasks.hardware import MACHINE_FOR_GPU, TPU_GENERATIONS, Attempts
-from tasks.planner import CATALOGS, TRAINING_TASKS, overrides_for
+from tasks.planner import overrides_for
+from tasks.targets import TARGETS
 from tests.dependencies import REPO
 from tests.test_cluster_config import readme_section
 
@@ -142,10 +143,10 @@ def override_demand(source: str, overrides: dict, interruptible: bool) -> Demand
 def planner_demands(package) -> list[Demand]:
     """Every catalog option for every target, and preprocessing sized for the largest table."""
     demands = []
-    for target, catalog in CATALOGS.items():
-        interruptible = package.tasks[TRAINING_TASKS[target].name].template.metadata.interruptible
-        for entry in catalog:
-            source = f"planner option {entry.name} (target {target})"
+    for name, target in TARGETS.items():
+        interruptible = package.tasks[target.task.name].template.metadata.interruptible
+        for entry in target.catalog or []:
+            source = f"planner option {entry.name} (target {name})"
             demands.append(override_demand(source, overrides_for(chosen(entry)), interruptible))
     plan = plan_preprocessing(
         LARGEST_TABLE["input_bytes"], LARGEST_TABLE["rows"], LARGEST_TABLE["columns"], BATCH_ROWS

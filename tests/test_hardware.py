@@ -69,3 +69,28 @@ def test_h100_and_h200_carry_gke_label_values():
     mig = accelerator_for(by_name["h100-mig-1g.10gb"]).to_flyte_idl()
     assert (mig.device, mig.partition_size) == ("nvidia-h100-80gb", "1g.10gb")
     assert accelerator_for(by_name["h200-mig-3g.71gb"]).to_flyte_idl().partition_size == "3g.71gb"
+
+
+def test_the_target_table_names_each_targets_task_framework_image_and_catalog():
+    """Validation, planning and dispatch all read this table (tasks/targets.py)."""
+    from tasks.core.validation import RunInputs, problems
+    from tasks.targets import TARGETS
+
+    frameworks = {name: target.framework for name, target in TARGETS.items()}
+    assert frameworks == {
+        "gpu": "torch",
+        "gpu-multinode": "torch",
+        "tpu": "tensorflow",
+        "gpu-tf": "tensorflow",
+    }
+    for name, target in TARGETS.items():
+        image = target.image.split(".")[2]  # "{{.image.NAME.fqn}}:..."
+        assert (
+            image
+            == {"torch": "torch-gpu", "tensorflow": "tpu" if name == "tpu" else "tf-gpu"}[target.framework]
+        )
+    assert TARGETS["gpu-multinode"].catalog is None  # keeps its declared profile
+    run = RunInputs("cuda", 1, 64, 1e-3, 1, [8], 0.1, 0.15, 0.15, "auto", "auto")
+    assert problems(run, TARGETS) == [
+        "input 'target' = 'cuda': not one of gpu, gpu-multinode, tpu, gpu-tf; pass --target gpu or --target tpu"
+    ]

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from tasks.core.config import PRECISIONS
 from tasks.core.tf_strategy import STRATEGIES
-
-TARGETS = ("gpu", "gpu-multinode", "tpu", "gpu-tf")
 
 
 class InputError(ValueError):
@@ -29,7 +28,8 @@ class RunInputs:
     tf_strategy: str
 
 
-def problems(run: RunInputs) -> list[str]:
+def problems(run: RunInputs, targets: Collection[str]) -> list[str]:
+    """Every bad input; `targets` are the valid target names (the table in tasks/targets.py)."""
     found = []
 
     def check(ok: bool, name: str, rule: str, fix: str) -> None:
@@ -37,9 +37,9 @@ def problems(run: RunInputs) -> list[str]:
             found.append(f"input '{name}' = {getattr(run, name)!r}: {rule}; {fix}")
 
     check(
-        run.target in TARGETS,
+        run.target in targets,
         "target",
-        f"not one of {', '.join(TARGETS)}",
+        f"not one of {', '.join(targets)}",
         "pass --target gpu or --target tpu",
     )
     check(run.epochs >= 1, "epochs", "must be at least 1", "pass e.g. --epochs 10")
@@ -68,8 +68,8 @@ def problems(run: RunInputs) -> list[str]:
     return found
 
 
-def validate_run(run: RunInputs) -> None:
+def validate_run(run: RunInputs, targets: Collection[str]) -> None:
     """Raise one InputError listing every bad input, so a user fixes them all at once."""
-    found = problems(run)
+    found = problems(run, targets)
     if found:
         raise InputError("invalid workflow inputs:\n  " + "\n  ".join(found))
