@@ -73,12 +73,18 @@ def start_attempt(spec, inputs, workdir: Path, previous_checkpoint: str = "", **
     )  # fmt: skip
 
 
-def wait_for_state(path: Path, attempt: subprocess.Popen, ready, timeout_s: float = 180) -> dict:
+def torch_state(path: Path) -> dict:
+    return torch.load(path, weights_only=True)
+
+
+def wait_for_state(
+    path: Path, attempt: subprocess.Popen, ready, load=torch_state, timeout_s: float = 180
+) -> dict:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         assert attempt.poll() is None, f"the attempt ended early:\n{attempt.stdout.read()[-3000:]}"
         if path.exists():
-            state = torch.load(path, weights_only=True)
+            state = load(path)
             if ready(state):
                 return state
         time.sleep(0.01)
@@ -169,10 +175,9 @@ def test_a_keras_attempt_saves_and_exits_143_on_sigterm(flyte_package, train_inp
     state_file = tmp_path / "attempt-0" / "checkpoint" / KERAS_STATE_FILE
 
     def an_epoch_saved():
-        deadline = time.monotonic() + 180
-        while not (state_file.exists() and json.loads(state_file.read_text())["epoch"] >= 1):
-            assert attempt.poll() is None and time.monotonic() < deadline, attempt.stdout.read()[-3000:]
-            time.sleep(0.01)
+        wait_for_state(
+            state_file, attempt, lambda state: state["epoch"] >= 1, load=lambda p: json.loads(p.read_text())
+        )
 
     assert_stops_on_sigterm(attempt, once=an_epoch_saved)
     assert 1 <= json.loads(state_file.read_text())["epoch"] < 500

@@ -334,6 +334,8 @@ def train_keras(
         )
     steps = len(y) // micro_batch
     static_shapes = kind == "tpu"
+    with tf.device("/cpu:0"):  # copied into tensors once; each epoch's `fit` gathers batches from them
+        x, y = tf.constant(x), tf.constant(y)
     train_epoch = partial(batches, x, y, micro_batch, config.seed, shuffle=True, drop_remainder=True)
     val_data = batches(vx, vy, micro_batch, config.seed, shuffle=False, drop_remainder=static_shapes)
 
