@@ -28,7 +28,7 @@ from benchmarks.measure import (
     median_phases,
 )
 from benchmarks.synthetic import write_table
-from tasks.core.config import ModelConfig, SplitPaths, TrainConfig
+from tasks.core.config import SplitPaths, TrainConfig
 from tasks.core.data import SplitConfig, prepare_dataset
 
 FULL = {
@@ -151,9 +151,7 @@ def gpu_figures(splits: SplitPaths, config: TrainConfig) -> list[Figure]:
     amp_off = loop_bench.bare_torch_samples_per_second(splits, config, device="cuda", amp=False)
     big = TrainConfig(epochs=1, batch_size=8192, hidden_sizes=[8192, 8192], dropout=0.0)
     rate = loop_bench.bare_torch_samples_per_second(splits, big, device="cuda", amp=True)
-    flops = rate * loop_bench.model_flops_per_sample(
-        ModelConfig(len(splits.feature_names), 10, big.hidden_sizes)
-    )
+    flops = rate * loop_bench.model_flops_per_sample(big.model(len(splits.feature_names), 10))
     peak = float(os.environ.get("MIXEDML_PEAK_BF16_FLOPS", "989e12"))  # H100 SXM dense bf16
     return [
         Figure("gpu: bare loop samples/s, bf16 autocast on vs off", amp_on, amp_off, "samples/s"),

@@ -47,15 +47,15 @@ def timed_tasks(clock: PhaseClock):
 
 
 def main(data: str, epochs: str, batch: str) -> None:
+    from tasks.core.config import TrainConfig
     from workflows.pipeline import training_pipeline
 
     CLOCK.mark("start-up")
     with timed_tasks(CLOCK):
-        report = training_pipeline(
-            dataset=data, label_column="label", epochs=int(epochs), batch_size=int(batch)
-        )
+        hyperparameters = TrainConfig(epochs=int(epochs), batch_size=int(batch))
+        report = training_pipeline(dataset=data, label_column="label", hyperparameters=hyperparameters)
     CLOCK.mark("workflow")
-    print(json.dumps({"accuracy": report.accuracy, "phases": CLOCK.seconds}))
+    print(json.dumps({"accuracy": report.metrics.accuracy, "phases": CLOCK.seconds}))
 
 
 if __name__ == "__main__":

@@ -24,9 +24,7 @@ def bare_torch_samples_per_second(
         for a in read_split(splits.train, splits.feature_names, splits.label_column)
     )
     torch.manual_seed(config.seed)
-    model = build_mlp(ModelConfig(x.shape[1], splits.n_classes, config.hidden_sizes, config.dropout)).to(
-        device
-    )
+    model = build_mlp(config.model(x.shape[1], splits.n_classes)).to(device)
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay
     )
@@ -49,7 +47,7 @@ def bare_torch_samples_per_second(
 def project_torch_samples_per_second(splits: SplitPaths, config: TrainConfig) -> float:
     from tasks.core.torch_training import train
 
-    return train(config, splits).samples_per_second
+    return train(config, splits).run.samples_per_second
 
 
 def bare_keras_samples_per_second(splits: SplitPaths, config: TrainConfig) -> float:
@@ -62,7 +60,7 @@ def bare_keras_samples_per_second(splits: SplitPaths, config: TrainConfig) -> fl
     keras.backend.clear_session()
     keras.utils.set_random_seed(config.seed)
     tf.config.experimental.enable_op_determinism()  # as train_keras runs on CPU
-    model = build_keras_mlp(ModelConfig(x.shape[1], splits.n_classes, config.hidden_sizes, config.dropout))
+    model = build_keras_mlp(config.model(x.shape[1], splits.n_classes))
     model.compile(optimizer=keras.optimizers.AdamW(config.learning_rate, weight_decay=config.weight_decay),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))  # fmt: skip
     start = time.perf_counter()
@@ -78,7 +76,7 @@ def project_keras_samples_per_second(splits: SplitPaths, config: TrainConfig) ->
     from tasks.core.tf_training import train_keras
 
     keras.backend.clear_session()  # each run starts from the same state, as the bare run does
-    return train_keras(config, splits, env=Environment()).samples_per_second
+    return train_keras(config, splits, env=Environment()).run.samples_per_second
 
 
 def model_flops_per_sample(model: ModelConfig) -> float:

@@ -11,19 +11,7 @@ from tasks.types import EvaluationReport
 
 
 def summarise(name: str, report: EvaluationReport) -> RunSummary:
-    return RunSummary(
-        name=name,
-        framework=report.framework,
-        strategy=report.strategy,
-        trained_on=report.trained_on,
-        accelerator=report.accelerator,
-        accelerator_count=report.accelerator_count,
-        accuracy=report.accuracy,
-        macro_f1=report.macro_f1,
-        train_seconds=report.train_seconds,
-        samples_per_second=report.samples_per_second,
-        planned_price_per_hour=report.planned_price_per_hour,
-    )
+    return RunSummary(name, report.training, report.billed, report.metrics.accuracy, report.metrics.macro_f1)
 
 
 @task(

@@ -64,23 +64,25 @@ def dataset_profile_deck(prepared, source: str) -> None:
 
 def training_deck(trained, samples: list) -> None:
     """`samples`: the `telemetry.Sample`s taken while training."""
-    epochs = [e.epoch for e in trained.history]
+    run = trained.run
+    epochs = [e.epoch for e in run.history]
     curves = section(
         "Learning curves",
-        figure(plots.line_chart({"train": (epochs, [e.train_loss for e in trained.history]),
-                                 "val": (epochs, [e.val_loss for e in trained.history])},
+        figure(plots.line_chart({"train": (epochs, [e.train_loss for e in run.history]),
+                                 "val": (epochs, [e.val_loss for e in run.history])},
                                 "loss", "epoch", "cross-entropy"), "loss"),
-        figure(plots.line_chart({"train": (epochs, [e.train_accuracy for e in trained.history]),
-                                 "val": (epochs, [e.val_accuracy for e in trained.history])},
+        figure(plots.line_chart({"train": (epochs, [e.train_accuracy for e in run.history]),
+                                 "val": (epochs, [e.val_accuracy for e in run.history])},
                                 "accuracy", "epoch", "accuracy"), "accuracy"),
     )  # fmt: skip
-    run = section(
+    run_table = section(
         "Run",
-        table(["framework", "strategy", "device", "workers", "precision", "samples/s", "train s", "peak device GiB"],
-              [[trained.framework, trained.strategy, trained.device, trained.world_size, trained.precision,
-                trained.samples_per_second, trained.train_seconds, trained.peak_device_memory_bytes / 2**30]]),
+        table(["framework", "strategy", "device", "workers", "precision", "samples/s", "train s", "peak device GiB",
+               "declared hardware"],
+              [[run.framework, run.strategy, run.device, run.world_size, run.precision, run.samples_per_second,
+                run.train_seconds, run.peak_device_memory_bytes / 2**30, trained.declared.describe()]]),
     )  # fmt: skip
-    Deck("Training", curves + run + utilisation_section(samples))
+    Deck("Training", curves + run_table + utilisation_section(samples))
 
 
 def utilisation_section(samples: list) -> str:
@@ -102,15 +104,30 @@ def utilisation_section(samples: list) -> str:
     )
 
 
+def billed_section(report) -> str:
+    """The hardware that ran and its price: the applied plan's, or the declaration when none was applied."""
+    billed = report.billed
+    price = f"${billed.price_per_hour:.2f}/h per device" if billed.price_per_hour is not None else "n/a"
+    plan = report.resource_plan
+    state = "no plan" if plan is None else ("applied" if plan.applied else "not applied")
+    return section(
+        "Hardware billed",
+        table(["accelerator", "partition", "count", "price", "resource plan"],
+              [[billed.accelerator, billed.partition or "-", billed.count, price, state]]),
+        "".join(f"<p>{html.escape(note)}</p>" for note in report.notes),
+    )  # fmt: skip
+
+
 def evaluation_deck(report) -> None:
-    per_class = [[c.label, c.precision, c.recall, c.f1, c.support, c.predicted] for c in report.per_class]
+    metrics, run = report.metrics, report.training
+    per_class = [[c.label, c.precision, c.recall, c.f1, c.support, c.predicted] for c in metrics.per_class]
     content = section(
         "Test metrics",
         table(["accuracy", "macro-F1", "test rows", "trained with", "on"],
-              [[report.accuracy, report.macro_f1, report.n_test, report.framework, report.trained_on]]),
-    ) + section(
+              [[metrics.accuracy, metrics.macro_f1, metrics.n_test, run.framework, run.device]]),
+    ) + billed_section(report) + section(
         "Confusion matrix",
-        figure(plots.heatmap(report.confusion_matrix, report.class_labels, "confusion matrix"), "confusion-matrix"),
+        figure(plots.heatmap(metrics.confusion_matrix, report.class_labels, "confusion matrix"), "confusion-matrix"),
     ) + section(
         "Per class",
         figure(plots.line_chart({name: (report.class_labels, [c[i] for c in per_class])
@@ -123,18 +140,24 @@ def evaluation_deck(report) -> None:
 
 def comparison_deck(comparison) -> None:
     names = [row.run.name for row in comparison.rows]
-    rows = [[r.run.name, f"{r.run.accelerator} x{r.run.accelerator_count}", r.run.accuracy, r.run.macro_f1,
-             r.run.train_seconds, r.run.samples_per_second, r.cost_usd if r.cost_usd is not None else "n/a"]
+    rows = [[r.run.name, r.hardware(), r.run.accuracy, r.run.macro_f1, r.run.training.train_seconds,
+             r.run.training.samples_per_second, r.price_per_hour if r.price_per_hour is not None else "n/a",
+             r.cost_usd if r.cost_usd is not None else "n/a"]
             for r in comparison.rows]  # fmt: skip
     content = section(
         "GPU against TPU",
-        table(["run", "hardware", "accuracy", "macro-F1", "train s", "samples/s", "cost $"], rows),
+        table(
+            ["run", "hardware", "accuracy", "macro-F1", "train s", "samples/s", "$/h per device", "cost $"],
+            rows,
+        ),
         figure(
             plots.bar_chart(names, [r.run.accuracy for r in comparison.rows], "accuracy", "accuracy"),
             "accuracy",
         ),
         figure(
-            plots.bar_chart(names, [r.run.train_seconds for r in comparison.rows], "training time", "s"),
+            plots.bar_chart(
+                names, [r.run.training.train_seconds for r in comparison.rows], "training time", "s"
+            ),
             "time",
         ),
         figure(

@@ -271,44 +271,64 @@ class TpuSliceProfile:
 TRAIN_TPU = TpuSliceProfile(generation="v5e", topology="2x2", cpu="8", mem="32Gi")
 
 # Illustrative on-demand prices in USD per accelerator-hour (per GPU, per TPU chip, per CPU
-# worker process for local runs). Override them per run: they vary by region and contract.
+# worker process for local runs): the one price table. The catalogs below derive their options'
+# prices from it. Override them per run: they vary by region and contract.
 DEFAULT_PRICES_PER_HOUR = {
     "cpu": 0.04,
     "nvidia-l4": 0.71,
     "nvidia-tesla-t4": 0.35,
     "nvidia-tesla-a100": 2.93,
+    "nvidia-a100-80gb": 3.67,
     "nvidia-h100-80gb": 9.80,
     "nvidia-h200-141gb": 10.60,
     "tpu-v5-lite-podslice": 1.20,
     "tpu-v5p-slice": 4.20,
     "tpu-v6e-slice": 2.70,
 }
+MIG_COMPUTE_SLICES = 7  # a MIG slice is priced by its share of the card's compute slices
 
 
-# What the planner may choose from, with usable memory per device and the price of the whole option
-# (USD/hour, illustrative on-demand figures; MIG slices priced by their share of the card's 7 compute
-# slices; MIG profiles from NVIDIA's MIG user guide).
+def whole_gpu(name: str, device: str, memory_gib: float) -> CatalogEntry:
+    return CatalogEntry(name, "gpu", device, "", memory_gib, 1, DEFAULT_PRICES_PER_HOUR[device])
+
+
+def mig_slice(gpu: str, device: str, partition: str, memory_gib: float) -> CatalogEntry:
+    """`partition` as NVIDIA names it, "<compute slices>g.<memory>gb"."""
+    share = int(partition.split("g.")[0]) / MIG_COMPUTE_SLICES
+    price = DEFAULT_PRICES_PER_HOUR[device] * share
+    return CatalogEntry(f"{gpu}-mig-{partition}", "mig", device, partition, memory_gib, 1, price)
+
+
+def tpu_slice(name: str, device: str, topology: str, memory_gib: float) -> CatalogEntry:
+    chips = math.prod(int(side) for side in topology.split("x"))
+    return CatalogEntry(
+        name, "tpu", device, topology, memory_gib, chips, DEFAULT_PRICES_PER_HOUR[device] * chips
+    )
+
+
+# What the planner may choose from, with usable memory per device (MIG profiles from NVIDIA's MIG
+# user guide).
 GPU_CATALOG = [
-    CatalogEntry("a100-mig-1g.5gb", "mig", "nvidia-tesla-a100", "1g.5gb", 4.75, 1, 0.42),
-    CatalogEntry("a100-mig-2g.10gb", "mig", "nvidia-tesla-a100", "2g.10gb", 9.75, 1, 0.84),
-    CatalogEntry("a100-mig-3g.20gb", "mig", "nvidia-tesla-a100", "3g.20gb", 19.5, 1, 1.26),
-    CatalogEntry("h100-mig-1g.10gb", "mig", H100_80GB.device, "1g.10gb", 9.75, 1, 1.40),
-    CatalogEntry("h100-mig-2g.20gb", "mig", H100_80GB.device, "2g.20gb", 19.5, 1, 2.80),
-    CatalogEntry("h100-mig-3g.40gb", "mig", H100_80GB.device, "3g.40gb", 39.4, 1, 4.20),
-    CatalogEntry("h200-mig-1g.18gb", "mig", H200_141GB.device, "1g.18gb", 16.5, 1, 1.51),
-    CatalogEntry("h200-mig-2g.35gb", "mig", H200_141GB.device, "2g.35gb", 32.5, 1, 3.03),
-    CatalogEntry("h200-mig-3g.71gb", "mig", H200_141GB.device, "3g.71gb", 66.0, 1, 4.54),
-    CatalogEntry("l4", "gpu", "nvidia-l4", "", 22.0, 1, 0.71),
-    CatalogEntry("a100-40gb", "gpu", "nvidia-tesla-a100", "", 39.4, 1, 2.93),
-    CatalogEntry("a100-80gb", "gpu", "nvidia-a100-80gb", "", 79.1, 1, 3.67),
-    CatalogEntry("h100-80gb", "gpu", H100_80GB.device, "", 79.1, 1, 9.80),
-    CatalogEntry("h200-141gb", "gpu", H200_141GB.device, "", 139.8, 1, 10.60),
+    mig_slice("a100", "nvidia-tesla-a100", "1g.5gb", 4.75),
+    mig_slice("a100", "nvidia-tesla-a100", "2g.10gb", 9.75),
+    mig_slice("a100", "nvidia-tesla-a100", "3g.20gb", 19.5),
+    mig_slice("h100", H100_80GB.device, "1g.10gb", 9.75),
+    mig_slice("h100", H100_80GB.device, "2g.20gb", 19.5),
+    mig_slice("h100", H100_80GB.device, "3g.40gb", 39.4),
+    mig_slice("h200", H200_141GB.device, "1g.18gb", 16.5),
+    mig_slice("h200", H200_141GB.device, "2g.35gb", 32.5),
+    mig_slice("h200", H200_141GB.device, "3g.71gb", 66.0),
+    whole_gpu("l4", "nvidia-l4", 22.0),
+    whole_gpu("a100-40gb", "nvidia-tesla-a100", 39.4),
+    whole_gpu("a100-80gb", "nvidia-a100-80gb", 79.1),
+    whole_gpu("h100-80gb", H100_80GB.device, 79.1),
+    whole_gpu("h200-141gb", H200_141GB.device, 139.8),
 ]
 TPU_CATALOG = [
-    CatalogEntry("tpu-v5e-1x1", "tpu", "tpu-v5-lite-podslice", "1x1", 16.0, 1, 1.20),
-    CatalogEntry("tpu-v5e-2x2", "tpu", "tpu-v5-lite-podslice", "2x2", 16.0, 4, 4.80),
-    CatalogEntry("tpu-v5e-2x4", "tpu", "tpu-v5-lite-podslice", "2x4", 16.0, 8, 9.60),
-    CatalogEntry("tpu-v6e-1x1", "tpu", "tpu-v6e-slice", "1x1", 32.0, 1, 2.70),
+    tpu_slice("tpu-v5e-1x1", "tpu-v5-lite-podslice", "1x1", 16.0),
+    tpu_slice("tpu-v5e-2x2", "tpu-v5-lite-podslice", "2x2", 16.0),
+    tpu_slice("tpu-v5e-2x4", "tpu-v5-lite-podslice", "2x4", 16.0),
+    tpu_slice("tpu-v6e-1x1", "tpu-v6e-slice", "1x1", 32.0),
 ]
 # The GPUs with MIG partitions, by device name.
 MIG_GPUS = {

@@ -14,7 +14,7 @@ from flytekit.types.directory import FlyteDirectory
 from flytekit.types.file import FlyteFile
 
 from tasks.checkpointing import flyte_checkpoint
-from tasks.core.config import TrainConfig
+from tasks.core.config import Hardware, TrainConfig, TrainingRun
 from tasks.core.preemption import PREEMPTED_EXIT_CODE, Preempted, PreemptionNotice
 from tasks.core.telemetry import UtilisationSampler
 from tasks.decks import DECKS, training_deck
@@ -25,18 +25,16 @@ from tasks.types import PreparedData, TrainedModel
 log = logging.getLogger(__name__)
 
 
-def accelerator_used(strategy: str, device: str, replicas: int) -> tuple[str, int]:
-    """What to bill: the TPU slice's chips, the GPUs, or CPU worker processes."""
-    if strategy == "tpu":
-        return TRAIN_TPU.gke_accelerator, TRAIN_TPU.chips
-    if device != "cpu":
-        return TRAIN_GPU.device, replicas
-    return "cpu", 1
+def declared_hardware(run: TrainingRun) -> Hardware:
+    """What the task declares: the TPU slice's chips, the GPUs, or CPU replicas on a laptop."""
+    if run.strategy == "tpu":
+        return Hardware(TRAIN_TPU.gke_accelerator, TRAIN_TPU.chips, TRAIN_TPU.topology)
+    if run.device != "cpu":
+        return Hardware(TRAIN_GPU.device, run.world_size)
+    return Hardware("cpu", 1)
 
 
-def train_tensorflow(
-    prepared: PreparedData, config: TrainConfig, strategy: str, attempts: Attempts
-) -> TrainedModel:
+def train_tensorflow(prepared: PreparedData, config: TrainConfig, attempts: Attempts) -> TrainedModel:
     from tasks.core.tf_training import train_keras
 
     setup_logging()
@@ -47,7 +45,7 @@ def train_tensorflow(
     with UtilisationSampler() as sampler, PreemptionNotice(attempts.preemption_grace_s) as notice:
         try:
             outcome = train_keras(
-                config, splits, str(artifact), strategy=strategy,
+                config, splits, str(artifact), strategy=config.tf_strategy,
                 checkpoint_dir=str(checkpoint.directory) if checkpoint else None,
                 on_checkpoint=checkpoint.on_save if checkpoint else None, log_dir=str(board),
                 preemption=notice,
@@ -55,24 +53,15 @@ def train_tensorflow(
         except Preempted:
             # A failed attempt that propeller retries as a system failure, as for the torch launcher.
             raise SystemExit(PREEMPTED_EXIT_CODE) from None
+    run = outcome.run
     log.info(
         "trained with tf.distribute '%s' on %s, %d replicas, %s, %.0f samples/s",
-        outcome.strategy, outcome.device, outcome.replicas, outcome.precision, outcome.samples_per_second,
+        run.strategy, run.device, run.world_size, run.precision, run.samples_per_second,
     )  # fmt: skip
-    accelerator, count = accelerator_used(outcome.strategy, outcome.device, outcome.replicas)
     trained = TrainedModel(
         artifact=FlyteFile(str(artifact)),
-        framework="tensorflow",
-        device=outcome.device,
-        world_size=outcome.replicas,
-        backend="xla",
-        precision=outcome.precision,
-        strategy=outcome.strategy,
-        accelerator=accelerator,
-        accelerator_count=count,
-        history=outcome.history,
-        samples_per_second=outcome.samples_per_second,
-        train_seconds=outcome.train_seconds,
+        run=run,
+        declared=declared_hardware(run),
         tensorboard=FlyteDirectory(str(board)),
     )
     training_deck(trained, sampler.samples)
@@ -87,22 +76,8 @@ def train_tensorflow(
     accelerator=TRAIN_TPU.accelerator,
     pod_template=TRAIN_TPU.pod_template(),
 )
-def train_tf_tpu(
-    prepared: PreparedData,
-    epochs: int,
-    batch_size: int,
-    learning_rate: float,
-    weight_decay: float,
-    grad_accum_steps: int,
-    hidden_sizes: list[int],
-    dropout: float,
-    seed: int,
-    precision: str,
-    tf_strategy: str,
-    checkpoint_every_steps: int = 0,
-) -> TrainedModel:
-    hyperparameters = {k: v for k, v in locals().items() if k not in ("prepared", "tf_strategy")}
-    return train_tensorflow(prepared, TrainConfig(**hyperparameters), tf_strategy, TRAIN_TPU.attempts)
+def train_tf_tpu(prepared: PreparedData, hyperparameters: TrainConfig) -> TrainedModel:
+    return train_tensorflow(prepared, hyperparameters, TRAIN_TPU.attempts)
 
 
 @task(
@@ -114,19 +89,5 @@ def train_tf_tpu(
     shared_memory=TRAIN_GPU.shared_memory,
     pod_template=TRAIN_GPU.pod_template(),
 )
-def train_tf_gpu(
-    prepared: PreparedData,
-    epochs: int,
-    batch_size: int,
-    learning_rate: float,
-    weight_decay: float,
-    grad_accum_steps: int,
-    hidden_sizes: list[int],
-    dropout: float,
-    seed: int,
-    precision: str,
-    tf_strategy: str,
-    checkpoint_every_steps: int = 0,
-) -> TrainedModel:
-    hyperparameters = {k: v for k, v in locals().items() if k not in ("prepared", "tf_strategy")}
-    return train_tensorflow(prepared, TrainConfig(**hyperparameters), tf_strategy, TRAIN_GPU.attempts)
+def train_tf_gpu(prepared: PreparedData, hyperparameters: TrainConfig) -> TrainedModel:
+    return train_tensorflow(prepared, hyperparameters, TRAIN_GPU.attempts)

@@ -22,7 +22,7 @@ from flytekitplugins.kfpytorch import CleanPodPolicy, Elastic, RunPolicy
 from flytekitplugins.kfpytorch.task import PytorchElasticFunctionTask
 
 from tasks.checkpointing import flyte_checkpoint
-from tasks.core.config import TrainConfig
+from tasks.core.config import Hardware, TrainConfig
 from tasks.core.launch import plan_launch
 from tasks.core.preemption import DEFAULT_GRACE_S, Preempted, PreemptionNotice
 from tasks.core.telemetry import UtilisationSampler
@@ -173,62 +173,27 @@ def train_with_ddp(prepared: PreparedData, config: TrainConfig, profile: GpuTrai
         raise FlyteRecoverableException(str(stopped)) from stopped
     finally:
         shutdown_distributed()
+    run = outcome.run
     log.info(
         "rank %d: trained on %s x%d (%s, %s) at %.0f samples/s",
-        outcome.rank, outcome.device, outcome.world_size, outcome.backend, outcome.precision,
-        outcome.samples_per_second,
+        outcome.rank, run.device, run.world_size, run.backend, run.precision, run.samples_per_second,
     )  # fmt: skip
+    on_cpu = run.device == "cpu"
     return TrainedModel(
         artifact=FlyteFile(str(artifact)),
-        framework="pytorch",
-        device=outcome.device,
-        world_size=outcome.world_size,
-        backend=outcome.backend,
-        precision=outcome.precision,
-        strategy="DDP" if outcome.world_size > 1 else "single-process",
-        accelerator=profile.device if outcome.device != "cpu" else "cpu",
-        accelerator_count=outcome.world_size,
-        history=outcome.history,
-        samples_per_second=outcome.samples_per_second,
-        train_seconds=outcome.train_seconds,
-        peak_device_memory_bytes=outcome.peak_memory_bytes,
+        run=run,
+        declared=Hardware("cpu" if on_cpu else profile.device, run.world_size),
         tensorboard=FlyteDirectory(str(board)) if outcome.rank == 0 else None,
     )
 
 
 @task(**hardware(TRAIN_GPU))
-def train_torch(
-    prepared: PreparedData,
-    epochs: int,
-    batch_size: int,
-    learning_rate: float,
-    weight_decay: float,
-    grad_accum_steps: int,
-    hidden_sizes: list[int],
-    dropout: float,
-    seed: int,
-    precision: str,
-    checkpoint_every_steps: int = 0,
-) -> TrainedModel:
+def train_torch(prepared: PreparedData, hyperparameters: TrainConfig) -> TrainedModel:
     """PyTorch DDP on one GPU node (one pod, one worker per GPU)."""
-    hyperparameters = {k: v for k, v in locals().items() if k != "prepared"}
-    return train_with_ddp(prepared, TrainConfig(**hyperparameters), TRAIN_GPU)
+    return train_with_ddp(prepared, hyperparameters, TRAIN_GPU)
 
 
 @task(**hardware(TRAIN_GPU_MULTINODE))
-def train_torch_multinode(
-    prepared: PreparedData,
-    epochs: int,
-    batch_size: int,
-    learning_rate: float,
-    weight_decay: float,
-    grad_accum_steps: int,
-    hidden_sizes: list[int],
-    dropout: float,
-    seed: int,
-    precision: str,
-    checkpoint_every_steps: int = 0,
-) -> TrainedModel:
+def train_torch_multinode(prepared: PreparedData, hyperparameters: TrainConfig) -> TrainedModel:
     """PyTorch DDP over several GPU nodes: a Kubeflow PyTorchJob, NCCL between nodes."""
-    hyperparameters = {k: v for k, v in locals().items() if k != "prepared"}
-    return train_with_ddp(prepared, TrainConfig(**hyperparameters), TRAIN_GPU_MULTINODE)
+    return train_with_ddp(prepared, hyperparameters, TRAIN_GPU_MULTINODE)

@@ -8,11 +8,10 @@ from flytekit.types.directory import FlyteDirectory
 from flytekit.types.file import FlyteFile
 from flytekit.types.structured import StructuredDataset
 
-from tasks.core.config import EpochMetrics, SplitPaths
+from tasks.core.config import Hardware, SplitPaths, TrainingRun
 from tasks.core.data import ScalerStats
-from tasks.core.memory import MemoryEstimate
-from tasks.core.metrics import ClassMetrics
-from tasks.core.planner import OptionFit, PreprocessPlan
+from tasks.core.metrics import ClassificationMetrics
+from tasks.core.planner import OptionFit, PreprocessPlan, TrainingPlan
 from tasks.storage import local_path
 
 
@@ -44,21 +43,11 @@ class PreparedData:
 
 @dataclass
 class TrainedModel:
-    """A model artifact plus how it was trained."""
+    """A model artifact plus how it was trained and the hardware its task declares."""
 
     artifact: FlyteFile
-    framework: str
-    device: str
-    world_size: int
-    backend: str
-    precision: str
-    strategy: str
-    accelerator: str
-    accelerator_count: int
-    history: list[EpochMetrics]
-    samples_per_second: float
-    train_seconds: float
-    peak_device_memory_bytes: int = 0  # torch.cuda.max_memory_allocated; 0 on CPU
+    run: TrainingRun
+    declared: Hardware  # the report bills the applied plan's hardware where there is one
     tensorboard: FlyteDirectory | None = None  # event files: `tensorboard --logdir` on a download
 
 
@@ -69,76 +58,73 @@ class ResourcePlan:
     applied: bool
     target: str
     framework: str
-    choice: str
-    device: str
-    partition: str
-    devices: int
-    memory_gib: float
-    price_per_hour: float
-    estimated_peak_gib: float
-    estimate: MemoryEstimate | None
-    micro_batch_size: int
-    grad_accum_steps: int
-    effective_batch_size: int
-    options: list[OptionFit]
     preprocess: PreprocessPlan
+    training: TrainingPlan | None = None  # None: the target keeps the hardware it declares
     notes: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
+        state = "applied" if self.applied else "not applied"
+        plan = self.training
         lines = [
-            f"resource plan ({'applied' if self.applied else 'not applied'}) for target {self.target}: "
-            f"{self.choice} ({self.device} {self.partition}".rstrip()
-            + f", {self.memory_gib:g} GiB, "
-            f"${self.price_per_hour:.2f}/h)",
-            f"  estimated peak {self.estimated_peak_gib:.2f} GiB per device; micro-batch {self.micro_batch_size} "
-            f"x {self.grad_accum_steps} accumulation x {self.devices} devices = batch {self.effective_batch_size}",
+            f"resource plan ({state}) for target {self.target}: " + (choice_line(plan) if plan else DECLARED)
+        ]
+        if plan:
+            lines.append(
+                f"  estimated peak {plan.estimated_peak_gib:.2f} GiB per device; micro-batch "
+                f"{plan.micro_batch_size} x {plan.grad_accum_steps} accumulation x {plan.choice.devices} devices "
+                f"= batch {plan.effective_batch_size}"
+            )
+        lines.append(
             f"  preprocess: {self.preprocess.cpu} CPU, {self.preprocess.mem} for "
-            f"{self.preprocess.input_rows:,} rows x {self.preprocess.input_columns} columns",
-        ]
-        lines += [
-            f"  {'*' if o.name == self.choice else ' '} {o.name:<18} {o.memory_gib:>6.1f} GiB "
-            f"${o.price_per_hour:>5.2f}/h needs {o.required_gib:>7.2f} GiB {'fits' if o.fits else 'too small'}"
-            for o in self.options
-        ]
-        return "\n".join(lines + [f"  note: {n}" for n in self.notes])
+            f"{self.preprocess.input_rows:,} rows x {self.preprocess.input_columns} columns"
+        )
+        if plan:
+            lines += [option_line(option, option.name == plan.choice.name) for option in plan.options]
+        notes = self.notes + (plan.notes if plan else [])
+        return "\n".join(lines + [f"  note: {note}" for note in notes])
+
+
+DECLARED = "declared in tasks/hardware.py"
+
+
+def choice_line(plan: TrainingPlan) -> str:
+    choice = plan.choice
+    return (
+        f"{choice.name} ({choice.device} {choice.partition}".rstrip()
+        + f", {choice.memory_gib:g} GiB, ${choice.price_per_hour:.2f}/h)"
+    )
+
+
+def option_line(option: OptionFit, chosen: bool) -> str:
+    return (
+        f"  {'*' if chosen else ' '} {option.name:<18} {option.memory_gib:>6.1f} GiB ${option.price_per_hour:>5.2f}/h "
+        f"needs {option.required_gib:>7.2f} GiB {'fits' if option.fits else 'too small'}"
+    )
 
 
 @dataclass
 class EvaluationReport:
-    accuracy: float
-    macro_f1: float
-    confusion_matrix: list[list[int]]
-    per_class: list[ClassMetrics]
+    metrics: ClassificationMetrics
     class_labels: list[str]
-    n_test: int
-    framework: str
-    trained_on: str
-    world_size: int
-    strategy: str
-    accelerator: str
-    accelerator_count: int
-    samples_per_second: float
-    train_seconds: float
+    training: TrainingRun
+    billed: Hardware  # the applied plan's hardware, else the task's declared hardware
     dataset: str
     resource_plan: ResourcePlan | None = None
-    accelerator_partition: str = ""  # MIG partition or TPU topology of the applied plan
-    planned_price_per_hour: float | None = None  # per device, from the applied plan
-    peak_device_memory_bytes: int = 0
     notes: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
+        run, metrics = self.training, self.metrics
         lines = [
             f"dataset: {self.dataset}",
-            f"trained with {self.framework} ({self.strategy}) on {self.trained_on} x{self.world_size} "
-            f"({self.samples_per_second:,.0f} samples/s, {self.train_seconds:.1f}s)",
-            f"billed as: {self.accelerator} {self.accelerator_partition}".rstrip()
-            + f" x{self.accelerator_count}",
+            f"trained with {run.framework} ({run.strategy}) on {run.device} x{run.world_size} "
+            f"({run.samples_per_second:,.0f} samples/s, {run.train_seconds:.1f}s)",
+            f"billed as: {self.billed.describe()}",
             *self.notes,
-            f"test rows: {self.n_test}  accuracy: {self.accuracy:.4f}  macro-F1: {self.macro_f1:.4f}",
+            f"test rows: {metrics.n_test}  accuracy: {metrics.accuracy:.4f}  macro-F1: {metrics.macro_f1:.4f}",
             f"{'class':>12} {'support':>8} {'predicted':>9} {'precision':>9} {'recall':>7} {'f1':>6}",
         ]
         lines += [
             f"{c.label:>12} {c.support:>8} {c.predicted:>9} {c.precision:>9.3f} {c.recall:>7.3f} {c.f1:>6.3f}"
-            for c in self.per_class
+            for c in metrics.per_class
         ]
         return "\n".join(lines)

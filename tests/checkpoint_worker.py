@@ -40,7 +40,7 @@ def main(splits_json: str, checkpoint_dir: str, out: str, slow: str) -> None:
         print(f"RESUMING epoch={state['epoch']} step={state['step']}", flush=True)
     outcome = torch_training.train(CONFIG, SplitPaths(**json.loads(splits_json)), checkpoint=checkpoint)
     torch.save(
-        {"parameters": dict(outcome.model.state_dict()), "history": [asdict(e) for e in outcome.history],
+        {"parameters": dict(outcome.model.state_dict()), "history": [asdict(e) for e in outcome.run.history],
          "optimizer_steps": outcome.optimizer_steps},
         out,
     )  # fmt: skip

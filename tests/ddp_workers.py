@@ -16,10 +16,10 @@ def train_and_report(config, splits) -> dict[str, Any]:
         shutdown_distributed()
     return {
         "rank": outcome.rank,
-        "world_size": outcome.world_size,
-        "backend": outcome.backend,
+        "world_size": outcome.run.world_size,
+        "backend": outcome.run.backend,
         "shard_rows": outcome.shard_rows,
-        "history": outcome.history,
+        "history": outcome.run.history,
         "parameters": [p.detach().cpu().numpy().copy() for p in outcome.model.parameters()],
     }
 

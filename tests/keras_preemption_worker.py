@@ -53,7 +53,7 @@ def main(splits_json: str, checkpoint_dir: str, out: str, slow: str) -> None:
         Path(out).write_text(json.dumps({"trained": batch_log.trained}))
         sys.exit(PREEMPTED_EXIT_CODE)
     Path(out).write_text(
-        json.dumps({"trained": batch_log.trained, "history": [asdict(e) for e in outcome.history]})
+        json.dumps({"trained": batch_log.trained, "history": [asdict(e) for e in outcome.run.history]})
     )
 
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from tasks import train_torch as train_torch_module
+from tasks.core.config import TrainConfig
 from tests.conftest import blobs_frame
 from workflows.pipeline import training_pipeline
 
@@ -73,8 +74,16 @@ CASES = {
     ),
     "too few rows": (lambda t: write(t, "d.parquet", lambda f: f.iloc[:15]), {}, ["too few rows"]),
     "single class": (lambda t: write(t, "d.parquet", lambda f: f.assign(species="a")), {}, ["single class"]),
-    "zero epochs": (lambda t: write(t, "d.parquet"), {"epochs": 0}, ["input 'epochs' = 0", "--epochs"]),
-    "negative batch": (lambda t: write(t, "d.parquet"), {"batch_size": -8}, ["input 'batch_size' = -8"]),
+    "zero epochs": (
+        lambda t: write(t, "d.parquet"),
+        {"hyperparameters": TrainConfig(epochs=0)},
+        ["input 'hyperparameters.epochs' = 0", "--hyperparameters '{\"epochs\": 30}'"],
+    ),
+    "negative batch": (
+        lambda t: write(t, "d.parquet"),
+        {"hyperparameters": TrainConfig(batch_size=-8)},
+        ["input 'hyperparameters.batch_size' = -8"],
+    ),
     "unknown target": (
         lambda t: write(t, "d.parquet"),
         {"target": "cuda"},
@@ -98,7 +107,12 @@ def test_bad_input_fails_before_training_with_a_clear_message(case, tmp_path, no
     make_dataset, extra, fragments = CASES[case]
     dataset = make_dataset(tmp_path)
     before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
-    inputs = {"dataset": dataset, "label_column": "species", "epochs": 2, **extra}
+    inputs = {
+        "dataset": dataset,
+        "label_column": "species",
+        "hyperparameters": TrainConfig(epochs=2),
+        **extra,
+    }
     with pytest.raises(Exception) as error:
         training_pipeline(**inputs)
     message = str(error.value)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tasks import preprocess as preprocess_module
+from tasks.core.config import TrainConfig
 from tests.conftest import blobs_frame
 from workflows.pipeline import training_pipeline
 
@@ -28,24 +29,27 @@ def preprocess_calls(monkeypatch) -> list[str]:
 def test_rerun_hits_the_cache_and_changed_data_recomputes(tmp_path, preprocess_calls):
     path = tmp_path / "blobs.parquet"
     blobs_frame(n_rows=240, seed=1).to_parquet(path, index=False)
-    run = dict(dataset=str(path), label_column="species", epochs=2, batch_size=32)
+    run = dict(
+        dataset=str(path), label_column="species", hyperparameters=TrainConfig(epochs=2, batch_size=32)
+    )
 
     first = training_pipeline(**run)
     second = training_pipeline(**run)
     assert preprocess_calls == [str(path)]  # the second run reused the cached splits
-    assert second.n_test == first.n_test
+    assert second.metrics.n_test == first.metrics.n_test
 
     blobs_frame(n_rows=300, seed=2).to_parquet(path, index=False)  # same URI, new contents
     third = training_pipeline(**run)
     assert preprocess_calls == [str(path), str(path)]
-    assert third.n_test != first.n_test
+    assert third.metrics.n_test != first.metrics.n_test
 
 
 def test_a_different_split_is_not_served_from_the_cache(tmp_path, preprocess_calls):
     path = tmp_path / "blobs.parquet"
     blobs_frame(n_rows=240, seed=3).to_parquet(path, index=False)
-    training_pipeline(dataset=str(path), label_column="species", epochs=1, batch_size=32, seed=0)
-    training_pipeline(dataset=str(path), label_column="species", epochs=1, batch_size=32, seed=1)
+    for seed in (0, 1):
+        hyperparameters = TrainConfig(epochs=1, batch_size=32, seed=seed)
+        training_pipeline(dataset=str(path), label_column="species", hyperparameters=hyperparameters)
     assert len(preprocess_calls) == 2
 
 

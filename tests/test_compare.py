@@ -1,10 +1,12 @@
 import pytest
 
 from tasks.core.compare import RunSummary, compare_runs
+from tasks.core.config import Hardware, TrainingRun
 
 
 def run(name, accelerator, count, seconds, accuracy):
-    return RunSummary(name, "fw", "s", "dev", accelerator, count, accuracy, accuracy, seconds, 1000.0)
+    training = TrainingRun("fw", "dev", count, "nccl", "bf16", "s", [], 1000.0, seconds)
+    return RunSummary(name, training, Hardware(accelerator, count), accuracy, accuracy)
 
 
 def test_cost_is_accelerator_hours_times_price():

@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from tasks.core.config import TrainConfig
+
 pytestmark = pytest.mark.slow
 
 EXPECTED = {
@@ -25,7 +27,10 @@ EXPECTED = {
         ["loss", "accuracy", "utilisation", "memory"],
     ),
     "train_tf_tpu": (["Learning curves", "Utilisation"], ["loss", "accuracy", "utilisation"]),
-    "evaluate": (["Confusion matrix", "Per class", "macro-F1"], ["confusion-matrix", "per-class"]),
+    "evaluate": (
+        ["Confusion matrix", "Per class", "macro-F1", "Hardware billed"],
+        ["confusion-matrix", "per-class"],
+    ),
     "compare": (["GPU against TPU", "estimated cost"], ["accuracy", "time", "cost"]),
 }
 
@@ -47,7 +52,7 @@ def decks(tmp_path_factory) -> dict[str, Path]:
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(flyte_deck, "_output_deck", capture)
-        hardware_comparison(epochs=3)
+        hardware_comparison(hyperparameters=TrainConfig(epochs=3))
     return written
 
 
@@ -116,7 +121,7 @@ def test_tensorboard_event_files_hold_the_scalars(tmp_path, blob_splits):
         "throughput/samples_per_second",
     } <= set(tags)
     logged = [event.value for event in events.Scalars("accuracy/val")]
-    assert logged == pytest.approx([epoch.val_accuracy for epoch in outcome.history])
+    assert logged == pytest.approx([epoch.val_accuracy for epoch in outcome.run.history])
 
 
 WORKER_WRITES_EVENTS = """

@@ -73,7 +73,8 @@ def test_h100_and_h200_carry_gke_label_values():
 
 def test_the_target_table_names_each_targets_task_framework_image_and_catalog():
     """Validation, planning and dispatch all read this table (tasks/targets.py)."""
-    from tasks.core.validation import RunInputs, problems
+    from tasks.core.config import TrainConfig
+    from tasks.core.validation import problems
     from tasks.targets import TARGETS
 
     frameworks = {name: target.framework for name, target in TARGETS.items()}
@@ -90,7 +91,18 @@ def test_the_target_table_names_each_targets_task_framework_image_and_catalog():
             == {"torch": "torch-gpu", "tensorflow": "tpu" if name == "tpu" else "tf-gpu"}[target.framework]
         )
     assert TARGETS["gpu-multinode"].catalog is None  # keeps its declared profile
-    run = RunInputs("cuda", 1, 64, 1e-3, 1, [8], 0.1, 0.15, 0.15, "auto", "auto")
-    assert problems(run, TARGETS) == [
+    assert problems("cuda", TrainConfig(), TARGETS) == [
         "input 'target' = 'cuda': not one of gpu, gpu-multinode, tpu, gpu-tf; pass --target gpu or --target tpu"
     ]
+
+
+def test_catalog_prices_come_from_the_one_price_table():
+    """A price is stated once: options cost their devices (or their MIG share) at the table's price."""
+    from tasks.hardware import DEFAULT_PRICES_PER_HOUR, GPU_CATALOG, MIG_COMPUTE_SLICES, TPU_CATALOG
+
+    for entry in GPU_CATALOG + TPU_CATALOG:
+        per_device = DEFAULT_PRICES_PER_HOUR[entry.device]
+        share = int(entry.partition.split("g.")[0]) / MIG_COMPUTE_SLICES if entry.kind == "mig" else 1
+        assert entry.price_per_hour == pytest.approx(per_device * entry.devices * share), entry.name
+    (two_by_two,) = [entry for entry in TPU_CATALOG if entry.name == "tpu-v5e-2x2"]
+    assert (two_by_two.devices, two_by_two.price_per_hour) == (4, pytest.approx(4.80))

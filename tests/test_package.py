@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from flytekit import FlyteContextManager
+from flytekit.core.type_engine import TypeEngine
+from flytekit.models.literals import Literal
 from google.protobuf.json_format import MessageToDict
 
+from tasks.core.config import TrainConfig
 from tasks.hardware import TRAIN_GPU, TRAIN_GPU_MULTINODE, TRAIN_TPU
 from tests.flyte_package import REGISTRY, TAG, environment_of, image_of, requests_of
 
@@ -83,15 +87,21 @@ def literal_inputs(plan) -> tuple[dict, dict]:
     return fixed, defaults
 
 
+def hyperparameters_of(literal_idl) -> TrainConfig:
+    literal = Literal.from_flyte_idl(literal_idl)
+    return TypeEngine.to_python_value(FlyteContextManager.current_context(), literal, TrainConfig)
+
+
 def test_launch_plans_carry_schedules_and_inputs(package):
     nightly = package.launch_plans["nightly_retrain"]
     schedule = nightly.spec.entity_metadata.schedule
     assert schedule.cron_schedule.schedule == "0 2 * * *"
     assert schedule.kickoff_time_input_arg == "kickoff_time"
     assert nightly.spec.workflow_id.name == "workflows.launch_plans.scheduled_training"
-    fixed, defaults = literal_inputs(nightly)
+    fixed, _ = literal_inputs(nightly)
     assert fixed["target"]["scalar"]["primitive"]["stringValue"] == "gpu"
-    assert defaults["epochs"]["scalar"]["primitive"]["integer"] == "30"
+    hyperparameters = nightly.spec.default_inputs.parameters["hyperparameters"].default
+    assert hyperparameters_of(hyperparameters).epochs == 30
     assert "kickoff_time" in nightly.spec.default_inputs.parameters  # filled in by the schedule
 
     weekly = package.launch_plans["weekly_hardware_comparison"]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tasks.core.config import TrainConfig
 from tests.conftest import blobs_frame
 from workflows.comparison import hardware_comparison
 from workflows.pipeline import training_pipeline
@@ -20,23 +21,28 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_default_run_on_embedded_digits_reaches_095():
     report = training_pipeline()
-    assert report.accuracy >= 0.95
-    assert report.macro_f1 >= 0.95
-    assert report.n_test == 270 and len(report.per_class) == 10
-    assert sum(map(sum, report.confusion_matrix)) == report.n_test
-    assert (report.framework, report.trained_on, report.world_size) == ("pytorch", "cpu", 2)
+    metrics = report.metrics
+    assert metrics.accuracy >= 0.95
+    assert metrics.macro_f1 >= 0.95
+    assert metrics.n_test == 270 and len(metrics.per_class) == 10
+    assert sum(map(sum, metrics.confusion_matrix)) == metrics.n_test
+    run = report.training
+    assert (run.framework, run.device, run.world_size) == ("pytorch", "cpu", 2)
     assert report.dataset == "embedded:sklearn-digits"
     plan = report.resource_plan
-    assert plan.applied and plan.choice == "a100-mig-1g.5gb" and plan.device == "nvidia-tesla-a100"
-    assert plan.effective_batch_size == 64 and plan.preprocess.input_rows == 1797
+    choice = plan.training.choice
+    assert plan.applied and choice.name == "a100-mig-1g.5gb" and choice.device == "nvidia-tesla-a100"
+    assert plan.training.effective_batch_size == 64 and plan.preprocess.input_rows == 1797
 
 
 def test_own_csv_with_string_labels(tmp_path):
     path = tmp_path / "blobs.csv"
     blobs_frame(n_rows=300).to_csv(path, index=False)
-    report = training_pipeline(dataset=str(path), label_column="species", epochs=5, batch_size=32)
+    report = training_pipeline(
+        dataset=str(path), label_column="species", hyperparameters=TrainConfig(epochs=5, batch_size=32)
+    )
     assert report.class_labels == ["setosa", "versicolor", "virginica"]
-    assert report.accuracy >= 0.9
+    assert report.metrics.accuracy >= 0.9
     assert report.dataset == str(path)
 
 
@@ -61,7 +67,8 @@ def test_pyflyte_run_cli(tmp_path):
     pyflyte = Path(sys.executable).with_name("pyflyte")
     command = [
         str(pyflyte), "run", "workflows/pipeline.py", "training_pipeline",
-        "--dataset", str(path), "--label_column", "species", "--epochs", "3", "--hidden_sizes", json.dumps([32]),
+        "--dataset", str(path), "--label_column", "species",
+        "--hyperparameters", json.dumps({"epochs": 3, "hidden_sizes": [32]}),
     ]  # fmt: skip
     result = subprocess.run(
         command, cwd=REPO, capture_output=True, text=True, timeout=300, env=os.environ.copy()
@@ -72,28 +79,29 @@ def test_pyflyte_run_cli(tmp_path):
 
 def test_tpu_target_runs_tensorflow_locally_on_cpu_and_reports_the_strategy():
     report = training_pipeline(target="tpu")
-    assert report.accuracy >= 0.95
-    assert (report.framework, report.strategy, report.trained_on) == ("tensorflow", "default", "cpu")
+    assert report.metrics.accuracy >= 0.95
+    run = report.training
+    assert (run.framework, run.strategy, run.device) == ("tensorflow", "default", "cpu")
 
 
 def test_unknown_target_lists_the_valid_ones():
     with pytest.raises(
         Exception, match="input 'target' = 'cuda': not one of gpu, gpu-multinode, tpu, gpu-tf"
     ):
-        training_pipeline(target="cuda", epochs=1)
+        training_pipeline(target="cuda", hyperparameters=TrainConfig(epochs=1))
 
 
 def test_a_model_too_large_for_the_catalog_fails_before_training():
     with pytest.raises(Exception, match="no accelerator in the catalog fits this model") as error:
-        training_pipeline(hidden_sizes=[98304, 98304], epochs=1)
+        training_pipeline(hyperparameters=TrainConfig(hidden_sizes=[98304, 98304], epochs=1))
     assert "train_torch" not in str(error.value)
 
 
 def test_hardware_comparison_trains_both_from_the_same_data():
-    comparison = hardware_comparison(epochs=5, prices={"cpu": 0.5})
+    comparison = hardware_comparison(hyperparameters=TrainConfig(epochs=5), prices={"cpu": 0.5})
     names = [row.run.name for row in comparison.rows]
     assert names == ["gpu (pytorch)", "tpu (tensorflow)"]
-    frameworks = [row.run.framework for row in comparison.rows]
+    frameworks = [row.run.training.framework for row in comparison.rows]
     assert frameworks == ["pytorch", "tensorflow"]
     for row in comparison.rows:
         assert row.run.accuracy >= 0.9
@@ -103,27 +111,28 @@ def test_hardware_comparison_trains_both_from_the_same_data():
 
 
 def test_comparison_checks_its_inputs_as_the_pipeline_does():
-    with pytest.raises(Exception, match="input 'epochs' = 0: must be at least 1"):
-        hardware_comparison(epochs=0)
+    with pytest.raises(Exception, match="input 'hyperparameters.epochs' = 0: must be at least 1"):
+        hardware_comparison(hyperparameters=TrainConfig(epochs=0))
 
 
 def test_a_comparison_over_a_file_rewritten_in_place_trains_on_the_new_content(tmp_path):
     path = tmp_path / "data.parquet"
     learnable = blobs_frame(n_rows=300)
     learnable.to_parquet(path, index=False)
-    before = hardware_comparison(dataset=str(path), label_column="species", epochs=10)
+    ten_epochs = TrainConfig(epochs=10)
+    before = hardware_comparison(dataset=str(path), label_column="species", hyperparameters=ten_epochs)
     assert all(row.run.accuracy >= 0.9 for row in before.rows)
 
     shuffled = learnable.assign(species=learnable["species"].sample(frac=1.0, random_state=1).to_numpy())
     shuffled.to_parquet(path, index=False)  # same URI, new content: labels no longer follow the features
-    after = hardware_comparison(dataset=str(path), label_column="species", epochs=10)
+    after = hardware_comparison(dataset=str(path), label_column="species", hyperparameters=ten_epochs)
     assert all(row.run.accuracy < 0.75 for row in after.rows), [row.run.accuracy for row in after.rows]
 
 
 def test_multinode_target_is_clamped_to_one_node_locally():
-    report = training_pipeline(target="gpu-multinode", epochs=3)
-    assert (report.framework, report.world_size) == ("pytorch", 2)
-    assert report.accuracy >= 0.9
+    report = training_pipeline(target="gpu-multinode", hyperparameters=TrainConfig(epochs=3))
+    assert (report.training.framework, report.training.world_size) == ("pytorch", 2)
+    assert report.metrics.accuracy >= 0.9
 
 
 def test_scheduled_training_reads_the_partition_of_its_kickoff_day(tmp_path):
@@ -138,7 +147,7 @@ def test_scheduled_training_reads_the_partition_of_its_kickoff_day(tmp_path):
         kickoff_time=datetime(2026, 11, 22, 2, 0),
         dataset_template=str(tmp_path / "dt={yesterday}" / "data.parquet"),
         label_column="species",
-        epochs=3,
+        hyperparameters=TrainConfig(epochs=3),
     )
     assert report.dataset == str(partition / "data.parquet")
-    assert report.accuracy >= 0.9
+    assert report.metrics.accuracy >= 0.9

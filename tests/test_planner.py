@@ -13,7 +13,7 @@ from flytekit import workflow
 from flytekit.configuration import ImageConfig, SerializationSettings
 from flytekit.tools.translator import get_serializable
 
-from tasks.core.config import ModelConfig
+from tasks.core.config import ModelConfig, TrainConfig
 from tasks.core.memory import estimate_training_memory, parameter_count
 from tasks.core.model import build_mlp
 from tasks.core.planner import PlanError, Workload, plan_preprocessing, plan_training
@@ -145,10 +145,8 @@ def test_planned_overrides_reach_the_serialized_node():
         prepared = preprocess(
             dataset=dataset, label_column="label", val_fraction=0.15, test_fraction=0.15, seed=0
         )
-        train_torch(
-            prepared=prepared, epochs=1, batch_size=64, learning_rate=1e-3, weight_decay=0.0,
-            grad_accum_steps=plan.grad_accum_steps, hidden_sizes=[256, 128], dropout=0.1, seed=0, precision="auto",
-        ).with_overrides(**overrides_for(plan))  # fmt: skip
+        hyperparameters = TrainConfig(epochs=1, grad_accum_steps=plan.grad_accum_steps)
+        train_torch(prepared=prepared, hyperparameters=hyperparameters).with_overrides(**overrides_for(plan))
 
     images = {
         name: f"registry.example.com/mixedml-{name}:v1"

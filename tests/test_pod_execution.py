@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tasks.core.config import TrainConfig
 from tasks.preprocess import preprocess
 from tasks.train_torch import train_torch
 from tasks.types import EvaluationReport, TrainedModel
@@ -26,8 +27,7 @@ def test_preprocess_train_evaluate_as_pods(task_specs, tmp_path):
                               "test_fraction": 0.15, "seed": 0}),
         tmp_path / "preprocess",
     )  # fmt: skip
-    hyper = {"epochs": 8, "batch_size": 64, "learning_rate": 3e-3, "weight_decay": 1e-2, "grad_accum_steps": 1,
-             "hidden_sizes": [128], "dropout": 0.1, "seed": 0, "precision": "auto"}  # fmt: skip
+    hyper = {"hyperparameters": TrainConfig(epochs=8, batch_size=64, hidden_sizes=[128])}
     trained = run_like_a_pod(
         task_specs["tasks.train_torch.train_torch"],
         merged(literals(train_torch, hyper), prepared=prepared.literals["o0"]),
@@ -39,8 +39,8 @@ def test_preprocess_train_evaluate_as_pods(task_specs, tmp_path):
         tmp_path / "evaluate",
     )
     report = output(report_literals, EvaluationReport)
-    assert report.accuracy >= 0.9 and report.n_test == 270
-    assert (report.framework, report.world_size) == ("pytorch", 2)
+    assert report.metrics.accuracy >= 0.9 and report.metrics.n_test == 270
+    assert (report.training.framework, report.training.world_size) == ("pytorch", 2)
     model_files = list((tmp_path / "train" / "raw").rglob("model.pt"))
     assert model_files, "the model artifact was not uploaded to the raw output prefix"
     assert (tmp_path / "train" / "checkpoint" / "training_state.pt").exists(), "no checkpoint was uploaded"
@@ -54,7 +54,7 @@ def test_preprocess_train_evaluate_as_pods(task_specs, tmp_path):
         previous_checkpoint=str(tmp_path / "train" / "checkpoint"),
     )
     first, second = output(trained, TrainedModel), output(retried, TrainedModel)
-    assert second.history == first.history
-    assert second.samples_per_second == 0.0 < first.samples_per_second  # nothing left to train
+    assert second.run.history == first.run.history
+    assert second.run.samples_per_second == 0.0 < first.run.samples_per_second  # nothing left to train
     first_state, second_state = model_parameters(first), model_parameters(second)
     assert all(torch.equal(first_state[name], second_state[name]) for name in first_state)

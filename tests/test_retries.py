@@ -13,12 +13,14 @@ import os
 import signal
 import subprocess
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
 from tasks.core.checkpoint import STATE_FILE
+from tasks.core.config import TrainConfig
 from tasks.core.preemption import DEFAULT_GRACE_S, PREEMPTED_EXIT_CODE
 from tasks.core.tf_training import STATE_FILE as KERAS_STATE_FILE
 from tasks.preprocess import preprocess
@@ -38,8 +40,7 @@ from tests.pods import (
 
 pytestmark = pytest.mark.slow
 
-HYPER = {"epochs": 3, "batch_size": 16, "learning_rate": 3e-3, "weight_decay": 1e-2, "grad_accum_steps": 1,
-         "hidden_sizes": [32], "dropout": 0.1, "seed": 3, "precision": "auto"}  # fmt: skip
+HYPER = TrainConfig(epochs=3, batch_size=16, hidden_sizes=[32], seed=3)
 SLOW_STEPS = {"PYTHONPATH": str(REPO / "tests" / "slow_steps"), "MIXEDML_TEST_STEP_SECONDS": "0.05"}
 
 
@@ -56,7 +57,7 @@ def train_inputs(flyte_package, tmp_path_factory):
                               "test_fraction": 0.15, "seed": 0}),
         tmp_path_factory.mktemp("retries") / "preprocess",
     )  # fmt: skip
-    return merged(literals(train_torch, HYPER), prepared=prepared.literals["o0"])
+    return merged(literals(train_torch, {"hyperparameters": HYPER}), prepared=prepared.literals["o0"])
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +111,7 @@ def assert_stops_on_sigterm(attempt: subprocess.Popen, once) -> None:
 
 
 def assert_same_model(first: TrainedModel, second: TrainedModel) -> None:
-    assert second.history == first.history
+    assert second.run.history == first.run.history
     first_state, second_state = model_parameters(first), model_parameters(second)
     assert all(torch.equal(first_state[name], second_state[name]) for name in first_state)
 
@@ -119,8 +120,8 @@ def test_a_retry_whose_previous_attempt_saved_nothing_trains_from_scratch(train_
     never_written = tmp_path / "attempt-0" / "checkpoint"
     trained = run_like_a_pod(train_spec, train_inputs, tmp_path / "attempt-1", str(never_written))
     model = output(trained, TrainedModel)
-    assert [epoch.epoch for epoch in model.history] == [1, 2, 3]
-    assert model.samples_per_second > 0
+    assert [epoch.epoch for epoch in model.run.history] == [1, 2, 3]
+    assert model.run.samples_per_second > 0
     assert (tmp_path / "attempt-1" / "checkpoint" / STATE_FILE).exists()
 
 
@@ -142,7 +143,7 @@ def test_a_chain_of_early_failures_keeps_the_last_good_checkpoint(
 
     third = run_like_a_pod(train_spec, train_inputs, tmp_path / "attempt-2", str(second / "checkpoint"))
     resumed = output(third, TrainedModel)
-    assert resumed.samples_per_second == 0.0  # attempt 0's state reached it: nothing left to train
+    assert resumed.run.samples_per_second == 0.0  # attempt 0's state reached it: nothing left to train
     assert_same_model(uninterrupted, resumed)
 
 
@@ -170,7 +171,7 @@ def test_sigterm_mid_epoch_saves_the_step_reached_and_the_retry_matches_an_unint
 def test_a_keras_attempt_saves_and_exits_143_on_sigterm(flyte_package, train_inputs, tmp_path):
     """The TensorFlow task, run from its serialized command, turns the notice into a failed attempt."""
     spec = flyte_package.tasks["tasks.train_tf.train_tf_gpu"]
-    inputs = merged(train_inputs, literals(train_tf_gpu, {"epochs": 500, "tf_strategy": "auto"}))
+    inputs = merged(train_inputs, literals(train_tf_gpu, {"hyperparameters": replace(HYPER, epochs=500)}))
     attempt = start_attempt(spec, inputs, tmp_path / "attempt-0")
     state_file = tmp_path / "attempt-0" / "checkpoint" / KERAS_STATE_FILE
 

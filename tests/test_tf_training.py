@@ -33,14 +33,14 @@ def test_trains_under_the_default_strategy_and_saves_a_keras_artifact(blob_split
     outcome = train_keras(
         TrainConfig(epochs=4, batch_size=32, seed=1), blob_splits, artifact, env=Environment()
     )
-    assert (outcome.strategy, outcome.replicas, outcome.device, outcome.precision) == (
+    assert (outcome.run.strategy, outcome.run.world_size, outcome.run.device, outcome.run.precision) == (
         "default",
         1,
         "cpu",
         "float32",
     )
-    assert [e.epoch for e in outcome.history] == [1, 2, 3, 4]
-    assert outcome.history[-1].val_accuracy >= 0.95 and outcome.samples_per_second > 0
+    assert [e.epoch for e in outcome.run.history] == [1, 2, 3, 4]
+    assert outcome.run.history[-1].val_accuracy >= 0.95 and outcome.run.samples_per_second > 0
     features, labels = read_split(blob_splits.train, blob_splits.feature_names, blob_splits.label_column)
     assert (predict_keras(artifact, features) == labels).mean() >= 0.95
 
@@ -49,7 +49,7 @@ def test_same_seed_same_history_on_cpu(blob_splits):
     config = TrainConfig(epochs=2, batch_size=32, seed=4)
     first = train_keras(config, blob_splits, env=Environment())
     second = train_keras(config, blob_splits, env=Environment())
-    assert first.history == second.history
+    assert first.run.history == second.run.history
 
 
 def epoch_rows(seed: int) -> list[np.ndarray]:
@@ -175,7 +175,7 @@ def test_tf_resumes_from_its_backup_after_preemption(blob_splits, tmp_path):
         config, blob_splits, env=Environment(), checkpoint_dir=checkpoint, callbacks=[counter]
     )
     assert counter.started == [3, 4]  # epochs 1-2 were not trained again
-    assert [e.epoch for e in resumed.history] == [1, 2, 3, 4]
+    assert [e.epoch for e in resumed.run.history] == [1, 2, 3, 4]
     uninterrupted = train_keras(config, blob_splits, env=Environment())
-    assert resumed.history[:2] == uninterrupted.history[:2]  # same seed, same first epochs
-    assert resumed.history[-1].val_accuracy >= 0.9
+    assert resumed.run.history[:2] == uninterrupted.run.history[:2]  # same seed, same first epochs
+    assert resumed.run.history[-1].val_accuracy >= 0.9

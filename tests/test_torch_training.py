@@ -21,11 +21,11 @@ def parameters(outcome) -> list[torch.Tensor]:
 def test_trains_a_separable_problem_and_writes_the_artifact(blob_splits, tmp_path):
     artifact = tmp_path / "model.pt"
     outcome = train(TrainConfig(epochs=5, batch_size=32, hidden_sizes=[32]), blob_splits, str(artifact))
-    assert [e.epoch for e in outcome.history] == [1, 2, 3, 4, 5]
-    assert outcome.history[-1].val_accuracy >= 0.95
-    assert outcome.history[-1].train_loss < outcome.history[0].train_loss
-    assert outcome.samples_per_second > 0
-    assert (outcome.device, outcome.world_size, outcome.backend, outcome.precision) == (
+    assert [e.epoch for e in outcome.run.history] == [1, 2, 3, 4, 5]
+    assert outcome.run.history[-1].val_accuracy >= 0.95
+    assert outcome.run.history[-1].train_loss < outcome.run.history[0].train_loss
+    assert outcome.run.samples_per_second > 0
+    assert (outcome.run.device, outcome.run.world_size, outcome.run.backend, outcome.run.precision) == (
         "cpu",
         1,
         "none",
@@ -38,7 +38,7 @@ def test_trains_a_separable_problem_and_writes_the_artifact(blob_splits, tmp_pat
 def test_same_seed_same_parameters_and_history(blob_splits):
     config = TrainConfig(epochs=2, batch_size=16, seed=3)
     first, second = train(config, blob_splits), train(config, blob_splits)
-    assert first.history == second.history
+    assert first.run.history == second.run.history
     for a, b in zip(parameters(first), parameters(second), strict=True):
         assert torch.equal(a, b)
     third = train(TrainConfig(epochs=2, batch_size=16, seed=4), blob_splits)
@@ -64,8 +64,10 @@ def test_batch_must_divide_over_workers_and_accumulation():
     [({"epochs": 0}, "epochs"), ({"batch_size": -1}, "batch_size"), ({"precision": "fp8"}, "precision")],
 )
 def test_config_validation(kwargs, match):
+    config = TrainConfig(**kwargs)  # building a config never raises; validate() does
+    assert match in config.problems()
     with pytest.raises(ValueError, match=match):
-        TrainConfig(**kwargs)
+        config.validate()
 
 
 def test_batch_larger_than_the_shard_is_refused(blob_splits):

@@ -22,9 +22,9 @@ def main(splits_json: str, artifact: str) -> None:
     splits = SplitPaths(**json.loads(splits_json))
     outcome = train_keras(TrainConfig(epochs=4, batch_size=32, seed=2), splits, artifact, strategy="mirrored")
     print(json.dumps({
-        "strategy": outcome.strategy,
-        "replicas": outcome.replicas,
-        "val_accuracy": outcome.history[-1].val_accuracy,
+        "strategy": outcome.run.strategy,
+        "replicas": outcome.run.world_size,
+        "val_accuracy": outcome.run.history[-1].val_accuracy,
         "devices": [d.name for d in tf.config.list_logical_devices("CPU")],
     }))  # fmt: skip
 

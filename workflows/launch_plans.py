@@ -6,6 +6,7 @@ from datetime import datetime
 
 from flytekit import CronSchedule, LaunchPlan, workflow
 
+from tasks.core.config import TrainConfig
 from tasks.schedule import dataset_partition
 from tasks.types import EvaluationReport
 from workflows.comparison import hardware_comparison
@@ -18,13 +19,12 @@ def scheduled_training(
     dataset_template: str = "",
     label_column: str = "label",
     target: str = "gpu",
-    epochs: int = 30,
-    seed: int = 0,
+    hyperparameters: TrainConfig = TrainConfig(),  # noqa: B008 - Flyte needs the literal default
 ) -> EvaluationReport:
     """training_pipeline on the partition named by the kickoff time, e.g. s3://bucket/events/dt={yesterday}/."""
     dataset = dataset_partition(template=dataset_template, kickoff_time=kickoff_time)
     return training_pipeline(
-        dataset=dataset, label_column=label_column, target=target, epochs=epochs, seed=seed
+        dataset=dataset, label_column=label_column, target=target, hyperparameters=hyperparameters
     )
 
 
@@ -33,7 +33,7 @@ nightly_retrain = LaunchPlan.get_or_create(
     workflow=scheduled_training,
     name="nightly_retrain",
     schedule=CronSchedule(schedule="0 2 * * *", kickoff_time_input_arg="kickoff_time"),
-    default_inputs={"dataset_template": "", "label_column": "label", "epochs": 30, "seed": 0},
+    default_inputs={"dataset_template": "", "label_column": "label", "hyperparameters": TrainConfig()},
     fixed_inputs={"target": "gpu"},
 )
 
@@ -42,5 +42,5 @@ weekly_hardware_comparison = LaunchPlan.get_or_create(
     workflow=hardware_comparison,
     name="weekly_hardware_comparison",
     schedule=CronSchedule(schedule="0 4 * * 1"),
-    default_inputs={"epochs": 30, "seed": 0},
+    default_inputs={"hyperparameters": TrainConfig()},
 )

@@ -4,23 +4,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tasks.core.config import Hardware, TrainingRun
+
 
 @dataclass
 class RunSummary:
     """What the comparison needs to know about one training + evaluation run."""
 
     name: str
-    framework: str
-    strategy: str
-    trained_on: str
-    accelerator: str
-    accelerator_count: int
+    training: TrainingRun
+    billed: Hardware  # its price_per_hour, where set, is the applied plan's per device
     accuracy: float
     macro_f1: float
-    train_seconds: float
-    samples_per_second: float
-    # From the applied resource plan: its catalog price per device (GPU, MIG slice or TPU chip).
-    planned_price_per_hour: float | None = None
 
 
 @dataclass
@@ -29,6 +24,9 @@ class ComparisonRow:
     accelerator_hours: float
     price_per_hour: float | None
     cost_usd: float | None
+
+    def hardware(self) -> str:
+        return f"{self.run.billed.describe()} ({self.run.training.strategy})"
 
 
 @dataclass
@@ -43,12 +41,11 @@ class HardwareComparison:
         header = f"{'run':<18} {'hardware':<34} {'accuracy':>8} {'macro-F1':>8} {'train s':>8} {'samples/s':>10} {'cost $':>10}"
         lines = [header]
         for row in self.rows:
-            run = row.run
-            hardware = f"{run.accelerator} x{run.accelerator_count} ({run.strategy})"
+            run, training = row.run, row.run.training
             cost = f"{row.cost_usd:.6f}" if row.cost_usd is not None else "n/a"
             lines.append(
-                f"{run.name:<18} {hardware:<34} {run.accuracy:>8.4f} {run.macro_f1:>8.4f} "
-                f"{run.train_seconds:>8.1f} {run.samples_per_second:>10.0f} {cost:>10}"
+                f"{run.name:<18} {row.hardware():<34} {run.accuracy:>8.4f} {run.macro_f1:>8.4f} "
+                f"{training.train_seconds:>8.1f} {training.samples_per_second:>10.0f} {cost:>10}"
             )
         lines.append(
             f"most accurate: {self.most_accurate}; fastest: {self.fastest}; cheapest: {self.cheapest}"
@@ -57,11 +54,17 @@ class HardwareComparison:
 
 
 def price_run(run: RunSummary, prices: dict[str, float]) -> ComparisonRow:
-    hours = run.train_seconds / 3600 * run.accelerator_count
-    price = (
-        run.planned_price_per_hour if run.planned_price_per_hour is not None else prices.get(run.accelerator)
-    )
+    billed = run.billed
+    hours = run.training.train_seconds / 3600 * billed.count
+    price = billed.price_per_hour if billed.price_per_hour is not None else prices.get(billed.accelerator)
     return ComparisonRow(run, hours, price, hours * price if price is not None else None)
+
+
+def pricing_note(row: ComparisonRow) -> str:
+    name, accelerator = row.run.name, row.run.billed.accelerator
+    if row.price_per_hour is None:
+        return f"no price for '{accelerator}' ({name}); add it to prices to estimate its cost"
+    return f"{name}: no resource plan was applied; priced at prices['{accelerator}']"
 
 
 def compare_runs(runs: list[RunSummary], prices: dict[str, float]) -> HardwareComparison:
@@ -72,15 +75,11 @@ def compare_runs(runs: list[RunSummary], prices: dict[str, float]) -> HardwareCo
         raise ValueError("nothing to compare: no runs given")
     rows = [price_run(run, prices) for run in runs]
     priced = [row for row in rows if row.cost_usd is not None]
-    notes = [
-        f"no price for '{row.run.accelerator}' ({row.run.name}); add it to prices to estimate its cost"
-        for row in rows
-        if row.cost_usd is None
-    ]
+    notes = [pricing_note(row) for row in rows if row.run.billed.price_per_hour is None]
     return HardwareComparison(
         rows=rows,
         most_accurate=max(rows, key=lambda r: r.run.accuracy).run.name,
-        fastest=min(rows, key=lambda r: r.run.train_seconds).run.name,
+        fastest=min(rows, key=lambda r: r.run.training.train_seconds).run.name,
         cheapest=min(priced, key=lambda r: r.cost_usd).run.name if priced else "unknown",
         notes=notes,
     )

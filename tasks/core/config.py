@@ -6,6 +6,18 @@ from dataclasses import dataclass, field
 
 # "auto": bf16 autocast on GPUs that support it, fp16 with a grad scaler on older ones.
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
+# tf.distribute strategies a TensorFlow target may demand; "auto" picks the best one present.
+TF_STRATEGIES = ("auto", "tpu", "multi_worker", "mirrored", "default")
+
+
+def mlp_problems(hidden_sizes: list[int], dropout: float) -> dict[str, str]:
+    """What is wrong with an MLP's shape, by field name."""
+    found = {}
+    if not hidden_sizes or any(size < 1 for size in hidden_sizes):
+        found["hidden_sizes"] = "needs at least one layer and positive widths"
+    if not 0.0 <= dropout < 1.0:
+        found["dropout"] = "must be in [0, 1)"
+    return found
 
 
 @dataclass
@@ -20,15 +32,15 @@ class ModelConfig:
             raise ValueError(
                 f"need >= 1 feature and >= 2 classes, got {self.n_features} and {self.n_classes}"
             )
-        if any(size < 1 for size in self.hidden_sizes):
-            raise ValueError(f"hidden_sizes must be positive, got {self.hidden_sizes}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        for name, problem in mlp_problems(self.hidden_sizes, self.dropout).items():
+            raise ValueError(f"{name}={getattr(self, name)!r}: {problem}")
 
 
 @dataclass
 class TrainConfig:
-    """Hyperparameters. `batch_size` is the global batch per optimizer step, whatever the world size."""
+    """The hyperparameters: the one config that crosses the task boundaries, from the workflow input
+    to both training loops. `batch_size` is the global batch per optimizer step, whatever the world
+    size. `problems()` holds every rule; the workflows check it before any accelerator is requested."""
 
     epochs: int = 30
     batch_size: int = 64
@@ -39,22 +51,40 @@ class TrainConfig:
     dropout: float = 0.1
     seed: int = 0
     precision: str = "auto"
-    collective_timeout_s: int = 600
+    # TensorFlow targets only: which tf.distribute strategy to use, or demand.
+    tf_strategy: str = "auto"
     # Checkpoint every N optimizer steps as well as every epoch (0: every epoch only).
     checkpoint_every_steps: int = 0
+    collective_timeout_s: int = 600
     # The out-of-memory guard halves the micro-batch down to this size, then gives up.
     min_micro_batch_size: int = 4
 
-    def __post_init__(self) -> None:
-        for name in ("epochs", "batch_size", "grad_accum_steps"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision='{self.precision}' is not one of {', '.join(PRECISIONS)}")
-        if self.checkpoint_every_steps < 0:
-            raise ValueError(f"checkpoint_every_steps must be >= 0, got {self.checkpoint_every_steps}")
-        if self.learning_rate <= 0:
-            raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
+    def problems(self) -> dict[str, str]:
+        """What is wrong, by field name; empty when the config can run."""
+        rules = {
+            "epochs": (self.epochs >= 1, "must be at least 1"),
+            "batch_size": (self.batch_size >= 1, "must be at least 1"),
+            "learning_rate": (self.learning_rate > 0, "must be positive"),
+            "weight_decay": (self.weight_decay >= 0, "must be >= 0"),
+            "grad_accum_steps": (self.grad_accum_steps >= 1, "must be at least 1"),
+            "precision": (self.precision in PRECISIONS, f"not one of {', '.join(PRECISIONS)}"),
+            "tf_strategy": (self.tf_strategy in TF_STRATEGIES, f"not one of {', '.join(TF_STRATEGIES)}"),
+            "checkpoint_every_steps": (self.checkpoint_every_steps >= 0, "must be >= 0"),
+            "collective_timeout_s": (self.collective_timeout_s >= 1, "must be at least 1"),
+            "min_micro_batch_size": (self.min_micro_batch_size >= 1, "must be at least 1"),
+        }
+        found = {name: rule for name, (ok, rule) in rules.items() if not ok}
+        return found | mlp_problems(self.hidden_sizes, self.dropout)
+
+    def validate(self) -> None:
+        """For code that builds a config itself; workflow inputs get the fuller message of
+        `tasks.core.validation.validate_run`."""
+        found = self.problems()
+        if found:
+            raise ValueError(
+                "invalid TrainConfig: "
+                + "; ".join(f"{name}={getattr(self, name)!r} {rule}" for name, rule in found.items())
+            )
 
     def micro_batch_size(self, world_size: int) -> int:
         per_step = world_size * self.grad_accum_steps
@@ -65,6 +95,9 @@ class TrainConfig:
             )
         return self.batch_size // per_step
 
+    def model(self, n_features: int, n_classes: int) -> ModelConfig:
+        return ModelConfig(n_features, n_classes, self.hidden_sizes, self.dropout)
+
 
 @dataclass
 class EpochMetrics:
@@ -73,6 +106,36 @@ class EpochMetrics:
     train_accuracy: float
     val_loss: float
     val_accuracy: float
+
+
+@dataclass
+class TrainingRun:
+    """How a model was trained. Both training loops produce it; the trained model, the evaluation
+    report and the comparison carry it as it is."""
+
+    framework: str  # "pytorch" or "tensorflow"
+    device: str  # "cuda", "tpu", "gpu" or "cpu": where the loop ran
+    world_size: int  # DDP ranks or tf.distribute replicas
+    backend: str  # process-group backend (nccl, gloo) or "xla"
+    precision: str
+    strategy: str  # "DDP", "single-process" or the tf.distribute strategy
+    history: list[EpochMetrics]
+    samples_per_second: float
+    train_seconds: float
+    peak_device_memory_bytes: int = 0  # torch.cuda.max_memory_allocated; 0 on CPU
+
+
+@dataclass
+class Hardware:
+    """The accelerators a run is billed for: as declared by its task, or as the applied plan put it."""
+
+    accelerator: str  # GPU or TPU name as the cluster knows it, or "cpu" for local worker processes
+    count: int
+    partition: str = ""  # MIG partition or TPU topology; "" for whole GPUs
+    price_per_hour: float | None = None  # per device, from the applied plan's catalog option
+
+    def describe(self) -> str:
+        return f"{self.accelerator} {self.partition}".rstrip() + f" x{self.count}"
 
 
 @dataclass

@@ -18,9 +18,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from tasks.core.config import TF_STRATEGIES
+
 log = logging.getLogger(__name__)
 
-STRATEGIES = ("auto", "tpu", "multi_worker", "mirrored", "default")
 # Set by GKE on TPU VM nodes; /dev/accel* (v4, v5e) and /dev/vfio (v5p, v6e) are the TPU devices.
 TPU_VM_ENV = ("TPU_WORKER_ID", "TPU_ACCELERATOR_TYPE", "TPU_WORKER_HOSTNAMES")
 TPU_DEVICE_GLOBS = ("/dev/accel*", "/dev/vfio/[0-9]*")
@@ -92,8 +93,8 @@ def available_kinds(env: Environment) -> list[str]:
 
 
 def choose_kind(requested: str, env: Environment, allow_fallback: bool = False) -> StrategyChoice:
-    if requested not in STRATEGIES:
-        raise ValueError(f"strategy='{requested}' is not one of {', '.join(STRATEGIES)}")
+    if requested not in TF_STRATEGIES:
+        raise ValueError(f"strategy='{requested}' is not one of {', '.join(TF_STRATEGIES)}")
     kinds = available_kinds(env)
     if requested == "auto":
         return StrategyChoice(kinds[0])

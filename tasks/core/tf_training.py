@@ -16,7 +16,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tasks.core.config import EpochMetrics, ModelConfig, SplitPaths, TrainConfig
+from tasks.core.config import EpochMetrics, ModelConfig, SplitPaths, TrainConfig, TrainingRun
 from tasks.core.data import read_split
 from tasks.core.preemption import PreemptionNotice
 from tasks.core.tf_strategy import Environment, detect_environment, select_strategy
@@ -29,13 +29,7 @@ STATE_FILE = "training_state.json"
 
 @dataclass
 class KerasOutcome:
-    history: list[EpochMetrics]
-    samples_per_second: float
-    train_seconds: float
-    device: str
-    replicas: int
-    strategy: str
-    precision: str
+    run: TrainingRun
     model: keras.Model
 
 
@@ -318,6 +312,7 @@ def train_keras(
     across attempts; the train loss and accuracy of an epoch resumed mid-way cover only the batches
     trained in this attempt.
     """
+    config.validate()
     env = env or detect_environment()
     dist_strategy, kind = select_strategy(strategy, allow_fallback, env, resolver_factory)
     replicas = dist_strategy.num_replicas_in_sync
@@ -340,9 +335,7 @@ def train_keras(
     val_data = batches(vx, vy, micro_batch, config.seed, shuffle=False, drop_remainder=static_shapes)
 
     policy = precision_policy(kind, env.gpu_count, config.precision)
-    model_config = ModelConfig(
-        len(splits.feature_names), splits.n_classes, config.hidden_sizes, config.dropout
-    )
+    model_config = config.model(len(splits.feature_names), splits.n_classes)
     log.info(
         "keras: %s, %d replicas x %d rows per step, policy %s",
         kind,
@@ -365,16 +358,18 @@ def train_keras(
         model.save(artifact_path)
 
     samples = (tracker.state.batches_done(steps) - resumed_at) * micro_batch
-    return KerasOutcome(
+    run = TrainingRun(
+        framework="tensorflow",
+        device=describe_device(kind, env),
+        world_size=replicas,
+        backend="xla",
+        precision=policy,
+        strategy=kind,
         history=[EpochMetrics(*record) for record in tracker.state.history],
         samples_per_second=samples / clock.seconds if clock.seconds > 0 else 0.0,
         train_seconds=seconds,
-        device=describe_device(kind, env),
-        replicas=replicas,
-        strategy=kind,
-        precision=policy,
-        model=model,
     )
+    return KerasOutcome(run=run, model=model)
 
 
 def predict_keras(path: str, features: np.ndarray, batch_size: int = 8192) -> np.ndarray:

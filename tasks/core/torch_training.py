@@ -23,7 +23,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from tasks.core.checkpoint import TrainingCheckpoint
-from tasks.core.config import EpochMetrics, ModelConfig, SplitPaths, TrainConfig
+from tasks.core.config import EpochMetrics, SplitPaths, TrainConfig, TrainingRun
 from tasks.core.data import read_shard
 from tasks.core.model import build_mlp, save_artifact
 from tasks.core.preemption import PreemptionNotice
@@ -34,21 +34,14 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class TrainOutcome:
-    """What one rank returns; rank 0's copy describes the run."""
+    """What one rank returns; rank 0's `run` describes the run."""
 
-    history: list[EpochMetrics]
-    samples_per_second: float
-    train_seconds: float
-    device: str
-    world_size: int
-    backend: str
-    precision: str
+    run: TrainingRun
     rank: int
     shard_rows: list[int]
     optimizer_steps: int
     micro_batch_size: int  # at the end of the run, after any out-of-memory halving
     grad_accum_steps: int
-    peak_memory_bytes: int  # torch.cuda.max_memory_allocated; 0 on CPU
     model: nn.Module | None = None
 
 
@@ -358,6 +351,7 @@ def train(
     scalars there every epoch. With a `preemption` notice, the ranks stop together after the step
     during which the notice arrived, save that step and raise `Preempted`.
     """
+    config.validate()
     ctx = init_distributed(config.collective_timeout_s)
     torch.manual_seed(config.seed)
     if ctx.device.type == "cpu":
@@ -370,9 +364,7 @@ def train(
             f"({micro} x {config.grad_accum_steps}); lower batch_size"
         )
 
-    model_config = ModelConfig(
-        len(splits.feature_names), splits.n_classes, config.hidden_sizes, config.dropout
-    )
+    model_config = config.model(len(splits.feature_names), splits.n_classes)
     model = build_mlp(model_config).to(ctx.device)
     ddp_model = DistributedDataParallel(model) if ctx.is_distributed else model
     optimizer = torch.optim.AdamW(
@@ -446,20 +438,27 @@ def train(
 
     if ctx.rank == 0 and artifact_path:
         save_artifact(model, model_config, artifact_path)
-    return TrainOutcome(
-        history=progress.history,
-        samples_per_second=samples / training_seconds if training_seconds > 0 else 0.0,
-        train_seconds=seconds,
+    run = TrainingRun(
+        framework="pytorch",
         device=describe_device(ctx.device),
         world_size=ctx.world_size,
         backend=ctx.backend,
         precision=str(dtype).removeprefix("torch.") if dtype else "float32",
+        strategy="DDP" if ctx.world_size > 1 else "single-process",
+        history=progress.history,
+        samples_per_second=samples / training_seconds if training_seconds > 0 else 0.0,
+        train_seconds=seconds,
+        peak_device_memory_bytes=torch.cuda.max_memory_allocated(ctx.device)
+        if ctx.device.type == "cuda"
+        else 0,
+    )
+    return TrainOutcome(
+        run=run,
         rank=ctx.rank,
         shard_rows=np.asarray(shard_rows).tolist(),
         optimizer_steps=progress.optimizer_steps,
         micro_batch_size=micro_batch.size,
         grad_accum_steps=-(-micro * config.grad_accum_steps // micro_batch.size),
-        peak_memory_bytes=torch.cuda.max_memory_allocated(ctx.device) if ctx.device.type == "cuda" else 0,
         model=model,
     )
 
