@@ -114,7 +114,6 @@ def billed_section(report) -> str:
         "Hardware billed",
         table(["accelerator", "partition", "count", "price", "resource plan"],
               [[billed.accelerator, billed.partition or "-", billed.count, price, state]]),
-        "".join(f"<p>{html.escape(note)}</p>" for note in report.notes),
     )  # fmt: skip
 
 
@@ -125,6 +124,7 @@ def evaluation_deck(report) -> None:
         "Test metrics",
         table(["accuracy", "macro-F1", "test rows", "trained with", "on"],
               [[metrics.accuracy, metrics.macro_f1, metrics.n_test, run.framework, run.device]]),
+        "".join(f"<p>{html.escape(note)}</p>" for note in report.notes),
     ) + billed_section(report) + section(
         "Confusion matrix",
         figure(plots.heatmap(metrics.confusion_matrix, report.class_labels, "confusion matrix"), "confusion-matrix"),

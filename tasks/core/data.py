@@ -7,13 +7,16 @@ grow with the width of the file.
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import json
 import math
+import re
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 import fsspec
@@ -23,7 +26,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 import pyarrow.dataset as ds
+import pyarrow.fs as pa_fs
 import pyarrow.parquet as pq
+
+from tasks.core.messages import LINE_CHARS, one_line, preview, shorten
 
 if TYPE_CHECKING:  # scikit-learn (about a second to import) is loaded only where it splits or scales
     from sklearn.preprocessing import StandardScaler
@@ -34,6 +40,12 @@ BATCH_ROWS = 65_536
 # Batches decoded ahead of the one in use: bounds memory (pyarrow reads 16 ahead by default).
 READAHEAD_BATCHES = 2
 EMBEDDED_DIGITS_LABEL = "label"
+CSV_DELIMITERS = ",;\t|"
+HEADER_BYTES = 1 << 20
+CASE_WARNINGS = 5
+# pyarrow's CSV errors number columns from 0 and rows as lines of the file, header included.
+CSV_COLUMN_ERROR = re.compile(r"In CSV column #(\d+): (?:Row #(\d+): )?(.*)", re.DOTALL)
+CSV_NOT_A_NUMBER = re.compile(r"CSV conversion error to \w+: invalid value '(.*)'", re.DOTALL)
 
 
 class DatasetError(ValueError):
@@ -89,6 +101,31 @@ def detect_format(uri: str) -> str:
     )
 
 
+@contextmanager
+def remote_errors(uri: str) -> Iterator[None]:
+    """Any failure to reach the input (no credentials, no network) as one line naming it and the cause."""
+    try:
+        yield
+    except (DatasetError, MemoryError):
+        raise
+    except FileNotFoundError as err:
+        # Some filesystems (HTTP) report an unreachable host as a missing file; the cause says which.
+        cause = err.__cause__
+        if cause is None or isinstance(cause, FileNotFoundError):
+            raise DatasetError(f"{uri}: no such file or directory") from err
+        raise DatasetError(f"cannot read {uri}: {one_line(cause)}") from err
+    except Exception as err:  # each filesystem raises its own types (botocore, aiohttp, google-auth, ...)
+        raise DatasetError(f"cannot read {uri}: {one_line(err)}") from err
+
+
+def filesystem_for(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
+    with remote_errors(uri):
+        try:
+            return fsspec.core.url_to_fs(uri)
+        except (ValueError, ImportError) as err:  # unknown protocol, or its filesystem package is missing
+            raise DatasetError(f"{uri}: cannot open this URI: {err}") from err
+
+
 def parquet_format(remote: bool = False) -> ds.ParquetFileFormat:
     """Pre-buffering reads whole row groups at once: fewer requests to an object store, but on a
     local disk it holds most of a file in memory, so it is used for remote files only."""
@@ -96,51 +133,207 @@ def parquet_format(remote: bool = False) -> ds.ParquetFileFormat:
     return ds.ParquetFileFormat(default_fragment_scan_options=options)
 
 
-def open_dataset(uri: str) -> ds.Dataset:
-    """Open a local path or fsspec URI (s3://, gs://, ...) as a lazily-read pyarrow dataset."""
+def first_file(filesystem: fsspec.AbstractFileSystem, directory: str) -> str | None:
+    """The file of a directory that pyarrow reads first (it skips names starting with '.' or '_')."""
+    files = sorted(f for f in filesystem.find(directory) if not PurePosixPath(f).name.startswith((".", "_")))
+    return files[0] if files else None
+
+
+def header_line(filesystem: pa_fs.FileSystem, file: str) -> str:
+    with filesystem.open_input_stream(file, compression="detect") as stream:
+        head = stream.read(HEADER_BYTES)
+    lines = head.decode("utf-8", errors="replace").splitlines()
+    return lines[0] if lines else ""
+
+
+def sniff_delimiter(header: str) -> str:
+    """The header's delimiter among comma, semicolon, tab and pipe; a comma when it cannot tell."""
+    try:
+        return csv.Sniffer().sniff(header, delimiters=CSV_DELIMITERS).delimiter
+    except csv.Error:  # a single column, or no header at all
+        return ","
+
+
+def is_number_or_null(kind: pa.DataType) -> bool:
+    return pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_null(kind)
+
+
+def csv_format(
+    filesystem: fsspec.AbstractFileSystem, path: str, is_dir: bool, label_column: str | None
+) -> ds.CsvFileFormat:
+    """CSV options for this file: its delimiter, the label read as text and numeric columns as floats.
+
+    pyarrow guesses column types from the first block only, so a column of integers holding 0.5
+    further down would fail to convert; reading every numeric column as float64 avoids that. A text
+    label keeps 'NA' or 'NULL' as classes: only an empty cell is missing.
+    """
+    first = first_file(filesystem, path) if is_dir else path
+    header = header_line(pa_fs.PyFileSystem(pa_fs.FSSpecHandler(filesystem)), first) if first else ""
+    parse = pa_csv.ParseOptions(delimiter=sniff_delimiter(header))
+    text = {label_column: pa.string()} if label_column else {}
+    guess = ds.CsvFileFormat(parse_options=parse, convert_options=pa_csv.ConvertOptions(column_types=text))
+    guessed = ds.dataset(path, filesystem=filesystem, format=guess).schema
+    numbers = {f.name: pa.float64() for f in guessed if f.name not in text and is_number_or_null(f.type)}
+    convert = pa_csv.ConvertOptions(column_types={**numbers, **text})
+    return ds.CsvFileFormat(parse_options=parse, convert_options=convert)
+
+
+def open_dataset(uri: str, label_column: str | None = None) -> ds.Dataset:
+    """Open a local path or fsspec URI (s3://, gs://, ...) as a lazily-read pyarrow dataset.
+
+    `label_column` matters for CSV only: it is read as text (see `csv_format`).
+    """
     file_format = detect_format(uri)
-    try:
-        filesystem, path = fsspec.core.url_to_fs(uri)
-    except (ValueError, ImportError) as err:  # unknown protocol, or its filesystem package is missing
-        raise DatasetError(f"{uri}: cannot open this URI: {err}") from err
-    if not filesystem.exists(path):
-        raise DatasetError(f"{uri}: no such file or directory")
-    if filesystem.isfile(path) and filesystem.size(path) == 0:
+    filesystem, path = filesystem_for(uri)
+    with remote_errors(uri):
+        info = filesystem.info(path)
+    is_dir = info.get("type") == "directory"
+    if not is_dir and info.get("size") == 0:
         raise DatasetError(f"{uri}: the file is empty (0 bytes)")
-    if file_format == "csv":
-        # An empty CSV field is a missing value, not an empty-string label.
-        file_format = ds.CsvFileFormat(convert_options=pa_csv.ConvertOptions(strings_can_be_null=True))
-    else:
-        file_format = parquet_format(
-            remote=not isinstance(filesystem, fsspec.implementations.local.LocalFileSystem)
-        )
-    try:
-        dataset = ds.dataset(path, filesystem=filesystem, format=file_format)
-        # Parquet knows its row count from the footers; CSV must parse its first block to tell.
-        is_csv = isinstance(file_format, ds.CsvFileFormat)
-        has_rows = (dataset.head(1).num_rows if is_csv else dataset.count_rows()) > 0
-    except (pa.ArrowInvalid, OSError) as err:
-        raise DatasetError(f"{uri}: cannot be read as {detect_format(uri)}: {err}") from err
-    if not has_rows:
-        raise DatasetError(f"{uri}: the dataset has no rows")
+    remote = not isinstance(filesystem, fsspec.implementations.local.LocalFileSystem)
+    with remote_errors(uri):
+        try:
+            if file_format == "csv":
+                pa_format = csv_format(filesystem, path, is_dir, label_column)
+            else:
+                pa_format = parquet_format(remote=remote)
+            dataset = consistent_parts(ds.dataset(path, filesystem=filesystem, format=pa_format), uri)
+            if not has_rows(dataset, uri):
+                raise DatasetError(f"{uri}: the dataset has no rows")
+        except pa.ArrowException as err:
+            raise DatasetError(f"{uri}: cannot be read as {file_format}: {one_line(err)}") from err
     return dataset
+
+
+def has_rows(dataset: ds.Dataset, uri: str) -> bool:
+    """Parquet knows its row count from the footers; CSV must parse its first batch to tell."""
+    if not isinstance(dataset.format, ds.CsvFileFormat):
+        return dataset.count_rows() > 0
+    return any(batch.num_rows for batch in iter_batches(dataset, uri))
+
+
+def part_name(uri: str, file: str) -> str:
+    """`uri` itself, or `uri` and the part file when `uri` is a directory."""
+    same = PurePosixPath(file).name == PurePosixPath(uri.rstrip("/")).name
+    return uri if same else f"{uri}: part file {file}"
+
+
+def csv_header(dataset: ds.Dataset, file: str) -> list[str]:
+    line = header_line(dataset.filesystem, file)
+    return next(csv.reader([line], delimiter=dataset.format.parse_options.delimiter), [])
+
+
+def csv_error_message(err: pa.ArrowException, dataset: ds.Dataset, file: str, uri: str) -> str:
+    """pyarrow's 'In CSV column #3: Row #9: ...' with the file and the column's name instead."""
+    source = part_name(uri, file)
+    match = CSV_COLUMN_ERROR.search(str(err))
+    if not match:
+        return f"{source}: unreadable data: {one_line(err)}"
+    index, line, detail = int(match[1]), match[2], match[3]
+    names = csv_header(dataset, file)
+    column = repr(names[index]) if index < len(names) else f"number {index + 1}"
+    where = f" at line {int(line):,}" if line else ""
+    value = CSV_NOT_A_NUMBER.match(detail)
+    if not value:
+        return f"{source}: column {column}{where}: {shorten(detail, LINE_CHARS)}"
+    hint = " (numbers must use '.' as the decimal point)" if "," in value[1] else ""
+    return (
+        f"{source}: column {column} holds {shorten(repr(value[1]))}{where}, not a number{hint}; "
+        "encode it numerically or drop it before training"
+    )
+
+
+@contextmanager
+def data_errors(dataset: ds.Dataset, file: str, uri: str) -> Iterator[None]:
+    """A value that cannot be read, named by its file and column."""
+    try:
+        yield
+    except pa.ArrowException as err:
+        if isinstance(dataset.format, ds.CsvFileFormat):
+            raise DatasetError(csv_error_message(err, dataset, file, uri)) from err
+        raise DatasetError(f"{part_name(uri, file)}: unreadable data: {one_line(err)}") from err
+
+
+def column_kind(kind: pa.DataType) -> str:
+    if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind):
+        return "number"
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        return "text"
+    return str(kind)
+
+
+def unified_type(name: str, types: list[tuple[str, pa.DataType]], uri: str) -> pa.DataType:
+    """One type for a column across (file, type) pairs: numbers that differ are read as float64."""
+    typed = [(file, kind) for file, kind in types if not pa.types.is_null(kind)]
+    if not typed:
+        return pa.null()
+    base_file, base_type = typed[0]
+    for file, kind in typed[1:]:
+        if column_kind(kind) != column_kind(base_type):
+            raise DatasetError(
+                f"{uri}: part file {file}: column '{name}' has type {kind}, but it is {base_type} "
+                f"in part file {base_file}"
+            )
+    if all(kind == base_type for _, kind in typed) or column_kind(base_type) != "number":
+        return base_type
+    return pa.float64()
+
+
+def check_same_columns(uri: str, first: tuple[str, list[str]], part: tuple[str, list[str]]) -> None:
+    (first_path, expected), (path, names) = first, part
+    missing = [repr(n) for n in expected if n not in names]
+    extra = [repr(n) for n in names if n not in expected]
+    if missing or extra:
+        differences = [
+            f"{label} {preview(columns)}"
+            for label, columns in (("lacks", missing), ("adds", extra))
+            if columns
+        ]
+        raise DatasetError(
+            f"{uri}: part file {path} has other columns than part file {first_path}: it "
+            + " and ".join(differences)
+        )
+
+
+def consistent_parts(dataset: ds.Dataset, uri: str) -> ds.Dataset:
+    """The parts of a directory must have the same columns; numeric types may differ between them."""
+    fragments = list(dataset.get_fragments())
+    if len(fragments) < 2:
+        return dataset
+    schemas = []
+    for fragment in fragments:
+        with data_errors(dataset, fragment.path, uri):
+            schemas.append((fragment.path, fragment.physical_schema))
+    first_path, first = schemas[0]
+    for path, schema in schemas[1:]:
+        check_same_columns(uri, (first_path, first.names), (path, schema.names))
+    unified = pa.schema(
+        [
+            (name, unified_type(name, [(p, s.field(name).type) for p, s in schemas], uri))
+            for name in first.names
+        ]
+    )
+    return ds.dataset(dataset.files, filesystem=dataset.filesystem, format=dataset.format, schema=unified)
 
 
 def iter_batches(dataset: ds.Dataset, uri: str, columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
     """Record batches in file order (the split assignment relies on a stable row order)."""
-    try:
-        yield from dataset.to_batches(
-            columns=columns, batch_size=BATCH_ROWS, batch_readahead=READAHEAD_BATCHES, fragment_readahead=1
-        )
-    except pa.ArrowInvalid as err:
-        raise DatasetError(f"{uri}: unreadable data: {err}") from err
+    for fragment in dataset.get_fragments():
+        with remote_errors(uri), data_errors(dataset, fragment.path, uri):
+            yield from fragment.to_batches(
+                schema=dataset.schema,
+                columns=columns,
+                batch_size=BATCH_ROWS,
+                batch_readahead=READAHEAD_BATCHES,
+            )
 
 
 def feature_columns(schema: pa.Schema, label_column: str, uri: str) -> list[str]:
     """All columns except the label; each must be numeric."""
     if label_column not in schema.names:
         raise DatasetError(
-            f"{uri}: label column '{label_column}' not found; columns are: {', '.join(schema.names)}"
+            f"{uri}: label column '{label_column}' not found in the {len(schema.names):,} columns: "
+            f"{preview(schema.names)}"
         )
     features = [name for name in schema.names if name != label_column]
     if not features:
@@ -171,47 +364,122 @@ def check_finite(batch: pa.RecordBatch, features: list[str], first_row: int, uri
                 )
 
 
-def scan_labels(dataset: ds.Dataset, uri: str, label_column: str, features: list[str]) -> np.ndarray:
+def scan_labels(dataset: ds.Dataset, uri: str, label_column: str, features: list[str]) -> pa.ChunkedArray:
     """Validate every feature batch and return the label column (the only column kept in memory)."""
     label_chunks = []
     rows = 0
     for batch in iter_batches(dataset, uri):
         check_finite(batch, features, rows, uri)
-        labels = batch.column(label_column)
-        if labels.null_count:
-            row = rows + pc.index(pc.is_null(labels), True).as_py()
-            raise DatasetError(f"{uri}: label column '{label_column}' has a missing value at row {row}")
-        label_chunks.append(labels)
+        label_chunks.append(batch.column(label_column))
         rows += batch.num_rows
     if rows == 0:
         raise DatasetError(f"{uri}: the dataset has no rows")
-    return pa.chunked_array(label_chunks, type=dataset.schema.field(label_column).type).to_numpy()
+    return pa.chunked_array(label_chunks, type=dataset.schema.field(label_column).type)
+
+
+def as_numbers(labels: pa.ChunkedArray) -> pa.ChunkedArray:
+    """Text labels that are all integers (or all numbers) as int64 (float64), else unchanged."""
+    for kind in (pa.int64(), pa.float64()):
+        try:
+            return pc.cast(labels, kind)
+        except pa.ArrowInvalid:
+            continue
+    return labels
+
+
+def refuse_missing_labels(labels: pa.ChunkedArray, uri: str, label_column: str) -> None:
+    """A label that is null, NaN or empty text is missing: refuse it rather than train it as a class."""
+    missing = pc.is_null(labels, nan_is_null=True)
+    if pa.types.is_string(labels.type) or pa.types.is_large_string(labels.type):
+        missing = pc.or_(missing, pc.fill_null(pc.equal(labels, ""), True))
+    rows = np.flatnonzero(missing.to_numpy(zero_copy_only=False))
+    what = f"{uri}: label column '{label_column}'"
+    if len(rows) == 1:
+        raise DatasetError(f"{what} has a missing value (empty, null or NaN) at row {rows[0]}")
+    if len(rows):
+        raise DatasetError(
+            f"{what} has {len(rows):,} missing values (empty, null or NaN) at rows {preview(rows)}"
+        )
+
+
+def clean_labels(labels: pa.ChunkedArray, uri: str, label_column: str, from_csv: bool) -> np.ndarray:
+    """Labels as classes: text stripped of surrounding whitespace, and missing labels refused.
+
+    CSV labels are read as text; a column of numbers among them is read back as numbers, so
+    digits 0-9 sort as numbers and a float label 'nan' counts as missing.
+    """
+    if pa.types.is_dictionary(labels.type):
+        labels = pc.cast(labels, labels.type.value_type)
+    if pa.types.is_string(labels.type) or pa.types.is_large_string(labels.type):
+        labels = pc.utf8_trim_whitespace(labels)
+        if from_csv:
+            labels = as_numbers(labels)
+    refuse_missing_labels(labels, uri, label_column)
+    return labels.to_numpy()
 
 
 def encode_labels(labels: np.ndarray, uri: str, label_column: str) -> tuple[np.ndarray, list[str]]:
     classes, codes = np.unique(labels, return_inverse=True)
     if len(classes) < 2:
         raise DatasetError(
-            f"{uri}: label column '{label_column}' has a single class ({classes[0]!r}); "
+            f"{uri}: label column '{label_column}' has a single class ({shorten(repr(classes[0]))}); "
             "classification needs at least 2"
         )
     return codes.astype(np.int64), [str(c) for c in classes]
 
 
-def check_split_sizes(codes: np.ndarray, class_labels: list[str], split: SplitConfig, uri: str) -> None:
+def label_case_warnings(class_labels: list[str]) -> list[str]:
+    """Warnings for classes that differ only by case ('yes' and 'YES'): they stay separate classes."""
+    by_folded: dict[str, list[str]] = {}
+    for label in class_labels:
+        by_folded.setdefault(label.casefold(), []).append(repr(label))
+    clashes = [labels for labels in by_folded.values() if len(labels) > 1]
+    warnings = [
+        f"classes {' and '.join(labels) if len(labels) == 2 else preview(labels)} differ only by case; "
+        "they are kept as separate classes"
+        for labels in clashes[:CASE_WARNINGS]
+    ]
+    if len(clashes) > CASE_WARNINGS:
+        warnings.append(
+            f"... and {len(clashes) - CASE_WARNINGS:,} more groups of classes differ only by case"
+        )
+    return warnings
+
+
+def looks_continuous(class_labels: list[str]) -> bool:
+    """Classes that are all numbers, some of them fractional: a regression target, not classes."""
+    try:
+        values = [float(label) for label in class_labels]
+    except ValueError:
+        return False
+    return any(not value.is_integer() for value in values)
+
+
+def check_split_sizes(
+    codes: np.ndarray, class_labels: list[str], split: SplitConfig, uri: str, label_column: str
+) -> None:
     counts = np.bincount(codes, minlength=len(class_labels))
-    too_rare = [f"{class_labels[i]!r} ({counts[i]} rows)" for i in np.flatnonzero(counts < len(SPLITS))]
+    too_rare = [
+        f"{shorten(repr(class_labels[i]))} ({counts[i]} rows)" for i in np.flatnonzero(counts < len(SPLITS))
+    ]
+    hint = ""
+    if looks_continuous(class_labels):
+        hint = (
+            f"; label column '{label_column}' looks continuous ({len(class_labels):,} distinct numbers), "
+            "but mixedml trains classifiers: the label must be a column of classes"
+        )
     if too_rare:
         raise DatasetError(
-            f"{uri}: too few rows for a stratified train/val/test split: classes "
-            f"{', '.join(too_rare)} need at least {len(SPLITS)} rows each"
+            f"{uri}: too few rows for a stratified train/val/test split: {len(too_rare):,} of "
+            f"{len(class_labels):,} classes have fewer than {len(SPLITS)} rows: {preview(too_rare)}{hint}"
         )
     n_rows = len(codes)
     for name, fraction in (("val", split.val_fraction), ("test", split.test_fraction)):
         if math.floor(n_rows * fraction) < len(class_labels):
             raise DatasetError(
                 f"{uri}: too few rows for the split: {n_rows} rows x {name}_fraction={fraction} gives "
-                f"fewer {name} rows than the {len(class_labels)} classes; add rows or raise {name}_fraction"
+                f"fewer {name} rows than the {len(class_labels):,} classes; "
+                f"add rows or raise {name}_fraction{hint}"
             )
 
 
@@ -287,10 +555,12 @@ def write_splits(
 
 def prepare_dataset(uri: str, label_column: str, out_dir: str, split: SplitConfig) -> PreparedSplits:
     """Validate `uri` and write standardised train/val/test parquet files under `out_dir`."""
-    dataset = open_dataset(uri)
+    dataset = open_dataset(uri, label_column)
     features = feature_columns(dataset.schema, label_column, uri)
-    codes, class_labels = encode_labels(scan_labels(dataset, uri, label_column, features), uri, label_column)
-    check_split_sizes(codes, class_labels, split, uri)
+    from_csv = isinstance(dataset.format, ds.CsvFileFormat)
+    labels = clean_labels(scan_labels(dataset, uri, label_column, features), uri, label_column, from_csv)
+    codes, class_labels = encode_labels(labels, uri, label_column)
+    check_split_sizes(codes, class_labels, split, uri, label_column)
     assignment = assign_splits(codes, split)
     scaler = fit_scaler(dataset, uri, features, assignment)
 
@@ -308,6 +578,7 @@ def prepare_dataset(uri: str, label_column: str, out_dir: str, split: SplitConfi
         class_counts={c: int(n) for c, n in zip(class_labels, np.bincount(codes), strict=True)},
         scaler=ScalerStats(mean=scaler.mean_.tolist(), scale=scaler.scale_.tolist()),
         source=uri,
+        notes=label_case_warnings(class_labels),
     )
     write_splits(dataset, uri, prepared, codes, assignment, scaler)
     return prepared
@@ -375,8 +646,9 @@ def describe_input(uri: str) -> InputStats:
     Also fails early, naming the file, when it is missing, empty or not parquet/CSV.
     """
     dataset = open_dataset(uri)
-    filesystem, path = fsspec.core.url_to_fs(uri)
-    size = filesystem.du(path) if filesystem.isdir(path) else filesystem.size(path)
+    filesystem, path = filesystem_for(uri)
+    with remote_errors(uri):
+        size = filesystem.du(path) if filesystem.isdir(path) else filesystem.size(path)
     columns = len(dataset.schema.names)
     if isinstance(dataset.format, ds.ParquetFileFormat):
         rows = dataset.count_rows()
@@ -390,11 +662,12 @@ def dataset_fingerprint(uri: str) -> str:
 
     Cheap (metadata only) and changes whenever a file is rewritten, so it can key a cache.
     """
-    filesystem, path = fsspec.core.url_to_fs(uri)
-    files = sorted(filesystem.find(path)) if filesystem.isdir(path) else [path]
+    filesystem, path = filesystem_for(uri)
+    with remote_errors(uri):
+        files = sorted(filesystem.find(path)) if filesystem.isdir(path) else [path]
+        infos = [(name, filesystem.info(name)) for name in files]
     identity = []
-    for name in files:
-        info = filesystem.info(name)
+    for name, info in infos:
         version = {key: str(info[key]) for key in VERSION_KEYS if key in info}
         identity.append((name, info.get("size"), version))
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:32]
