@@ -26,7 +26,7 @@ from tasks.core.planner import (
     plan_preprocessing,
     plan_training,
 )
-from tasks.core.validation import problems, raise_for
+from tasks.core.validation import batch_problems, problems, raise_for
 from tasks.decks import DECKS
 from tasks.hardware import (
     EVALUATE_CPU,
@@ -137,6 +137,8 @@ def train_on_target(
 ) -> tuple[TrainedModel, ResourcePlan]:
     """Estimate memory, pick the cheapest accelerator that holds it, and train there."""
     setup_logging()
+    # The batch against the prepared rows, before any accelerator; the launcher checks the worker split.
+    raise_for(batch_problems(hyperparameters, 1, prepared.rows["train"]))
     report = plan_report(target, workload(prepared, target, hyperparameters), preprocess_plan, plan_resources)
     log.info("%s", report.summary())
     plan_deck(report)

@@ -26,6 +26,7 @@ from tasks.core.config import Hardware, TrainConfig
 from tasks.core.launch import plan_launch
 from tasks.core.preemption import DEFAULT_GRACE_S, Preempted, PreemptionNotice
 from tasks.core.telemetry import UtilisationSampler
+from tasks.core.validation import batch_problems, raise_for
 from tasks.decks import DECKS, training_deck
 from tasks.hardware import (
     LAUNCHER_EXIT_MARGIN_S,
@@ -99,6 +100,10 @@ class MachineFittedElasticTask(PytorchElasticFunctionTask):
         )
         for note in launch.notes:
             log.warning(note)
+        # A configuration error fails every worker the same way: refuse it here, before any worker
+        # starts, rather than let elastic restart the group for it.
+        world_size = launch.nproc_per_node * launch.max_nodes
+        raise_for(batch_problems(kwargs["hyperparameters"], world_size, kwargs["prepared"].rows["train"]))
         # The agent waits this long for the workers' preemption save before it kills them (default 30 s).
         grace = self.task_config.preemption_grace_s + LAUNCHER_EXIT_MARGIN_S
         os.environ.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(grace))

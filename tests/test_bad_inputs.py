@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch.distributed.launcher.api
 
 from tasks import train_torch as train_torch_module
 from tasks.core.config import TrainConfig
@@ -84,6 +85,21 @@ CASES = {
         {"hyperparameters": TrainConfig(batch_size=-8)},
         ["input 'hyperparameters.batch_size' = -8"],
     ),
+    "batch not divisible by accumulation": (
+        lambda t: write(t, "d.parquet"),
+        {"hyperparameters": TrainConfig(epochs=2, batch_size=64, grad_accum_steps=3)},
+        ["input 'hyperparameters.grad_accum_steps' = 3", "divide batch_size (64)"],
+    ),
+    "batch not divisible over the workers": (
+        lambda t: write(t, "d.parquet"),
+        {"hyperparameters": TrainConfig(epochs=2, batch_size=63), "plan_resources": False},
+        ["input 'hyperparameters.batch_size' = 63", "over 2 workers", '"batch_size": 62'],
+    ),
+    "batch larger than the training rows": (
+        lambda t: write(t, "d.parquet"),
+        {"hyperparameters": TrainConfig(epochs=2, batch_size=4096)},
+        ["input 'hyperparameters.batch_size' = 4096", "larger than the 84 training rows"],
+    ),
     "unknown target": (
         lambda t: write(t, "d.parquet"),
         {"target": "cuda"},
@@ -100,6 +116,7 @@ def no_training(monkeypatch):
         raise AssertionError("training started although the input was bad")
 
     monkeypatch.setattr(train_torch_module, "train_with_ddp", refuse)
+    monkeypatch.setattr(torch.distributed.launcher.api, "elastic_launch", refuse)  # no worker process either
 
 
 @pytest.mark.parametrize("case", list(CASES))

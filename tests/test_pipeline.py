@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -59,22 +55,6 @@ def test_bad_input_fails_the_run_naming_file_and_column(tmp_path):
 def test_embedded_data_with_another_label_column_is_explained():
     with pytest.raises(Exception, match="embedded digits dataset has label column 'label'"):
         training_pipeline(label_column="target")
-
-
-def test_pyflyte_run_cli(tmp_path):
-    path = tmp_path / "blobs.parquet"
-    blobs_frame(n_rows=300).to_parquet(path, index=False)
-    pyflyte = Path(sys.executable).with_name("pyflyte")
-    command = [
-        str(pyflyte), "run", "workflows/pipeline.py", "training_pipeline",
-        "--dataset", str(path), "--label_column", "species",
-        "--hyperparameters", json.dumps({"epochs": 3, "hidden_sizes": [32]}),
-    ]  # fmt: skip
-    result = subprocess.run(
-        command, cwd=REPO, capture_output=True, text=True, timeout=300, env=os.environ.copy()
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "accuracy" in result.stdout and "macro-F1" in result.stdout
 
 
 def test_tpu_target_runs_tensorflow_locally_on_cpu_and_reports_the_strategy():

@@ -66,7 +66,10 @@ class TrainConfig:
             "batch_size": (self.batch_size >= 1, "must be at least 1"),
             "learning_rate": (self.learning_rate > 0, "must be positive"),
             "weight_decay": (self.weight_decay >= 0, "must be >= 0"),
-            "grad_accum_steps": (self.grad_accum_steps >= 1, "must be at least 1"),
+            "grad_accum_steps": (
+                self.grad_accum_steps >= 1 and self.batch_size % self.grad_accum_steps == 0,
+                f"must be at least 1 and divide batch_size ({self.batch_size}) evenly",
+            ),
             "precision": (self.precision in PRECISIONS, f"not one of {', '.join(PRECISIONS)}"),
             "tf_strategy": (self.tf_strategy in TF_STRATEGIES, f"not one of {', '.join(TF_STRATEGIES)}"),
             "checkpoint_every_steps": (self.checkpoint_every_steps >= 0, "must be >= 0"),

@@ -21,6 +21,25 @@ def hyperparameter_problems(config: TrainConfig) -> list[str]:
     ]
 
 
+def batch_problems(config: TrainConfig, world_size: int, train_rows: int) -> list[str]:
+    """The batch against the workers it is split over and the training rows it is drawn from."""
+    found = []
+    per_step = world_size * config.grad_accum_steps
+    if config.batch_size % per_step:
+        fits = max(per_step, config.batch_size // per_step * per_step)
+        found.append(
+            f"input 'hyperparameters.batch_size' = {config.batch_size}: does not split evenly over "
+            f"{world_size} workers x {config.grad_accum_steps} accumulation steps; pass a multiple of "
+            f"{per_step}, e.g. --hyperparameters '{json.dumps({'batch_size': fits})}'"
+        )
+    if config.batch_size > train_rows:
+        found.append(
+            f"input 'hyperparameters.batch_size' = {config.batch_size}: larger than the {train_rows:,} "
+            f"training rows, so not one optimizer step fits in an epoch; pass at most {train_rows:,}"
+        )
+    return found
+
+
 def split_problems(val_fraction: float, test_fraction: float) -> list[str]:
     return [
         f"input '{name}' = {value!r}: must be between 0 and 0.5; pass e.g. --{name} 0.15"
