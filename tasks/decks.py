@@ -128,6 +128,8 @@ def evaluation_deck(report) -> None:
     ) + billed_section(report) + section(
         "Confusion matrix",
         figure(plots.heatmap(metrics.confusion_matrix, report.class_labels, "confusion matrix"), "confusion-matrix"),
+        table(["true class", "predicted as", "test rows"],
+              [list(pair) for pair in plots.top_confusions(metrics.confusion_matrix, report.class_labels)]),
     ) + section(
         "Per class",
         figure(plots.line_chart({name: (report.class_labels, [c[i] for c in per_class])

@@ -1,62 +1,132 @@
-"""Charts for the Decks, as inline SVG (matplotlib, no display needed)."""
+"""Charts for the Decks, as inline SVG (matplotlib, no display needed).
+
+Every chart stays readable and small at any number of classes: at most `MAX_TICK_LABELS` category
+labels per axis, no per-cell text past `CELL_TEXT_LIMIT` classes, and many bars drawn as one image.
+"""
 
 from __future__ import annotations
 
+import heapq
 import io
+import math
+
+MAX_TICK_LABELS = 20  # more overlap on a chart a few inches wide
+CELL_TEXT_LIMIT = 20  # classes; past this a count per cell is unreadable and costs a text element each
+MARKER_LIMIT = 40  # points per line
+RASTER_LIMIT = 100  # bars; past this one image is smaller than a vector shape per bar
+PIXEL_LIMIT = 400  # heatmap pixels a side; past this many classes, a pixel stands for a block of cells
 
 
 def new_axes(figsize: tuple[float, float]):
     """A figure outside pyplot: no global figure registry, no GUI backend, nothing to close.
-    Imported here so that processes which never draw (DDP workers, registration) skip matplotlib."""
+    Imported here so that processes which never draw (DDP workers, registration) skip matplotlib.
+    The constrained layout fits titles and labels while drawing, so saving needs no second pass."""
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=figsize)
+    figure = Figure(figsize=figsize, layout="constrained")
     return figure, figure.subplots()
 
 
 def to_svg(figure) -> str:
     buffer = io.StringIO()
-    figure.savefig(buffer, format="svg", bbox_inches="tight")
+    figure.savefig(buffer, format="svg", dpi=200)  # for raster parts only (many bars): sharp on dense screens
     text = buffer.getvalue()
     return text[text.index("<svg") :]  # drop the XML prolog so it embeds in HTML
+
+
+def tick_positions(count: int) -> range:
+    """Every k-th of `count` category positions, k chosen so that at most `MAX_TICK_LABELS` remain."""
+    return range(0, count, max(1, math.ceil(count / MAX_TICK_LABELS)))
+
+
+def set_category_ticks(axis, labels: list) -> None:
+    """Label a categorical `axis` (axes.xaxis or axes.yaxis), thinned to every k-th category."""
+    shown = tick_positions(len(labels))
+    axis.set_ticks(list(shown), [str(labels[i]) for i in shown])
+    if axis.axis_name == "x" and len(shown) > 6:
+        for label in axis.get_ticklabels():
+            label.set(rotation=45, ha="right", rotation_mode="anchor")
 
 
 def line_chart(
     series: dict[str, tuple[list[float], list[float]]], title: str, xlabel: str, ylabel: str
 ) -> str:
-    """One line per name: (x values, y values)."""
+    """One line per name: (x values, y values). String x values are categories, in first-seen order."""
     figure, axes = new_axes((6, 3.2))
+    categories = category_index(series)
     for name, (xs, ys) in series.items():
-        axes.plot(xs, ys, marker="o" if len(xs) < 40 else None, label=name)
+        positions = [categories[x] for x in xs] if categories else xs
+        axes.plot(positions, ys, marker="o" if len(xs) < MARKER_LIMIT else None, label=name)
+    if categories:
+        set_category_ticks(axes.xaxis, list(categories))
     axes.set(title=title, xlabel=xlabel, ylabel=ylabel)
     axes.grid(alpha=0.3)
     axes.legend()
     return to_svg(figure)
 
 
+def category_index(series: dict[str, tuple[list, list]]) -> dict[str, int]:
+    """Position of each string x value across all series; empty when the x values are numbers."""
+    if not any(isinstance(x, str) for xs, _ in series.values() for x in xs[:1]):
+        return {}
+    return {x: i for i, x in enumerate(dict.fromkeys(x for xs, _ in series.values() for x in xs))}
+
+
 def bar_chart(labels: list[str], values: list[float], title: str, ylabel: str) -> str:
     figure, axes = new_axes((6, 3.2))
     positions = list(range(len(labels)))  # numeric positions: labels like "0".."9" stay categories
-    axes.bar(positions, values, color="#4c72b0")
-    axes.set_xticks(positions, [str(label) for label in labels])
+    axes.bar(positions, values, color="#4c72b0", rasterized=len(labels) > RASTER_LIMIT)
+    set_category_ticks(axes.xaxis, labels)
     axes.set(title=title, ylabel=ylabel)
-    axes.tick_params(axis="x", rotation=45 if len(labels) > 6 else 0)
     axes.grid(axis="y", alpha=0.3)
     return to_svg(figure)
 
 
 def heatmap(matrix: list[list[int]], labels: list[str], title: str) -> str:
-    """A confusion matrix: rows are true classes, columns predictions, counts in the cells."""
-    figure, axes = new_axes((5, 4.5))
-    image = axes.imshow(matrix, cmap="Blues")
-    ticks = range(len(labels))
-    axes.set(xticks=list(ticks), yticks=list(ticks), xticklabels=labels, yticklabels=labels)
+    """A confusion matrix: rows are true classes, columns predictions, counts in the cells up to
+    `CELL_TEXT_LIMIT` classes (past that the colour alone shows them; see `top_confusions`)."""
+    side = 4.5 + 0.15 * min(len(labels), CELL_TEXT_LIMIT)
+    figure, axes = new_axes((side + 0.8, side))
+    pixels, block = max_pooled(matrix, PIXEL_LIMIT)
+    edge = len(pixels) * block - 0.5
+    # "none": one sharp pixel per block, not resampled to the figure's resolution
+    image = axes.imshow(pixels, cmap="Blues", vmin=0, interpolation="none", extent=(-0.5, edge, edge, -0.5))
+    axes.set(xlim=(-0.5, len(labels) - 0.5), ylim=(len(labels) - 0.5, -0.5))
+    set_category_ticks(axes.xaxis, labels)
+    set_category_ticks(axes.yaxis, labels)
     axes.set(title=title, xlabel="predicted", ylabel="true")
+    if len(labels) <= CELL_TEXT_LIMIT:
+        write_counts(axes, matrix, fontsize=9 if len(labels) <= 10 else 7)
+    figure.colorbar(image, ax=axes)
+    return to_svg(figure)
+
+
+def max_pooled(matrix: list[list[int]], limit: int):
+    """The largest count in each square block of cells, blocks as small as `limit` a side allows,
+    so that a lone confusion among many classes stays visible. Returns (pooled array, block side)."""
+    import numpy as np
+
+    counts = np.asarray(matrix)
+    block = max(1, math.ceil(len(counts) / limit))
+    side = math.ceil(len(counts) / block)
+    padded = np.zeros((side * block, side * block), counts.dtype)
+    padded[: len(counts), : len(counts)] = counts
+    return padded.reshape(side, block, side, block).max(axis=(1, 3)), block
+
+
+def write_counts(axes, matrix: list[list[int]], fontsize: float) -> None:
     peak = max(max(row) for row in matrix) or 1
     for i, row in enumerate(matrix):
         for j, count in enumerate(row):
-            axes.text(
-                j, i, str(count), ha="center", va="center", color="white" if count > peak / 2 else "black"
-            )
-    figure.colorbar(image, ax=axes)
-    return to_svg(figure)
+            colour = "white" if count > peak / 2 else "black"
+            axes.text(j, i, str(count), ha="center", va="center", color=colour, fontsize=fontsize)
+
+
+def top_confusions(matrix: list[list[int]], labels: list[str], k: int = 10) -> list[tuple[str, str, int]]:
+    """The `k` largest off-diagonal cells of a confusion matrix, largest first, as
+    (true label, predicted label, count); ties in row order; cells of zero left out."""
+    cells = (
+        (i, j, count) for i, row in enumerate(matrix) for j, count in enumerate(row) if i != j and count > 0
+    )
+    largest = heapq.nlargest(k, cells, key=lambda cell: cell[2])  # stable: ties keep row order
+    return [(str(labels[i]), str(labels[j]), int(count)) for i, j, count in largest]

@@ -1,0 +1,69 @@
+"""What the evaluation shows at any class count, and the label warnings it carries."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tasks import decks
+from tasks.core.config import Hardware, TrainConfig, TrainingRun
+from tasks.core.metrics import classification_metrics
+from tasks.types import EvaluationReport
+from tests.conftest import blobs_frame
+
+
+@pytest.fixture
+def deck_pages(monkeypatch) -> dict[str, str]:
+    pages = {}
+    monkeypatch.setattr(decks, "Deck", lambda name, html: pages.__setitem__(name, html))
+    return pages
+
+
+def texts(page: str) -> int:
+    """Text elements drawn in the page's SVG charts (matplotlib draws glyphs as paths, one group each)."""
+    return page.count('id="text_')
+
+
+def report_for(classes: int, rows: int = 4000) -> EvaluationReport:
+    rng = np.random.default_rng(0)
+    truth = rng.integers(0, classes, rows)
+    predicted = np.where(rng.random(rows) < 0.7, truth, rng.integers(0, classes, rows))
+    labels = [f"class-{i}" for i in range(classes)]
+    run = TrainingRun("pytorch", "cpu", 2, "gloo", "float32", "DDP", [], 1.0, 1.0)
+    return EvaluationReport(
+        metrics=classification_metrics(truth, predicted, labels), class_labels=labels, training=run,
+        billed=Hardware("cpu", 2), dataset="d",
+    )  # fmt: skip
+
+
+def test_a_200_class_evaluation_deck_stays_small_and_lists_the_worst_confusions(deck_pages):
+    decks.evaluation_deck(report_for(200))
+    page = deck_pages["Evaluation"]
+    assert len(page) < 1_500_000, f"{len(page):,} characters"  # a per-cell labelled chart was 6.5 MB
+    assert texts(page) < 2_000  # no text per cell of the 40,000
+    assert "predicted as" in page  # the most confused pairs, as a table
+
+
+def test_a_small_confusion_matrix_still_shows_its_counts(deck_pages):
+    report = report_for(4, rows=200)
+    decks.evaluation_deck(report)
+    for row in report.metrics.confusion_matrix:
+        for count in row:
+            assert f"<!-- {count} -->" in deck_pages["Evaluation"]  # matplotlib names each text it draws
+
+
+@pytest.mark.slow
+def test_labels_differing_only_by_case_are_warned_in_the_report_and_its_deck(tmp_path, deck_pages):
+    from workflows.pipeline import training_pipeline
+
+    frame = blobs_frame(n_rows=240)
+    frame["answer"] = frame.pop("species").map({"setosa": "yes", "versicolor": "YES ", "virginica": " no"})
+    path = tmp_path / "answers.csv"
+    frame.to_csv(path, index=False)
+    report = training_pipeline(
+        dataset=str(path), label_column="answer", hyperparameters=TrainConfig(epochs=2, batch_size=32)
+    )
+    assert report.class_labels == ["YES", "no", "yes"]  # surrounding whitespace stripped, case kept
+    (warning,) = [note for note in report.notes if "differ only by case" in note]
+    assert "'YES'" in warning and "'yes'" in warning
+    assert "differ only by case" in deck_pages["Evaluation"]
