@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import time
 import xml.etree.ElementTree as ElementTree
 
 import numpy as np
@@ -30,17 +29,15 @@ def ticks(svg: str, axis: str) -> int:
     return len(re.findall(rf'<g id="{axis}tick_\d+">', svg))
 
 
-def test_a_200_class_heatmap_is_small_quick_and_writes_no_count_per_cell():
-    started = time.perf_counter()
+def test_a_200_class_heatmap_is_small_and_writes_no_count_per_cell():
+    """What made it slow (58 s for one chart): a text per cell."""
     svg = plots.heatmap(confusion_matrix(200), LABELS_200, "confusion matrix")
-    seconds = time.perf_counter() - started
 
     ElementTree.fromstring(svg)  # well-formed
     assert len(svg.encode()) < 300_000, f"{len(svg.encode()) / 1e3:.0f} KB"
     assert len(texts(svg)) < 80, "a text element per cell (or per tick) is back"
     assert 20 <= sum(text.startswith("class_") for text in texts(svg)) <= 40  # at most 20 per axis
     assert svg.count("<image") == 2  # the matrix and the colour bar, one raster each
-    assert seconds < 10, f"{seconds:.1f} s"  # generous: it takes well under a second alone
 
 
 def test_a_5_class_heatmap_shows_its_counts_and_every_label():
@@ -62,8 +59,8 @@ def test_heatmap_pools_thousands_of_classes_into_a_bounded_image_keeping_a_lone_
     assert pooled.shape == (334, 334) and block == 3
     assert pooled[700 // 3, 3 // 3] == 9 and pooled.sum() == 9
 
-    svg = plots.heatmap(matrix.tolist(), [str(i) for i in range(1000)], "many")
-    assert len(svg.encode()) < 300_000
+    svg = plots.heatmap(confusion_matrix(1000), [str(i) for i in range(1000)], "many")
+    assert len(svg.encode()) < 300_000, f"{len(svg.encode()) / 1e3:.0f} KB"
 
 
 def test_top_confusions_are_the_largest_off_diagonal_cells_in_order():
@@ -94,6 +91,14 @@ def test_a_200_label_bar_chart_is_small_and_shows_at_most_20_labels():
     assert len(svg.encode()) < 100_000, f"{len(svg.encode()) / 1e3:.0f} KB"
     assert 10 <= ticks(svg, "x") <= 20
     assert "class_10" in texts(svg) and "class_1" not in texts(svg)  # every 10th label
+
+
+def test_thousands_of_bars_are_one_image_not_a_shape_each():
+    labels = [str(i) for i in range(1000)]
+    svg = plots.bar_chart(labels, [float(i % 37) for i in range(1000)], "rows per class", "rows")
+
+    assert svg.count("<image") == 1
+    assert len(svg.encode()) < 100_000, f"{len(svg.encode()) / 1e3:.0f} KB"
 
 
 def test_a_200_label_line_chart_is_small_shows_at_most_20_labels_and_no_markers():
