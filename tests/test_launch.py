@@ -1,6 +1,12 @@
+from types import SimpleNamespace
+
 import pytest
 
+from tasks.core.config import TrainConfig
 from tasks.core.launch import MissingPyTorchJob, plan_launch
+
+# What the launcher reads of its inputs before any worker starts: the batch against the training rows.
+TASK_INPUTS = {"prepared": SimpleNamespace(rows={"train": 1_000}), "hyperparameters": TrainConfig()}
 
 
 def launch(**overrides):
@@ -60,7 +66,7 @@ def test_the_multinode_task_fails_at_once_on_a_cluster_without_the_pytorch_plugi
     monkeypatch.setenv("FLYTE_INTERNAL_EXECUTION_ID", "a1b2c3")
     monkeypatch.delenv("PET_NNODES", raising=False)
     with pytest.raises(MissingPyTorchJob, match="'pytorch' plugin in propeller's enabled-plugins"):
-        train_torch_multinode.execute(prepared=None)
+        train_torch_multinode.execute(**TASK_INPUTS)
 
 
 class LaunchCaptured(Exception):
@@ -96,7 +102,7 @@ def test_the_plugin_launches_with_the_fitted_config_and_the_task_keeps_its_decla
     monkeypatch.delenv("PET_NNODES", raising=False)
     monkeypatch.delenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", raising=False)
     with pytest.raises(LaunchCaptured):
-        train_torch_multinode.execute(prepared=None)
+        train_torch_multinode.execute(**TASK_INPUTS)
     (config,) = captured
     assert (config.min_nodes, config.max_nodes, config.nproc_per_node) == (1, 1, 2)  # fitted: no GPU here
     assert config.shutdown_timeout == TRAIN_GPU_MULTINODE.attempts.preemption_grace_s + LAUNCHER_EXIT_MARGIN_S
@@ -117,5 +123,5 @@ def test_a_signalled_agent_makes_the_attempt_exit_with_the_signal(monkeypatch):
     preempted = SignalException("got SIGTERM", sigval=signal.SIGTERM)
     monkeypatch.setattr(launcher, "elastic_launch", fake_elastic_launch([], raise_in_launch=preempted))
     with pytest.raises(SystemExit) as exit_:
-        train_torch.execute(prepared=None)
+        train_torch.execute(**TASK_INPUTS)
     assert exit_.value.code == 128 + signal.SIGTERM
