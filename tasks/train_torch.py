@@ -7,8 +7,12 @@ Hardware comes from the profiles in tasks/hardware.py.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import multiprocessing
 import os
+import signal
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -80,6 +84,7 @@ class MachineFittedElasticTask(PytorchElasticFunctionTask):
             return super()._execute(**kwargs)
         except IgnoreOutputs as ignored:
             if isinstance(ignored.__context__, SignalException):
+                stop_remaining_workers(ignored.__context__.sigval, self.task_config.preemption_grace_s)
                 log.warning("training stopped by %s; a retried attempt resumes from the checkpoint",
                             ignored.__context__.sigval.name)  # fmt: skip
                 raise SystemExit(128 + ignored.__context__.sigval) from ignored.__context__
@@ -113,6 +118,36 @@ class MachineFittedElasticTask(PytorchElasticFunctionTask):
             return self._launch_stopping_on_signal(**kwargs)
         finally:
             self._task_config, self.min_nodes, self.max_nodes = configured
+
+
+def stop_remaining_workers(sigval: signal.Signals, budget_s: float) -> None:
+    """Passes the notice on to any worker still running, waits up to `budget_s` for it, then kills it:
+    the launcher never leaves a worker behind, whether or not the agent's own shutdown ran its course."""
+    # The workers are this process's non-daemon multiprocessing children (MultiprocessContext._start,
+    # `mp.start_processes(..., daemon=False)`), and the agent's wait for them is no guarantee: its
+    # handler, installed by PContext.start and never removed, raises a new SignalException out of
+    # `proc.join` in MultiprocessContext._close on a repeated notice, and `_close` signals and joins
+    # nothing when the notice comes before `self._pc` is set (torch/distributed/elastic/
+    # multiprocessing/api.py). Ignoring the signal from here on keeps a repeat from cutting this short.
+    signal.signal(sigval, signal.SIG_IGN)
+    workers = multiprocessing.active_children()  # reaps the exited ones; the resource tracker is no child
+    if not workers:
+        return
+    for worker in workers:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(worker.pid, sigval)  # one still saving ignores a repeat; one past its save ends
+    started = time.monotonic()
+    for worker in workers:
+        worker.join(max(0.0, started + budget_s - time.monotonic()))
+    killed = [worker.pid for worker in workers if worker.is_alive()]
+    for worker in workers:
+        if worker.is_alive():
+            worker.kill()
+            worker.join(5)
+    log.warning(
+        "%d worker process(es) outlived the agent's shutdown: waited %.1f s for them, killed %s",
+        len(workers), time.monotonic() - started, killed or "none",
+    )  # fmt: skip
 
 
 TaskPlugins.register_pythontask_plugin(MachineFittedElastic, MachineFittedElasticTask)
