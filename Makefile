@@ -13,7 +13,7 @@ IMAGES := cpu ml-cpu torch-gpu tf-gpu tpu
 IMAGE_FLAGS := $(foreach t,$(IMAGES),--image $(t)=$(REGISTRY)/mixedml-$(t):$(TAG))
 PACKAGE := dist/mixedml-flyte-package.tgz
 
-.PHONY: install run test lint format clean images images-check push package register browser bench
+.PHONY: install run test test-fast lint format clean images images-check push package register browser bench
 
 install: $(STAMP)
 
@@ -33,6 +33,10 @@ lint: install
 
 test: lint browser
 	$(BIN)/python -m pytest
+
+# The unit tests only: no workflow run, no worker process (tests marked `slow` are left out).
+test-fast: lint
+	$(BIN)/python -m pytest -m "not slow"
 
 # Full-size benchmarks (minutes); the tests run the same harness with --smoke.
 bench: install
