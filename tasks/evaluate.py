@@ -9,7 +9,7 @@ from pathlib import Path
 from flytekit import task
 
 from tasks.core.config import Hardware
-from tasks.core.data import label_case_warnings, read_split
+from tasks.core.data import read_split
 from tasks.core.metrics import classification_metrics
 from tasks.decks import DECKS, evaluation_deck
 from tasks.hardware import EVALUATE_CPU, ML_CPU_IMAGE, guaranteed
@@ -80,7 +80,7 @@ def evaluate(
         billed=billed,
         dataset=prepared.source,
         resource_plan=plan,
-        notes=notes + label_case_warnings(prepared.class_labels),
+        notes=notes + prepared.notes,
     )
     evaluation_deck(report)
     print(report.summary(), flush=True)

@@ -89,4 +89,5 @@ def preprocess(
         rows=prepared.rows,
         scaler=prepared.scaler,
         source=dataset or "embedded:sklearn-digits",
+        notes=prepared.notes,
     )

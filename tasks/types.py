@@ -29,6 +29,7 @@ class PreparedData:
     rows: dict[str, int]
     scaler: ScalerStats
     source: str
+    notes: list[str] = field(default_factory=list)  # e.g. classes that differ only by case
 
     def local_splits(self) -> SplitPaths:
         """The train/val splits on this machine's disk, as the training loops read them."""
