@@ -13,7 +13,7 @@ IMAGES := cpu ml-cpu torch-gpu tf-gpu tpu
 IMAGE_FLAGS := $(foreach t,$(IMAGES),--image $(t)=$(REGISTRY)/mixedml-$(t):$(TAG))
 PACKAGE := dist/mixedml-flyte-package.tgz
 
-.PHONY: install run test test-fast lint format clean images images-check push package register browser bench
+.PHONY: install run test test-fast lint format clean images images-check push package register browser bench gpu-check
 
 install: $(STAMP)
 
@@ -41,6 +41,11 @@ test-fast: lint
 # Full-size benchmarks (minutes); the tests run the same harness with --smoke.
 bench: install
 	$(BIN)/python -m benchmarks
+
+# On a CUDA machine: the CUDA-only checks and the GPU figures, one summary (GPU_CHECK_ARGS="--smoke"
+# for small sizes). No install step: it needs only torch, numpy, pandas, pyarrow and scikit-learn.
+gpu-check:
+	$(if $(wildcard $(BIN)/python),$(BIN)/python,python3) -m benchmarks.gpu_check $(GPU_CHECK_ARGS)
 
 # Headless Chromium for the Deck rendering test; without it that one test is skipped, saying why.
 browser:

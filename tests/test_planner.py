@@ -64,6 +64,7 @@ def test_estimate_matches_measured_cpu_allocation(model_config, micro_batch, tmp
     assert LOW * measured <= estimate.tensor_bytes <= HIGH * measured, (estimate.tensor_bytes, measured)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_estimate_matches_cuda_max_memory_allocated():
     model_config, micro_batch = ModelConfig(1024, 100, [4096, 4096], 0.1), 512

@@ -80,6 +80,7 @@ def test_cpu_always_trains_in_full_precision():
         assert autocast_dtype(torch.device("cpu"), precision) is None
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_auto_precision_prefers_bf16():
     expected = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16

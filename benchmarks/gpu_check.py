@@ -1,0 +1,214 @@
+"""`python -m benchmarks.gpu_check [--smoke] [--json PATH]` (`make gpu-check`): the CUDA code paths on a GPU.
+
+Runs every CUDA-only check and the GPU figures, each figure as a ratio against a baseline measured
+in the same run, and prints one summary: the device, torch and CUDA versions, the figures against
+their goals, every check as passed, failed or skipped with the reason. Exits non-zero when a check
+fails; a missed goal is reported, not a failure. Without CUDA every step is skipped, saying so.
+
+Needs only torch, numpy, pandas, pyarrow and scikit-learn, and no install of this project: nothing
+it imports needs flytekit. The CUDA-only pytest tests run where pytest and flytekit are installed;
+the NVML check where nvidia-ml-py is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import torch
+
+from benchmarks import gpu_figures as gpu
+from benchmarks.measure import REPO
+
+PASS, FAIL, SKIPPED = "pass", "FAIL", "skipped"
+
+
+@dataclass
+class Step:
+    name: str
+    run: Callable[[], str | list[gpu.GpuFigure]]  # a check's finding, or a figure step's figures
+
+
+@dataclass
+class Result:
+    name: str
+    status: str
+    detail: str = ""
+    figures: list[gpu.GpuFigure] = field(default_factory=list)
+
+
+def run_step(step: Step) -> Result:
+    try:
+        found = step.run()
+    except gpu.Skipped as reason:
+        return Result(step.name, SKIPPED, str(reason))
+    except Exception as error:  # reported, and the other steps still run
+        return Result(step.name, FAIL, f"{type(error).__name__}: {error}")
+    finally:
+        gpu.release_device_memory()
+    if isinstance(found, str):
+        return Result(step.name, PASS, found)
+    return Result(step.name, PASS, f"{len(found)} figure(s)", list(found))
+
+
+def run_all(steps: list[Step]) -> list[Result]:
+    results = []
+    for step in steps:
+        result = run_step(step)
+        print(f"[{result.status}] {result.name}: {result.detail}", flush=True)
+        for figure in result.figures:
+            print(f"    {figure.line()}", flush=True)
+        results.append(result)
+    return results
+
+
+def exit_code(results: list[Result]) -> int:
+    return 1 if any(result.status == FAIL for result in results) else 0
+
+
+def cuda_test_files() -> list[str]:
+    """The test modules holding tests marked `cuda`."""
+    tests = sorted((REPO / "tests").glob("test_*.py"))
+    return [str(path.relative_to(REPO)) for path in tests if "pytest.mark.cuda" in path.read_text()]
+
+
+def cuda_tests() -> str:
+    """The CUDA-only pytest tests (`-m cuda`), in a child process."""
+    gpu.require_cuda()
+    gpu.require_modules(
+        ("pytest", "the other steps check the same without it"),
+        ("flytekit", "the tests' conftest.py and tests/test_planner.py import it"),
+    )
+    files = cuda_test_files()
+    gpu.expect(bool(files), "no test module holds a test marked cuda")
+    command = [sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider", *files]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    last = (done.stdout.strip().splitlines() or ["no output"])[-1]
+    gpu.expect(done.returncode == 0, f"pytest exited {done.returncode}: {last}\n{done.stdout[-4000:]}")
+    gpu.expect("passed" in last and "skipped" not in last, f"not every CUDA test ran: {last}")
+    return f"{', '.join(files)}: {last}"
+
+
+def gpu_steps(work: gpu.Workspace, peak_flops: float) -> list[Step]:
+    sizes = work.sizes
+    return [
+        Step("autocast precision on CUDA", gpu.autocast_precision),
+        Step("CUDA-only pytest tests", cuda_tests),
+        Step("figure: project loop vs bare loop", lambda: gpu.loop_vs_bare(work.loop_splits, sizes)),
+        Step("figure: bf16 autocast vs fp32", lambda: gpu.bf16_vs_fp32(work.loop_splits, sizes)),
+        Step("figure: model FLOP utilisation",
+             lambda: gpu.flop_utilisation(work.loop_splits, sizes, peak_flops)),
+        Step("figure: memory estimate vs measured peak", lambda: gpu.memory_estimate(work.memory_splits, sizes)),
+        Step("fp16 autocast with the gradient scaler", lambda: gpu.fp16_with_scaler(work.memory_splits)),
+        Step("out-of-memory guard on a real CUDA OOM", lambda: gpu.oom_guard(work.memory_splits, sizes)),
+        Step("single-GPU DDP over NCCL, end to end", lambda: gpu.nccl_ddp(work.memory_splits)),
+        Step("NVML telemetry", gpu.nvml_telemetry),
+    ]  # fmt: skip
+
+
+def nvml_driver_version() -> str:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        version = pynvml.nvmlSystemGetDriverVersion()
+    except Exception:  # no NVML library, no driver: the summary just omits it
+        return ""
+    return version.decode() if isinstance(version, bytes) else str(version)
+
+
+def describe_machine() -> dict[str, str]:
+    machine = {"device": "no CUDA device"}
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        machine["device"] = (
+            f"{props.name}, {props.total_memory / 2**30:.0f} GiB ({torch.cuda.device_count()} visible)"
+        )
+    machine["torch"] = torch.__version__
+    machine["cuda"] = torch.version.cuda or "none (a CPU build of torch)"
+    machine["driver"] = nvml_driver_version() or "unknown (no NVML)"
+    machine["python"] = platform.python_version()
+    return machine
+
+
+def number(value: float) -> str:
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3f}"
+
+
+def figure_row(figure: gpu.GpuFigure) -> str:
+    met = {True: "met", False: "MISSED", None: ""}[figure.met]
+    return (
+        f"| {figure.name} | {number(figure.value)} {figure.unit} | {number(figure.baseline)} {figure.unit} "
+        f"| {figure.ratio:.3f} | {figure.goal} | {met} |"
+    )
+
+
+def summary(machine: dict[str, str], results: list[Result]) -> str:
+    figures = [figure for result in results for figure in result.figures]
+    counts = {status: sum(result.status == status for result in results) for status in (PASS, FAIL, SKIPPED)}
+    goals = [figure.met for figure in figures if figure.met is not None]
+    lines = ["", "== gpu-check summary ==", *(f"{key}: {value}" for key, value in machine.items()), ""]
+    lines += ["| figure | value | baseline | ratio | goal | goal met |", "|---|---|---|---|---|---|"]
+    lines += [figure_row(figure) for figure in figures] or ["| (no figure taken) | | | | | |"]
+    lines += ["", "| step | result | detail |", "|---|---|---|"]
+    lines += [f"| {r.name} | {r.status} | {r.detail.splitlines()[0] if r.detail else ''} |" for r in results]
+    lines += [
+        "",
+        f"steps: {counts[PASS]} passed, {counts[FAIL]} failed, {counts[SKIPPED]} skipped; "
+        f"goals: {sum(goals)} met, {len(goals) - sum(goals)} missed",
+    ]
+    return "\n".join(lines)
+
+
+def as_json(machine: dict[str, str], results: list[Result]) -> dict:
+    def figure(f: gpu.GpuFigure) -> dict:
+        return {**f.__dict__, "ratio": f.ratio, "met": f.met}
+
+    steps = [{**r.__dict__, "figures": [figure(f) for f in r.figures]} for r in results]
+    return {"machine": machine, "steps": steps, "exit_code": exit_code(results)}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--smoke", action="store_true", help="small sizes: checks the harness, not the GPU")
+    parser.add_argument("--json", help="also write the machine, the figures and the steps to this file")
+    parser.add_argument("--rows", type=int, help=f"training rows on the device (default {gpu.FULL.rows:,})")
+    parser.add_argument(
+        "--rounds", type=int, help=f"alternating rounds per figure (default {gpu.FULL.rounds})"
+    )
+    parser.add_argument(
+        "--peak-bf16-flops",
+        type=float,
+        default=gpu.peak_bf16_flops(),
+        help="the GPU's dense bf16 FLOP/s (default: MIXEDML_PEAK_BF16_FLOPS, else 989e12, H100/H200 SXM)",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None, steps: list[Step] | None = None) -> int:
+    """`steps` replaces the GPU steps (the tests give their own)."""
+    args = parse_args(argv)
+    sizes = gpu.SMOKE if args.smoke else gpu.FULL
+    overrides = {"rows": args.rows, "rounds": args.rounds}
+    sizes = replace(sizes, **{key: value for key, value in overrides.items() if value})
+    with tempfile.TemporaryDirectory(prefix="mixedml-gpu-check-") as tmp:
+        work = gpu.Workspace(Path(tmp), sizes)
+        results = run_all(steps if steps is not None else gpu_steps(work, args.peak_bf16_flops))
+    machine = describe_machine()
+    print(summary(machine, results), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(as_json(machine, results), indent=2))
+    return exit_code(results)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

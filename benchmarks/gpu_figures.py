@@ -1,0 +1,428 @@
+"""The figures and checks of `benchmarks.gpu_check`: the CUDA code paths, measured on a real GPU.
+
+A figure step returns `GpuFigure`s (a measurement, its baseline from the same run, a goal); a check
+step returns a one-line finding. Either raises `Skipped` when it cannot run on this machine and
+`CheckFailed` when what it checks is wrong. Nothing here imports flytekit.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+import math
+import os
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, replace
+from datetime import timedelta
+from functools import cached_property
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import torch
+import torch.distributed as dist
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+from benchmarks import loop_bench
+from benchmarks.measure import Figure, alternating_best_rates
+from benchmarks.synthetic import write_table
+from tasks.core import torch_training
+from tasks.core.config import SplitPaths, TrainConfig
+from tasks.core.memory import estimate_training_memory
+
+NO_CUDA = "no CUDA device (torch.cuda.is_available() is False)"
+# H100 / H200 SXM datasheet, dense (no sparsity); other GPUs: MIXEDML_PEAK_BF16_FLOPS.
+DEFAULT_PEAK_BF16_FLOPS = 989e12
+# tests/test_planner.py's LOW, HIGH: the memory estimate over the allocator's measured peak.
+ESTIMATE_LOW, ESTIMATE_HIGH = 0.90, 1.35
+# The out-of-memory check caps the allocator at this multiple of the peak the calibration run
+# measured: room for that micro-batch (and allocator rounding), not for four times it.
+OOM_CAP_OVER_PEAK = 1.5
+MIN_ACCURACY = 0.9  # the synthetic clusters are far apart: any working loop gets there
+GIB = 2**30
+
+
+class Skipped(Exception):
+    """The step cannot run on this machine; the message says why."""
+
+
+class CheckFailed(Exception):
+    """What the step checks is wrong; the message says how."""
+
+
+def expect(condition: bool, message: str) -> None:
+    if not condition:
+        raise CheckFailed(message)
+
+
+def require_cuda() -> None:
+    if not torch.cuda.is_available():
+        raise Skipped(NO_CUDA)
+
+
+def require_modules(*modules: tuple[str, str]) -> None:
+    """Skip unless each (module, why it is needed) is importable."""
+    for module, why in modules:
+        if importlib.util.find_spec(module) is None:
+            raise Skipped(f"{module} not installed ({why})")
+
+
+def goal_text(low: float | None, high: float | None) -> str:
+    if low is not None and high is not None:
+        return f"{low:g} <= ratio <= {high:g}"
+    if low is not None:
+        return f"ratio >= {low:g}"
+    return f"ratio <= {high:g}" if high is not None else ""
+
+
+@dataclass
+class GpuFigure(Figure):
+    """A figure whose goal is a range of its ratio: at least `low`, at most `high`."""
+
+    low: float | None = None
+    high: float | None = None
+
+    def __post_init__(self) -> None:
+        self.goal = self.goal or goal_text(self.low, self.high)
+
+    @property
+    def met(self) -> bool | None:
+        """None when the figure has no goal."""
+        if self.low is None and self.high is None:
+            return None
+        ratio = self.ratio  # NaN (no baseline) meets no goal
+        return (self.low is None or ratio >= self.low) and (self.high is None or ratio <= self.high)
+
+
+@dataclass(frozen=True)
+class Sizes:
+    rows: int  # training rows of the loop figures, all held on the device
+    features: int
+    batch: int
+    hidden: tuple[int, ...]
+    mfu_hidden: int  # two layers this wide: a compute-bound model
+    mfu_batch: int
+    memory_rows: int  # the model-dominated runs: memory estimate, out-of-memory guard, fp16, NCCL
+    memory_batch: int
+    memory_hidden: int
+    rounds: int
+
+
+# 4M x 256 float32 features: about 4 GB on the device; a step is milliseconds, far past launch overhead.
+FULL = Sizes(4_000_000, 256, 8192, (4096, 4096), 8192, 8192, 131_072, 16_384, 8192, rounds=3)
+SMOKE = Sizes(32_768, 64, 1024, (512, 512), 1024, 1024, 16_384, 2048, 2048, rounds=1)
+
+
+def peak_bf16_flops() -> float:
+    return float(os.environ.get("MIXEDML_PEAK_BF16_FLOPS", DEFAULT_PEAK_BF16_FLOPS))
+
+
+class Workspace:
+    """The synthetic tables, written under `root` when a step first needs them."""
+
+    def __init__(self, root: Path, sizes: Sizes):
+        self.root, self.sizes = root, sizes
+
+    @cached_property
+    def loop_splits(self) -> SplitPaths:
+        return self._splits("loop", self.sizes.rows)
+
+    @cached_property
+    def memory_splits(self) -> SplitPaths:
+        return self._splits("memory", self.sizes.memory_rows)
+
+    def _splits(self, name: str, rows: int) -> SplitPaths:
+        features = self.sizes.features
+        train = write_table(str(self.root / f"{name}-train.parquet"), rows, features)
+        # The same seed draws the same class centres; these figures measure speed and memory, so
+        # that the validation rows repeat the first training rows does not matter.
+        val = write_table(str(self.root / f"{name}-val.parquet"), max(rows // 32, 2048), features)
+        return SplitPaths(train, val, [f"f{i}" for i in range(features)], "label", 10)
+
+
+def table_rows(path: str) -> int:
+    return pq.ParquetFile(path).metadata.num_rows
+
+
+def release_device_memory() -> None:
+    """Between steps: what one step left in the allocator's cache must not serve the next."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def learned(run, what: str) -> None:
+    """A fast loop that learns nothing is no figure."""
+    losses = [epoch.train_loss for epoch in run.history]
+    expect(bool(losses) and all(map(math.isfinite, losses)), f"{what}: training losses {losses}")
+    accuracy = run.history[-1].val_accuracy
+    expect(accuracy >= MIN_ACCURACY, f"{what}: validation accuracy {accuracy:.3f} < {MIN_ACCURACY}")
+
+
+def project_rate(splits: SplitPaths, config: TrainConfig) -> float:
+    run = torch_training.train(config, splits).run
+    learned(run, f"project loop, {config.precision}")
+    return run.samples_per_second
+
+
+def loop_config(sizes: Sizes, precision: str = "bf16") -> TrainConfig:
+    return TrainConfig(epochs=1, batch_size=sizes.batch, hidden_sizes=list(sizes.hidden), precision=precision)
+
+
+def shape(splits: SplitPaths, config: TrainConfig) -> str:
+    rows, features = table_rows(splits.train), len(splits.feature_names)
+    widths = "x".join(map(str, config.hidden_sizes))
+    return f"{rows:,} rows x {features} features, MLP {widths}, batch {config.batch_size}"
+
+
+def loop_vs_bare(splits: SplitPaths, sizes: Sizes) -> list[GpuFigure]:
+    require_cuda()
+    config = loop_config(sizes)
+    project, bare = alternating_best_rates(
+        lambda: project_rate(splits, config),
+        lambda: loop_bench.bare_torch_samples_per_second(splits, config, device="cuda", amp=True),
+        sizes.rounds,
+    )
+    name = f"torch loop on CUDA, bf16: project loop vs bare loop ({shape(splits, config)})"
+    return [GpuFigure(name, project, bare, "samples/s", low=0.9)]
+
+
+def bf16_vs_fp32(splits: SplitPaths, sizes: Sizes) -> list[GpuFigure]:
+    require_cuda()
+    bf16, fp32 = loop_config(sizes, "bf16"), loop_config(sizes, "fp32")
+    rates = alternating_best_rates(
+        lambda: project_rate(splits, bf16), lambda: project_rate(splits, fp32), sizes.rounds
+    )
+    name = f"project loop on CUDA: bf16 autocast vs fp32 ({shape(splits, bf16)})"
+    return [GpuFigure(name, *rates, "samples/s", low=2.0)]
+
+
+def matmul_flops(n: int, repeats: int = 50) -> float:
+    """FLOP/s of a bare n x n x n bf16 matmul: what this GPU achieves without any model around it."""
+    a, b, out = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    for _ in range(3):
+        torch.mm(a, b, out=out)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        torch.mm(a, b, out=out)
+    torch.cuda.synchronize()
+    return 2.0 * n**3 * repeats / (time.perf_counter() - start)
+
+
+def flop_utilisation(splits: SplitPaths, sizes: Sizes, peak_flops: float) -> list[GpuFigure]:
+    require_cuda()
+    config = TrainConfig(
+        epochs=1,
+        batch_size=sizes.mfu_batch,
+        hidden_sizes=[sizes.mfu_hidden] * 2,
+        dropout=0.0,
+        precision="bf16",
+    )
+    rate = max(project_rate(splits, config) for _ in range(sizes.rounds))
+    model = config.model(len(splits.feature_names), splits.n_classes)
+    achieved = rate * loop_bench.model_flops_per_sample(model) / 1e12
+    matmul = matmul_flops(sizes.mfu_hidden) / 1e12
+    what = f"model FLOP utilisation, project loop, bf16 ({shape(splits, config)})"
+    return [
+        GpuFigure(f"{what} vs the dense bf16 peak of {torch.cuda.get_device_name()}", achieved,
+                  peak_flops / 1e12, "TFLOP/s", low=0.40),
+        GpuFigure(f"{what} vs a bare {sizes.mfu_hidden}^3 bf16 matmul in this run", achieved, matmul, "TFLOP/s"),
+    ]  # fmt: skip
+
+
+def memory_config(sizes: Sizes, precision: str, batch: int | None = None) -> TrainConfig:
+    return TrainConfig(epochs=1, batch_size=batch or sizes.memory_batch, hidden_sizes=[sizes.memory_hidden] * 2,
+                       dropout=0.1, precision=precision)  # fmt: skip
+
+
+def measured_peak(splits: SplitPaths, config: TrainConfig) -> int:
+    """torch.cuda.max_memory_allocated over a run of the project loop, as the run reports it."""
+    run = torch_training.train(config, splits).run
+    expect(run.peak_device_memory_bytes > 0, "the run reported no peak device memory")
+    return run.peak_device_memory_bytes
+
+
+def memory_estimate(splits: SplitPaths, sizes: Sizes) -> list[GpuFigure]:
+    """The planner's estimate against the allocator's peak, in full and in mixed precision."""
+    require_cuda()
+    resident = table_rows(splits.train) + table_rows(splits.val)
+    figures = []
+    for precision in ("fp32", "bf16"):
+        config = memory_config(sizes, precision)
+        measured = measured_peak(splits, config)
+        model = config.model(len(splits.feature_names), splits.n_classes)
+        estimate = estimate_training_memory(
+            model, config.batch_size, resident_rows=resident, mixed_precision=precision != "fp32"
+        )
+        name = f"memory estimate vs torch.cuda.max_memory_allocated, {precision} ({shape(splits, config)})"
+        figures.append(
+            GpuFigure(
+                name, estimate.tensor_bytes / GIB, measured / GIB, "GiB", low=ESTIMATE_LOW, high=ESTIMATE_HIGH
+            )
+        )
+        release_device_memory()
+    return figures
+
+
+def autocast_precision() -> str:
+    """What tests/test_torch_training.py's CUDA test checks, without pytest."""
+    require_cuda()
+    cuda = torch.device("cuda")
+    auto = torch_training.autocast_dtype(cuda, "auto")
+    expected = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    expect(auto == expected, f"precision 'auto' autocasts to {auto}, expected {expected}")
+    expect(torch_training.autocast_dtype(cuda, "fp16") == torch.float16, "precision 'fp16' is not float16")
+    expect(torch_training.autocast_dtype(cuda, "fp32") is None, "precision 'fp32' still autocasts")
+    return f"auto -> {auto}, fp16 -> torch.float16, fp32 -> no autocast"
+
+
+def fp16_with_scaler(splits: SplitPaths) -> str:
+    """fp16 autocast with the gradient scaler, the path of GPUs without bf16."""
+    require_cuda()
+    config = TrainConfig(epochs=2, batch_size=1024, hidden_sizes=[512, 512], precision="fp16")
+    run = torch_training.train(config, splits).run
+    expect(run.precision == "float16", f"the run trained in {run.precision}, not float16")
+    learned(run, "fp16 with the gradient scaler")
+    return f"2 epochs in float16 with the scaler, validation accuracy {run.history[-1].val_accuracy:.3f}"
+
+
+@contextmanager
+def memory_cap(cap_bytes: int):
+    """Let the caching allocator hold at most `cap_bytes` of this GPU, so a large micro-batch
+    really runs out of memory."""
+    release_device_memory()
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(cap_bytes / total, 1.0))
+    try:
+        yield
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+        release_device_memory()
+
+
+def guard_finding(outcome: torch_training.TrainOutcome, config: TrainConfig, expected_steps: int) -> str:
+    """What a run that started with a micro-batch too large for the device must show."""
+    micro, accum, batch = outcome.micro_batch_size, outcome.grad_accum_steps, config.batch_size
+    expect(micro < batch, f"no out-of-memory error: micro-batch {batch} fit under the cap")
+    expect(micro * accum == batch, f"the effective batch changed: {micro} x {accum} steps != {batch}")
+    expect(
+        outcome.optimizer_steps == expected_steps,
+        f"{outcome.optimizer_steps} optimizer steps instead of {expected_steps}",
+    )
+    losses = [epoch.train_loss for epoch in outcome.run.history]
+    expect(bool(losses) and all(map(math.isfinite, losses)), f"training losses {losses}")
+    return (
+        f"micro-batch {batch} -> {micro} after CUDA out-of-memory, {accum} accumulation steps: "
+        f"effective batch {batch} kept, all {expected_steps} optimizer steps done"
+    )
+
+
+def oom_guard(splits: SplitPaths, sizes: Sizes) -> str:
+    """A real torch.cuda.OutOfMemoryError in training, recovered by the loop's guard."""
+    require_cuda()
+    fits = memory_config(sizes, "bf16")
+    cap = int(OOM_CAP_OVER_PEAK * measured_peak(splits, fits))
+    config = memory_config(sizes, "bf16", batch=4 * fits.batch_size)
+    with memory_cap(cap):
+        outcome = torch_training.train(config, splits)
+    steps = table_rows(splits.train) // config.batch_size * config.epochs
+    return guard_finding(outcome, config, steps) + f" (allocator capped at {cap / GIB:.2f} GiB)"
+
+
+@dataclass
+class OneRankGroup(torch_training.DistributedContext):
+    """A process group of one rank, which `DistributedContext` takes for no group at all."""
+
+    @property
+    def is_distributed(self) -> bool:
+        return True
+
+
+def train_on_one_rank_group(config: TrainConfig, splits: SplitPaths, backend: str = "nccl") -> dict:
+    """Worker process: the project's `train` as DDP on a one-rank process group.
+
+    The loop forms a process group only for more than one worker (one GPU needs none), so this
+    worker joins a group of one and hands it to the loop: DDP's gradient all-reduce, `no_sync`
+    under accumulation and the loop's own collectives then all run on `backend`.
+    """
+    plain = torch_training.init_distributed
+
+    def one_rank_group(timeout_s: int) -> torch_training.DistributedContext:
+        ctx = plain(timeout_s)  # picks and sets this worker's device
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+        return OneRankGroup(ctx.rank, ctx.world_size, ctx.device, dist.get_backend())
+
+    torch_training.init_distributed = one_rank_group
+    try:
+        run = torch_training.train(config, splits).run
+    finally:
+        torch_training.shutdown_distributed()
+    return asdict(run)
+
+
+def launch_one_worker(entrypoint, *args):
+    """`entrypoint(*args)` in one worker started as torchrun starts it; returns its result."""
+    launch = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=1, run_id="gpu-check", rdzv_backend="c10d",
+                          rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1, start_method="spawn")  # fmt: skip
+    return elastic_launch(launch, entrypoint)(*args)[0]
+
+
+def ddp_finding(run: dict, config: TrainConfig, backend: str = "nccl") -> str:
+    expect(run["backend"] == backend, f"the run's backend is {run['backend']!r}, not {backend!r}")
+    expect(len(run["history"]) == config.epochs, f"{len(run['history'])} epochs instead of {config.epochs}")
+    losses = [epoch["train_loss"] for epoch in run["history"]]
+    expect(all(math.isfinite(loss) for loss in losses), f"training losses {losses}")
+    accuracy = run["history"][-1]["val_accuracy"]
+    expect(accuracy >= MIN_ACCURACY, f"validation accuracy {accuracy:.3f} < {MIN_ACCURACY}")
+    return (
+        f"DDP over {backend}, {run['world_size']} rank on {run['device']}: {config.epochs} epochs with "
+        f"{config.grad_accum_steps} accumulation steps, validation accuracy {accuracy:.3f}"
+    )
+
+
+def nccl_ddp(splits: SplitPaths) -> str:
+    """One worker started as torchrun starts it, training DDP over a one-rank NCCL group."""
+    require_cuda()
+    expect(dist.is_nccl_available(), "this torch build has no NCCL")
+    config = TrainConfig(epochs=2, batch_size=2048, grad_accum_steps=2, hidden_sizes=[512, 512])
+    return ddp_finding(launch_one_worker(train_on_one_rank_group, config, splits, "nccl"), config)
+
+
+def keep_busy(seconds: float) -> None:
+    a = torch.randn(4096, 4096, device="cuda")
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        for _ in range(20):
+            a = torch.tanh(a @ a)
+        torch.cuda.synchronize()
+
+
+def nvml_telemetry() -> str:
+    """The Training Deck's GPU telemetry, read through NVML while the GPU works."""
+    require_cuda()
+    require_modules(("pynvml", "nvidia-ml-py, the GPU telemetry"), ("psutil", "CPU and RAM telemetry"))
+    from tasks.core.telemetry import UtilisationSampler
+
+    with UtilisationSampler(interval_s=0.2) as sampler:
+        keep_busy(seconds=2.0)
+    samples = [sample for sample in sampler.samples if sample.gpu_percent]
+    expect(samples, "NVML found no GPU to sample")
+    busiest = max(max(sample.gpu_percent) for sample in samples)
+    used = max(max(sample.gpu_memory_gib) for sample in samples)
+    expect(busiest > 0, "NVML read 0% utilisation on every GPU while a matmul loop ran")
+    expect(used > 0, "NVML read no GPU memory in use while a matmul loop ran")
+    return f"{len(samples)} samples while busy: up to {busiest:.0f}% utilisation, {used:.1f} GiB in use"
+
+
+def gpu_figures(splits: SplitPaths, config: TrainConfig) -> list[Figure]:
+    """The GPU figures of `make bench`, on its own table and model; `make gpu-check` takes them at size."""
+    if not torch.cuda.is_available():
+        print("gpu: skipped (no CUDA device on this machine)")
+        return []
+    sizes = replace(FULL, batch=config.batch_size, hidden=tuple(config.hidden_sizes), rounds=1)
+    return (
+        loop_vs_bare(splits, sizes)
+        + bf16_vs_fp32(splits, sizes)
+        + flop_utilisation(splits, sizes, peak_bf16_flops())
+    )

@@ -1,0 +1,225 @@
+"""`make gpu-check` on a machine without CUDA: every step skipped saying why, the summary printed,
+nothing imported that needs flytekit; and the logic that judges figures and checks."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks import gpu_check
+from benchmarks import gpu_figures as gpu
+from benchmarks.measure import REPO
+from tasks.core.config import EpochMetrics, TrainConfig, TrainingRun
+from tasks.core.torch_training import TrainOutcome
+
+no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks what happens without CUDA")
+STEP_NAMES = [step.name for step in gpu_check.gpu_steps(gpu.Workspace(Path("unused"), gpu.SMOKE), 1e15)]
+# What the minimal GPU machine lacks: a module set to None in sys.modules cannot be imported.
+UNIMPORTABLE = ["flytekit", "flytekitplugins", "pytest", "psutil", "pynvml", "tensorflow"]
+
+
+def run_gpu_check(*args: str, blocked: list[str] = ()) -> subprocess.CompletedProcess:
+    code = (
+        "import sys\n"
+        f"for name in {list(blocked)!r}:\n"
+        "    sys.modules[name] = None\n"
+        "from benchmarks.gpu_check import main\n"
+        f"code = main({list(args)!r})\n"
+        "print('IMPORTED', sorted(m for m in sys.modules if m.startswith(('tasks.', 'benchmarks.'))))\n"
+        "sys.exit(code)\n"
+    )
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+@no_cuda
+def test_without_cuda_every_step_is_skipped_saying_why_and_the_json_says_the_same(tmp_path):
+    report = tmp_path / "gpu-check.json"
+    done = run_gpu_check("--smoke", "--json", str(report))
+    assert done.returncode == 0, done.stderr
+    assert "== gpu-check summary ==" in done.stdout
+    assert "device: no CUDA device" in done.stdout
+    assert f"torch: {torch.__version__}" in done.stdout
+    for name in STEP_NAMES:
+        assert f"| {name} | skipped | {gpu.NO_CUDA} |" in done.stdout
+    assert f"steps: 0 passed, 0 failed, {len(STEP_NAMES)} skipped" in done.stdout
+    written = json.loads(report.read_text())
+    assert written["exit_code"] == 0 and written["machine"]["device"] == "no CUDA device"
+    assert [(s["name"], s["status"], s["detail"]) for s in written["steps"]] == [
+        (name, "skipped", gpu.NO_CUDA) for name in STEP_NAMES
+    ]
+
+
+@pytest.mark.slow
+@no_cuda
+def test_runs_where_flytekit_pytest_and_nvml_cannot_be_imported():
+    done = run_gpu_check("--smoke", blocked=UNIMPORTABLE)
+    assert done.returncode == 0, done.stderr
+    assert "== gpu-check summary ==" in done.stdout
+    imported = done.stdout.split("IMPORTED", 1)[1]
+    # Every module the GPU steps run was imported, so none of them needs what was blocked.
+    for module in (
+        "benchmarks.gpu_figures",
+        "tasks.core.torch_training",
+        "tasks.core.memory",
+        "benchmarks.loop_bench",
+    ):
+        assert f"'{module}'" in imported
+
+
+def test_a_blocked_module_really_fails_to_import():
+    done = run_gpu_check("--smoke", blocked=["torch"])
+    assert done.returncode != 0 and "ModuleNotFoundError" in done.stderr
+
+
+def figure(value: float, baseline: float, **goal) -> gpu.GpuFigure:
+    return gpu.GpuFigure("f", value, baseline, "x", **goal)
+
+
+@pytest.mark.parametrize(
+    "goal, ratio, met, text",
+    [
+        ({"low": 0.9}, 0.95, True, "ratio >= 0.9"),
+        ({"low": 0.9}, 0.85, False, "ratio >= 0.9"),
+        ({"low": 0.9, "high": 1.35}, 1.2, True, "0.9 <= ratio <= 1.35"),
+        ({"low": 0.9, "high": 1.35}, 1.4, False, "0.9 <= ratio <= 1.35"),
+        ({"high": 1.15}, 1.1, True, "ratio <= 1.15"),
+        ({}, 3.0, None, ""),
+    ],
+)
+def test_a_figure_meets_its_goal_by_its_ratio(goal, ratio, met, text):
+    f = figure(ratio * 10, 10, **goal)
+    assert (f.met, f.goal) == (met, text)
+
+
+def test_a_figure_without_a_baseline_meets_no_goal():
+    assert figure(1.0, 0.0, low=0.5).met is False
+
+
+def test_the_estimate_band_is_the_planner_tests_band():
+    source = (REPO / "tests" / "test_planner.py").read_text()
+    low, high = map(float, re.search(r"^LOW, HIGH = ([\d.]+), ([\d.]+)$", source, re.M).groups())
+    assert (low, high) == (gpu.ESTIMATE_LOW, gpu.ESTIMATE_HIGH)
+
+
+def test_the_cuda_marked_tests_are_found():
+    found = gpu_check.cuda_test_files()
+    assert {"tests/test_planner.py", "tests/test_torch_training.py"} <= set(found)
+    assert "tests/test_gpu_check.py" not in found
+
+
+@pytest.mark.parametrize(
+    "missing, reason", [("pytest", "pytest not installed"), ("flytekit", "flytekit not installed")]
+)
+def test_the_pytest_step_says_what_it_lacks(monkeypatch, missing, reason):
+    monkeypatch.setattr(gpu, "require_cuda", lambda: None)
+    monkeypatch.setitem(sys.modules, missing, None)
+    result = gpu_check.run_step(gpu_check.Step("tests", gpu_check.cuda_tests))
+    assert result.status == gpu_check.SKIPPED and result.detail.startswith(reason)
+
+
+@pytest.mark.slow
+@no_cuda
+def test_the_pytest_step_fails_when_its_cuda_tests_only_skip(monkeypatch):
+    """Its pytest run, on CPU: the marked tests are selected, and their skipping is no pass."""
+    monkeypatch.setattr(gpu, "require_cuda", lambda: None)
+    result = gpu_check.run_step(gpu_check.Step("tests", gpu_check.cuda_tests))
+    assert result.status == gpu_check.FAIL
+    assert re.search(r"not every CUDA test ran: \d+ skipped", result.detail), result.detail
+
+
+def failing() -> str:
+    raise gpu.CheckFailed("the guard lost an optimizer step")
+
+
+def skipped() -> str:
+    raise gpu.Skipped("needs a GPU")
+
+
+STEPS = [
+    gpu_check.Step("check ok", lambda: "all good"),
+    gpu_check.Step("figures", lambda: [figure(5, 10, low=0.9), figure(2, 1)]),
+    gpu_check.Step("skipped", skipped),
+]
+
+
+def test_a_missed_goal_and_a_skipped_step_still_exit_zero(tmp_path, capsys):
+    assert gpu_check.main(["--json", str(tmp_path / "r.json")], steps=STEPS) == 0
+    out = capsys.readouterr().out
+    assert "| f | 5.000 x | 10.000 x | 0.500 | ratio >= 0.9 | MISSED |" in out
+    assert "| f | 2.000 x | 1.000 x | 2.000 |  |  |" in out
+    assert "| skipped | skipped | needs a GPU |" in out
+    assert "steps: 2 passed, 0 failed, 1 skipped; goals: 0 met, 1 missed" in out
+    steps = json.loads((tmp_path / "r.json").read_text())["steps"]
+    assert [f["met"] for f in steps[1]["figures"]] == [False, None]
+    assert steps[1]["figures"][0]["ratio"] == 0.5
+
+
+def test_a_failing_check_makes_the_exit_code_non_zero(tmp_path, capsys):
+    code = gpu_check.main(
+        ["--json", str(tmp_path / "r.json")], steps=[*STEPS, gpu_check.Step("guard", failing)]
+    )
+    assert code == 1
+    assert "| guard | FAIL | CheckFailed: the guard lost an optimizer step |" in capsys.readouterr().out
+    assert json.loads((tmp_path / "r.json").read_text())["exit_code"] == 1
+
+
+def test_an_unexpected_error_in_a_step_fails_it_and_the_next_steps_still_run():
+    results = gpu_check.run_all([gpu_check.Step("broken", lambda: 1 / 0), *STEPS])
+    assert [r.status for r in results] == ["FAIL", "pass", "pass", "skipped"]
+    assert results[0].detail.startswith("ZeroDivisionError")
+
+
+def outcome(micro: int, accum: int, steps: int, loss: float = 0.5) -> TrainOutcome:
+    run = TrainingRun("pytorch", "gpu", 1, "none", "bfloat16", "single-process",
+                      [EpochMetrics(1, loss, 0.9, loss, 0.9)], 1.0, 1.0)  # fmt: skip
+    return TrainOutcome(run, 0, [], steps, micro, accum)
+
+
+def test_the_guard_check_passes_a_halved_micro_batch_with_the_same_effective_batch():
+    config = TrainConfig(epochs=1, batch_size=4096)
+    assert "micro-batch 4096 -> 1024" in gpu.guard_finding(outcome(1024, 4, 8), config, expected_steps=8)
+
+
+@pytest.mark.parametrize(
+    "micro, accum, steps, loss, problem",
+    [
+        (4096, 1, 8, 0.5, "no out-of-memory error"),
+        (1024, 2, 8, 0.5, "effective batch changed"),
+        (1024, 4, 7, 0.5, "7 optimizer steps instead of 8"),
+        (1024, 4, 8, math.nan, "training losses"),
+    ],
+)
+def test_the_guard_check_fails_what_the_guard_must_not_do(micro, accum, steps, loss, problem):
+    with pytest.raises(gpu.CheckFailed, match=problem):
+        gpu.guard_finding(outcome(micro, accum, steps, loss), TrainConfig(epochs=1, batch_size=4096), 8)
+
+
+def ddp_run(backend: str, accuracy: float = 1.0) -> dict:
+    epoch = {"epoch": 1, "train_loss": 0.1, "train_accuracy": 1.0, "val_loss": 0.1, "val_accuracy": accuracy}
+    return {"backend": backend, "world_size": 1, "device": "H200", "history": [epoch]}
+
+
+def test_the_ddp_check_wants_the_backend_and_a_model_that_learned():
+    config = TrainConfig(epochs=1, batch_size=64)
+    assert gpu.ddp_finding(ddp_run("nccl"), config).startswith("DDP over nccl, 1 rank on H200")
+    with pytest.raises(gpu.CheckFailed, match="backend is 'none'"):
+        gpu.ddp_finding(ddp_run("none"), config)
+    with pytest.raises(gpu.CheckFailed, match="validation accuracy 0.300"):
+        gpu.ddp_finding(ddp_run("nccl", accuracy=0.3), config)
+
+
+@pytest.mark.slow
+def test_the_one_rank_group_runs_the_project_loop_as_ddp_on_gloo(tmp_path):
+    """The NCCL step's worker, on CPU: the project's loop takes a group of one as distributed."""
+    splits = gpu.Workspace(tmp_path, gpu.SMOKE).memory_splits
+    config = TrainConfig(epochs=2, batch_size=512, grad_accum_steps=2, hidden_sizes=[32])
+    run = gpu.launch_one_worker(gpu.train_on_one_rank_group, config, splits, "gloo")
+    assert gpu.ddp_finding(run, config, backend="gloo").startswith("DDP over gloo, 1 rank on cpu")
