@@ -73,3 +73,80 @@ def flyte_package(tmp_path_factory):
     from tests.flyte_package import build_package, read_package
 
     return read_package(build_package(tmp_path_factory.mktemp("package")))
+
+
+@pytest.fixture(scope="session")
+def comparison_run(tmp_path_factory):
+    """One local `hardware_comparison` on the embedded digits, shared by every test that only reads its
+    outputs: the comparison itself and the HTML Deck each of its tasks wrote."""
+    from types import SimpleNamespace
+
+    from flytekit.deck import deck as flyte_deck
+
+    from tasks.core.config import TrainConfig
+    from workflows.comparison import hardware_comparison
+
+    folder = tmp_path_factory.mktemp("decks")
+    written = {}
+
+    def capture(task_name, new_user_params):
+        path = folder / f"{task_name}.html"
+        path.write_text(flyte_deck._get_deck(new_user_params=new_user_params, ignore_jupyter=True))
+        written[task_name] = path
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(flyte_deck, "_output_deck", capture)
+        patch.setenv("FLYTE_LOCAL_CACHE_ENABLED", "false")  # every task runs, so every task writes its Deck
+        comparison = hardware_comparison(hyperparameters=TrainConfig(epochs=5), prices={"cpu": 0.5})
+    return SimpleNamespace(comparison=comparison, decks=written)
+
+
+# The serialized chain as pods run it, shared by the pod, retry and launcher tests: one preprocessing
+# pod and one complete training attempt, which later attempts resume from or are compared with.
+POD_HYPERPARAMETERS_FIELDS = {"epochs": 3, "batch_size": 16, "hidden_sizes": [32], "seed": 3}
+
+
+@pytest.fixture(scope="session")
+def prepared_by_a_pod(flyte_package, tmp_path_factory):
+    """The literal a preprocessing pod wrote for the embedded digits."""
+    from tasks.preprocess import preprocess
+    from tests.pods import literals, run_like_a_pod
+
+    outputs = run_like_a_pod(
+        flyte_package.tasks["tasks.preprocess.preprocess"],
+        literals(preprocess, {"dataset": "", "label_column": "label", "val_fraction": 0.15,
+                              "test_fraction": 0.15, "seed": 0}),
+        tmp_path_factory.mktemp("pods") / "preprocess",
+    )  # fmt: skip
+    return outputs.literals["o0"]
+
+
+@pytest.fixture(scope="session")
+def train_inputs(prepared_by_a_pod):
+    from tasks.core.config import TrainConfig
+    from tasks.train_torch import train_torch
+    from tests.pods import literals, merged
+
+    hyperparameters = TrainConfig(**POD_HYPERPARAMETERS_FIELDS)
+    return merged(literals(train_torch, {"hyperparameters": hyperparameters}), prepared=prepared_by_a_pod)
+
+
+@pytest.fixture(scope="session")
+def train_spec(flyte_package):
+    return flyte_package.tasks["tasks.train_torch.train_torch"]
+
+
+@pytest.fixture(scope="session")
+def completed_attempt(train_spec, train_inputs, tmp_path_factory):
+    """A training attempt run to the end as a retry whose previous attempt saved nothing: propeller
+    hands attempt 1 attempt 0's checkpoint prefix whether or not anything was written there."""
+    from types import SimpleNamespace
+
+    from tasks.types import TrainedModel
+    from tests.pods import output, run_like_a_pod
+
+    root = tmp_path_factory.mktemp("completed")
+    outputs = run_like_a_pod(
+        train_spec, train_inputs, root / "attempt-1", str(root / "attempt-0" / "checkpoint")
+    )
+    return SimpleNamespace(workdir=root / "attempt-1", outputs=outputs, model=output(outputs, TrainedModel))

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import torch
 from flyteidl.core import literals_pb2
 from flytekit.core.context_manager import FlyteContextManager
@@ -80,3 +81,23 @@ def output(literal_map: literals_pb2.LiteralMap, python_type):
 
 def model_parameters(trained) -> dict[str, torch.Tensor]:
     return torch.load(trained.artifact.path, weights_only=True)["state_dict"]
+
+
+def workers_of(launcher: psutil.Process) -> list[psutil.Process]:
+    """Every process under the launcher but multiprocessing's resource tracker, which lives as long as
+    the launcher itself: the elastic workers and anything they started."""
+    return [
+        child for child in launcher.children(recursive=True) if "resource_tracker" not in child.cmdline()[-1]
+    ]
+
+
+def running(processes: list[psutil.Process]) -> list[int]:
+    """PIDs still running: not exited, and not exited-but-unreaped (a zombie is gone)."""
+    alive = []
+    for process in processes:
+        try:
+            if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                alive.append(process.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return alive

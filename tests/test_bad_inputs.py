@@ -1,4 +1,10 @@
-"""Every kind of bad input fails the workflow on CPU, before training, with one clear message."""
+"""Every kind of bad input is refused with one clear message naming the input, and nothing is changed.
+
+Each case is checked where the check lives: data cases against preprocessing, input cases against
+validation. A few run through the whole workflow, one for each stage that checks (input validation,
+preprocessing, planning, the launcher), to show that the failure comes before training and that the
+message reaching the user still names the input.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +12,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch.distributed.launcher.api
 
-from tasks import train_torch as train_torch_module
 from tasks.core.config import TrainConfig
+from tasks.core.data import SplitConfig, prepare_dataset
+from tasks.core.validation import batch_problems, problems
+from tasks.targets import TARGETS
 from tests.conftest import blobs_frame
-from workflows.pipeline import training_pipeline
-
-pytestmark = pytest.mark.slow
 
 
 def write(tmp_path: Path, name: str, mutate=None) -> str:
@@ -39,78 +43,101 @@ def set_value(column: str, value):
     return mutate
 
 
-# name -> (dataset factory, extra inputs, fragments the message must contain)
-CASES = {
-    "bad URI": (
-        lambda t: "nosuchfs://bucket/data.parquet",
-        {},
-        ["nosuchfs://bucket/data.parquet", "cannot open"],
-    ),
-    "missing file": (lambda t: str(t / "absent.parquet"), {}, ["absent.parquet", "no such file"]),
-    "unreadable file": (garbage, {}, ["broken.parquet", "cannot be read as parquet"]),
-    "wrong format": (
-        lambda t: write(t, "data.parquet").replace(".parquet", ".xlsx"),
-        {},
-        ["file format", ".csv"],
-    ),
-    "label column missing": (
-        lambda t: write(t, "d.parquet"),
-        {"label_column": "kind"},
-        ["label column 'kind'"],
-    ),
-    "non-numeric feature": (
-        lambda t: write(t, "d.parquet", lambda f: f.assign(f2=f["f2"].astype(str))),
-        {},
-        ["'f2'", "not a number"],
-    ),
-    "NaN feature": (
-        lambda t: write(t, "d.csv", set_value("f1", np.nan)),
-        {},
-        ["'f1'", "missing value", "row 7"],
-    ),
-    "inf feature": (
-        lambda t: write(t, "d.parquet", set_value("f3", np.inf)),
-        {},
-        ["'f3'", "non-finite", "row 7"],
-    ),
-    "too few rows": (lambda t: write(t, "d.parquet", lambda f: f.iloc[:15]), {}, ["too few rows"]),
-    "single class": (lambda t: write(t, "d.parquet", lambda f: f.assign(species="a")), {}, ["single class"]),
-    "zero epochs": (
-        lambda t: write(t, "d.parquet"),
-        {"hyperparameters": TrainConfig(epochs=0)},
-        ["input 'hyperparameters.epochs' = 0", "--hyperparameters '{\"epochs\": 30}'"],
-    ),
-    "negative batch": (
-        lambda t: write(t, "d.parquet"),
-        {"hyperparameters": TrainConfig(batch_size=-8)},
-        ["input 'hyperparameters.batch_size' = -8"],
-    ),
+# name -> (dataset factory, label column, fragments the message must contain)
+DATA_CASES = {
+    "bad URI": (lambda t: "nosuchfs://bucket/data.parquet", "species",
+                ["nosuchfs://bucket/data.parquet", "cannot open"]),
+    "missing file": (lambda t: str(t / "absent.parquet"), "species", ["absent.parquet", "no such file"]),
+    "unreadable file": (garbage, "species", ["broken.parquet", "cannot be read as parquet"]),
+    "wrong format": (lambda t: write(t, "data.parquet").replace(".parquet", ".xlsx"), "species",
+                     ["file format", ".csv"]),
+    "label column missing": (lambda t: write(t, "d.parquet"), "kind", ["label column 'kind'"]),
+    "non-numeric feature": (lambda t: write(t, "d.parquet", lambda f: f.assign(f2=f["f2"].astype(str))),
+                            "species", ["'f2'", "not a number"]),
+    "NaN feature": (lambda t: write(t, "d.csv", set_value("f1", np.nan)), "species",
+                    ["'f1'", "missing value", "row 7"]),
+    "inf feature": (lambda t: write(t, "d.parquet", set_value("f3", np.inf)), "species",
+                    ["'f3'", "non-finite", "row 7"]),
+    "too few rows": (lambda t: write(t, "d.parquet", lambda f: f.iloc[:15]), "species", ["too few rows"]),
+    "single class": (lambda t: write(t, "d.parquet", lambda f: f.assign(species="a")), "species",
+                     ["single class"]),
+}  # fmt: skip
+
+
+def files_under(folder: Path) -> dict[Path, bytes]:
+    return {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("case", list(DATA_CASES))
+def test_bad_data_is_refused_naming_the_file_and_column(case, tmp_path):
+    make_dataset, label_column, fragments = DATA_CASES[case]
+    dataset = make_dataset(tmp_path)
+    before = files_under(tmp_path)
+    with pytest.raises(ValueError) as error:
+        prepare_dataset(dataset, label_column, str(tmp_path.parent / f"{tmp_path.name}-out"), SplitConfig())
+    for fragment in fragments:
+        assert fragment in str(error.value), str(error.value)
+    assert files_under(tmp_path) == before  # nothing modified
+
+
+# name -> (target, hyperparameters, fragments the message must contain)
+INPUT_CASES = {
+    "zero epochs": ("gpu", TrainConfig(epochs=0),
+                    ["input 'hyperparameters.epochs' = 0", "--hyperparameters '{\"epochs\": 30}'"]),
+    "negative batch": ("gpu", TrainConfig(batch_size=-8), ["input 'hyperparameters.batch_size' = -8"]),
     "batch not divisible by accumulation": (
-        lambda t: write(t, "d.parquet"),
-        {"hyperparameters": TrainConfig(epochs=2, batch_size=64, grad_accum_steps=3)},
+        "gpu", TrainConfig(batch_size=64, grad_accum_steps=3),
         ["input 'hyperparameters.grad_accum_steps' = 3", "divide batch_size (64)"],
     ),
-    "batch not divisible over the workers": (
-        lambda t: write(t, "d.parquet"),
-        {"hyperparameters": TrainConfig(epochs=2, batch_size=63), "plan_resources": False},
-        ["input 'hyperparameters.batch_size' = 63", "over 2 workers", '"batch_size": 62'],
+    "unknown target": ("cuda", TrainConfig(), ["input 'target' = 'cuda'", "gpu, "]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(INPUT_CASES))
+def test_bad_inputs_are_named_with_the_fix(case):
+    target, hyperparameters, fragments = INPUT_CASES[case]
+    (message,) = problems(target, hyperparameters, TARGETS)
+    for fragment in fragments:
+        assert fragment in message, message
+
+
+def test_a_batch_must_split_over_the_workers_and_fit_the_training_rows():
+    (uneven,) = batch_problems(TrainConfig(batch_size=63), world_size=2, train_rows=84)
+    assert "input 'hyperparameters.batch_size' = 63" in uneven and "over 2 workers" in uneven
+    assert '"batch_size": 62' in uneven
+    (too_large,) = batch_problems(TrainConfig(batch_size=4096), world_size=1, train_rows=84)
+    assert "input 'hyperparameters.batch_size' = 4096" in too_large
+    assert "larger than the 84 training rows" in too_large
+    assert batch_problems(TrainConfig(batch_size=64), world_size=2, train_rows=84) == []
+
+
+# One case per stage that checks: name -> (dataset factory, extra inputs, fragments of the message)
+WORKFLOW_CASES = {
+    "preprocessing: non-numeric feature": (
+        DATA_CASES["non-numeric feature"][0], {}, ["d.parquet", "'f2'", "not a number"],
     ),
-    "batch larger than the training rows": (
-        lambda t: write(t, "d.parquet"),
-        {"hyperparameters": TrainConfig(epochs=2, batch_size=4096)},
+    "validation: zero epochs": (
+        lambda t: write(t, "d.parquet"), {"hyperparameters": TrainConfig(epochs=0)},
+        ["input 'hyperparameters.epochs' = 0"],
+    ),
+    "planning: batch larger than the training rows": (
+        lambda t: write(t, "d.parquet"), {"hyperparameters": TrainConfig(epochs=2, batch_size=4096)},
         ["input 'hyperparameters.batch_size' = 4096", "larger than the 84 training rows"],
     ),
-    "unknown target": (
+    "launcher: batch not divisible over the workers": (
         lambda t: write(t, "d.parquet"),
-        {"target": "cuda"},
-        ["input 'target' = 'cuda'", "gpu, "],
+        {"hyperparameters": TrainConfig(epochs=2, batch_size=63), "plan_resources": False},
+        ["input 'hyperparameters.batch_size' = 63", "over 2 workers"],
     ),
-}
+}  # fmt: skip
 
 
 @pytest.fixture
 def no_training(monkeypatch):
     """Fail loudly if any case gets as far as training."""
+    import torch.distributed.launcher.api
+
+    from tasks import train_torch as train_torch_module
 
     def refuse(*args, **kwargs):
         raise AssertionError("training started although the input was bad")
@@ -119,21 +146,19 @@ def no_training(monkeypatch):
     monkeypatch.setattr(torch.distributed.launcher.api, "elastic_launch", refuse)  # no worker process either
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_bad_input_fails_before_training_with_a_clear_message(case, tmp_path, no_training):
-    make_dataset, extra, fragments = CASES[case]
-    dataset = make_dataset(tmp_path)
-    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
-    inputs = {
-        "dataset": dataset,
-        "label_column": "species",
-        "hyperparameters": TrainConfig(epochs=2),
-        **extra,
-    }
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(WORKFLOW_CASES))
+def test_the_workflow_fails_before_training_naming_the_input(case, tmp_path, no_training):
+    from workflows.pipeline import training_pipeline
+
+    make_dataset, extra, fragments = WORKFLOW_CASES[case]
+    inputs = {"dataset": make_dataset(tmp_path), "label_column": "species",
+              "hyperparameters": TrainConfig(epochs=2), **extra}  # fmt: skip
+    before = files_under(tmp_path)
     with pytest.raises(Exception) as error:
         training_pipeline(**inputs)
     message = str(error.value)
     assert "training started" not in message
     for fragment in fragments:
         assert fragment in message, message
-    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before  # nothing modified
+    assert files_under(tmp_path) == before

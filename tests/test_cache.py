@@ -1,4 +1,9 @@
-"""Preprocessing is cached on its inputs, the data's fingerprint and the code's version."""
+"""Preprocessing is cached on its inputs, the data's fingerprint and the code's version.
+
+Checked at the task that owns the cache key, `prepare_data` (it fingerprints the data and calls the
+cached `preprocess`), so no training runs; every workflow, the comparison included, prepares its
+data through it (test_package checks the wiring).
+"""
 
 from __future__ import annotations
 
@@ -6,8 +11,8 @@ import pytest
 
 from tasks import preprocess as preprocess_module
 from tasks.core.config import TrainConfig
+from tasks.planner import prepare_data
 from tests.conftest import blobs_frame
-from workflows.pipeline import training_pipeline
 
 pytestmark = pytest.mark.slow
 
@@ -26,30 +31,34 @@ def preprocess_calls(monkeypatch) -> list[str]:
     return calls
 
 
+def prepare(path, **hyperparameters):
+    prepared, _ = prepare_data(
+        dataset=str(path), label_column="species", val_fraction=0.15, test_fraction=0.15, target="gpu",
+        hyperparameters=TrainConfig(**hyperparameters), plan_resources=True,
+    )  # fmt: skip
+    return prepared
+
+
 def test_rerun_hits_the_cache_and_changed_data_recomputes(tmp_path, preprocess_calls):
     path = tmp_path / "blobs.parquet"
     blobs_frame(n_rows=240, seed=1).to_parquet(path, index=False)
-    run = dict(
-        dataset=str(path), label_column="species", hyperparameters=TrainConfig(epochs=2, batch_size=32)
-    )
 
-    first = training_pipeline(**run)
-    second = training_pipeline(**run)
-    assert preprocess_calls == [str(path)]  # the second run reused the cached splits
-    assert second.metrics.n_test == first.metrics.n_test
+    first = prepare(path)
+    second = prepare(path, epochs=2, learning_rate=0.01)  # training settings do not key the split
+    assert preprocess_calls == [str(path)]  # the second preparation reused the cached splits
+    assert second.rows == first.rows and sum(first.rows.values()) == 240
 
     blobs_frame(n_rows=300, seed=2).to_parquet(path, index=False)  # same URI, new contents
-    third = training_pipeline(**run)
+    third = prepare(path)
     assert preprocess_calls == [str(path), str(path)]
-    assert third.metrics.n_test != first.metrics.n_test
+    assert sum(third.rows.values()) == 300
 
 
 def test_a_different_split_is_not_served_from_the_cache(tmp_path, preprocess_calls):
     path = tmp_path / "blobs.parquet"
     blobs_frame(n_rows=240, seed=3).to_parquet(path, index=False)
     for seed in (0, 1):
-        hyperparameters = TrainConfig(epochs=1, batch_size=32, seed=seed)
-        training_pipeline(dataset=str(path), label_column="species", hyperparameters=hyperparameters)
+        prepare(path, seed=seed)
     assert len(preprocess_calls) == 2
 
 

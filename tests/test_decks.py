@@ -13,8 +13,6 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tasks.core.config import TrainConfig
-
 pytestmark = pytest.mark.slow
 
 EXPECTED = {
@@ -35,25 +33,10 @@ EXPECTED = {
 }
 
 
-@pytest.fixture(scope="module")
-def decks(tmp_path_factory) -> dict[str, Path]:
-    """Run hardware_comparison locally and keep the HTML Deck each task writes."""
-    from flytekit.deck import deck as flyte_deck
-
-    from workflows.comparison import hardware_comparison
-
-    folder = tmp_path_factory.mktemp("decks")
-    written: dict[str, Path] = {}
-
-    def capture(task_name, new_user_params):
-        path = folder / f"{task_name}.html"
-        path.write_text(flyte_deck._get_deck(new_user_params=new_user_params, ignore_jupyter=True))
-        written[task_name] = path
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(flyte_deck, "_output_deck", capture)
-        hardware_comparison(hyperparameters=TrainConfig(epochs=3))
-    return written
+@pytest.fixture
+def decks(comparison_run) -> dict[str, Path]:
+    """The HTML Deck each task of the shared local hardware_comparison wrote."""
+    return comparison_run.decks
 
 
 @pytest.mark.parametrize("task", sorted(EXPECTED))

@@ -1,4 +1,4 @@
-"""What the evaluation shows at any class count, and the label warnings it carries."""
+"""What the evaluation shows at any class count (the label warnings it carries: test_pipeline)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,9 @@ import numpy as np
 import pytest
 
 from tasks import decks
-from tasks.core.config import Hardware, TrainConfig, TrainingRun
+from tasks.core.config import Hardware, TrainingRun
 from tasks.core.metrics import classification_metrics
 from tasks.types import EvaluationReport
-from tests.conftest import blobs_frame
 
 
 @pytest.fixture
@@ -50,20 +49,3 @@ def test_a_small_confusion_matrix_still_shows_its_counts(deck_pages):
     for row in report.metrics.confusion_matrix:
         for count in row:
             assert f"<!-- {count} -->" in deck_pages["Evaluation"]  # matplotlib names each text it draws
-
-
-@pytest.mark.slow
-def test_labels_differing_only_by_case_are_warned_in_the_report_and_its_deck(tmp_path, deck_pages):
-    from workflows.pipeline import training_pipeline
-
-    frame = blobs_frame(n_rows=240)
-    frame["answer"] = frame.pop("species").map({"setosa": "yes", "versicolor": "YES ", "virginica": " no"})
-    path = tmp_path / "answers.csv"
-    frame.to_csv(path, index=False)
-    report = training_pipeline(
-        dataset=str(path), label_column="answer", hyperparameters=TrainConfig(epochs=2, batch_size=32)
-    )
-    assert report.class_labels == ["YES", "no", "yes"]  # surrounding whitespace stripped, case kept
-    (warning,) = [note for note in report.notes if "differ only by case" in note]
-    assert "'YES'" in warning and "'yes'" in warning
-    assert "differ only by case" in deck_pages["Evaluation"]

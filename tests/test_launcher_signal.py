@@ -19,40 +19,16 @@ import pytest
 from tasks.core.checkpoint import STATE_FILE
 from tasks.core.preemption import DEFAULT_GRACE_S, PREEMPTED_EXIT_CODE
 from tasks.train_torch import stop_remaining_workers, train_torch
-from tests import test_retries
-from tests.pods import literals, merged
+from tests.pods import literals, merged, running, workers_of
 from tests.test_retries import HYPER, SLOW_STEPS, start_attempt, wait_for_state
 
 pytestmark = pytest.mark.slow
 
-# The retry tests' fixtures: the serialized training task and its inputs.
-train_spec, train_inputs = test_retries.train_spec, test_retries.train_inputs
 
-
-def workers_of(launcher: psutil.Process) -> list[psutil.Process]:
-    """Every process under the launcher but multiprocessing's resource tracker, which lives as long as
-    the launcher itself: the elastic workers and anything they started."""
-    return [
-        child for child in launcher.children(recursive=True) if "resource_tracker" not in child.cmdline()[-1]
-    ]
-
-
-def running(processes: list[psutil.Process]) -> list[int]:
-    """PIDs still running: not exited, and not exited-but-unreaped (a zombie is gone)."""
-    alive = []
-    for process in processes:
-        try:
-            if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
-                alive.append(process.pid)
-        except psutil.NoSuchProcess:
-            pass
-    return alive
-
-
-@pytest.mark.parametrize("notices", [1, 10], ids=["one-notice", "repeated-notices"])
-def test_no_worker_outlives_the_launcher_stopped_by_sigterm(train_spec, train_inputs, tmp_path, notices):
+def test_no_worker_outlives_the_launcher_stopped_by_repeated_notices(train_spec, train_inputs, tmp_path):
     """A repeated notice reaches the launcher while it shuts down; once CPython's finalization has put
-    back the default action of torch's handler, one would end the launcher by the signal instead."""
+    back the default action of torch's handler, one would end the launcher by the signal instead. (A
+    single notice: test_retries, which checks the same of every attempt it stops.)"""
     inputs = merged(train_inputs, literals(train_torch, {"hyperparameters": replace(HYPER, epochs=100)}))
     attempt = start_attempt(train_spec, inputs, tmp_path / "attempt-0", **SLOW_STEPS)
     try:
@@ -61,7 +37,7 @@ def test_no_worker_outlives_the_launcher_stopped_by_sigterm(train_spec, train_in
         time.sleep(0.3)  # some steps into the second epoch
         workers = workers_of(psutil.Process(attempt.pid))
         assert len(workers) == 2, [worker.cmdline() for worker in workers]
-        for _ in range(notices):  # the notice, or the notice again every 0.2 s while the launcher runs
+        for _ in range(10):  # the notice again every 0.2 s while the launcher runs
             attempt.send_signal(signal.SIGTERM)  # Popen sends nothing once the launcher has exited
             with contextlib.suppress(subprocess.TimeoutExpired):
                 attempt.wait(timeout=0.2)

@@ -16,6 +16,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
@@ -23,10 +24,9 @@ from tasks.core.checkpoint import STATE_FILE
 from tasks.core.config import TrainConfig
 from tasks.core.preemption import DEFAULT_GRACE_S, PREEMPTED_EXIT_CODE
 from tasks.core.tf_training import STATE_FILE as KERAS_STATE_FILE
-from tasks.preprocess import preprocess
 from tasks.train_tf import train_tf_gpu
-from tasks.train_torch import train_torch
 from tasks.types import TrainedModel
+from tests.conftest import POD_HYPERPARAMETERS_FIELDS
 from tests.flyte_package import REPO
 from tests.pods import (
     literals,
@@ -36,35 +36,14 @@ from tests.pods import (
     pod_command,
     pod_environment,
     run_like_a_pod,
+    running,
+    workers_of,
 )
 
 pytestmark = pytest.mark.slow
 
-HYPER = TrainConfig(epochs=3, batch_size=16, hidden_sizes=[32], seed=3)
+HYPER = TrainConfig(**POD_HYPERPARAMETERS_FIELDS)  # what the shared attempt trained with
 SLOW_STEPS = {"PYTHONPATH": str(REPO / "tests" / "slow_steps"), "MIXEDML_TEST_STEP_SECONDS": "0.05"}
-
-
-@pytest.fixture(scope="module")
-def train_spec(flyte_package):
-    return flyte_package.tasks["tasks.train_torch.train_torch"]
-
-
-@pytest.fixture(scope="module")
-def train_inputs(flyte_package, tmp_path_factory):
-    prepared = run_like_a_pod(
-        flyte_package.tasks["tasks.preprocess.preprocess"],
-        literals(preprocess, {"dataset": "", "label_column": "label", "val_fraction": 0.15,
-                              "test_fraction": 0.15, "seed": 0}),
-        tmp_path_factory.mktemp("retries") / "preprocess",
-    )  # fmt: skip
-    return merged(literals(train_torch, {"hyperparameters": HYPER}), prepared=prepared.literals["o0"])
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(train_spec, train_inputs, tmp_path_factory) -> TrainedModel:
-    return output(
-        run_like_a_pod(train_spec, train_inputs, tmp_path_factory.mktemp("whole") / "a0"), TrainedModel
-    )
 
 
 def start_attempt(spec, inputs, workdir: Path, previous_checkpoint: str = "", **env) -> subprocess.Popen:
@@ -94,13 +73,16 @@ def wait_for_state(
 
 def assert_stops_on_sigterm(attempt: subprocess.Popen, once) -> None:
     """Signals the attempt's main process alone, as the kubelet signals a container, once `once()`
-    returns: the attempt must save and exit with the preempted code within the grace budget."""
+    returns: the attempt must save and exit with the preempted code within the grace budget, leaving
+    none of its worker processes running."""
     try:
         once()
+        workers = workers_of(psutil.Process(attempt.pid))
         signalled = time.monotonic()
         attempt.send_signal(signal.SIGTERM)
         attempt.wait(timeout=DEFAULT_GRACE_S + 30)
         stopped_after = time.monotonic() - signalled
+        left_running = running(workers)  # at once: no grace after the launcher's exit
     finally:
         if attempt.poll() is None:
             os.killpg(attempt.pid, signal.SIGKILL)
@@ -108,6 +90,7 @@ def assert_stops_on_sigterm(attempt: subprocess.Popen, once) -> None:
     assert attempt.returncode == PREEMPTED_EXIT_CODE, log[-3000:]
     assert stopped_after < DEFAULT_GRACE_S, log[-3000:]
     assert "stopped on the preemption notice (SIGTERM)" in log
+    assert left_running == [], f"workers {left_running} outlived the launcher\n{log[-3000:]}"
 
 
 def assert_same_model(first: TrainedModel, second: TrainedModel) -> None:
@@ -116,23 +99,20 @@ def assert_same_model(first: TrainedModel, second: TrainedModel) -> None:
     assert all(torch.equal(first_state[name], second_state[name]) for name in first_state)
 
 
-def test_a_retry_whose_previous_attempt_saved_nothing_trains_from_scratch(train_spec, train_inputs, tmp_path):
-    never_written = tmp_path / "attempt-0" / "checkpoint"
-    trained = run_like_a_pod(train_spec, train_inputs, tmp_path / "attempt-1", str(never_written))
-    model = output(trained, TrainedModel)
+def test_a_retry_whose_previous_attempt_saved_nothing_trains_from_scratch(completed_attempt):
+    model = completed_attempt.model
     assert [epoch.epoch for epoch in model.run.history] == [1, 2, 3]
     assert model.run.samples_per_second > 0
-    assert (tmp_path / "attempt-1" / "checkpoint" / STATE_FILE).exists()
+    assert (completed_attempt.workdir / "checkpoint" / STATE_FILE).exists()
 
 
 def test_a_chain_of_early_failures_keeps_the_last_good_checkpoint(
-    train_spec, train_inputs, uninterrupted, tmp_path
+    train_spec, train_inputs, completed_attempt, tmp_path
 ):
-    first = tmp_path / "attempt-0"
-    run_like_a_pod(train_spec, train_inputs, first)  # saves: every epoch done
+    first = completed_attempt.workdir  # saved: every epoch done
 
-    # Attempt 1 restores attempt 0's state and dies (SIGKILL, as a lost node) before any save of its own.
-    second = tmp_path / "attempt-1"
+    # The next attempt restores that state and dies (SIGKILL, as a lost node) before any save of its own.
+    second = tmp_path / "attempt-2"
     attempt = start_attempt(train_spec, train_inputs, second, str(first / "checkpoint"))
     try:
         wait_for_state(second / "checkpoint" / STATE_FILE, attempt, ready=lambda state: True)
@@ -141,14 +121,16 @@ def test_a_chain_of_early_failures_keeps_the_last_good_checkpoint(
         attempt.wait(timeout=60)
     assert attempt.returncode == -signal.SIGKILL
 
-    third = run_like_a_pod(train_spec, train_inputs, tmp_path / "attempt-2", str(second / "checkpoint"))
+    third = run_like_a_pod(train_spec, train_inputs, tmp_path / "attempt-3", str(second / "checkpoint"))
     resumed = output(third, TrainedModel)
-    assert resumed.run.samples_per_second == 0.0  # attempt 0's state reached it: nothing left to train
-    assert_same_model(uninterrupted, resumed)
+    assert (
+        resumed.run.samples_per_second == 0.0
+    )  # the first attempt's state reached it: nothing left to train
+    assert_same_model(completed_attempt.model, resumed)
 
 
 def test_sigterm_mid_epoch_saves_the_step_reached_and_the_retry_matches_an_uninterrupted_run(
-    train_spec, train_inputs, uninterrupted, tmp_path
+    train_spec, train_inputs, completed_attempt, tmp_path
 ):
     first = tmp_path / "attempt-0"
     attempt = start_attempt(train_spec, train_inputs, first, **SLOW_STEPS)
@@ -165,7 +147,7 @@ def test_sigterm_mid_epoch_saves_the_step_reached_and_the_retry_matches_an_unint
     assert saved["epoch"] >= 1 and saved["step"] > 0, "the checkpoint should hold the step reached, mid-epoch"
 
     retried = run_like_a_pod(train_spec, train_inputs, tmp_path / "attempt-1", str(first / "checkpoint"))
-    assert_same_model(uninterrupted, output(retried, TrainedModel))
+    assert_same_model(completed_attempt.model, output(retried, TrainedModel))
 
 
 def test_a_keras_attempt_saves_and_exits_143_on_sigterm(flyte_package, train_inputs, tmp_path):
