@@ -127,6 +127,10 @@ def test_cpu_tasks_request_no_accelerator(task):
     assert declared["requests"]["cpu"]
 
 
+def test_preprocessing_declares_its_default_size():
+    assert resources(template(preprocess).container)["requests"] == {"cpu": "2", "memory": "4Gi"}
+
+
 def test_tpu_profile_rejects_multi_host_and_unknown_slices():
     from tasks.hardware import TpuSliceProfile
 
