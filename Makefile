@@ -31,8 +31,14 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# Two pytest workers: most slow tests wait on processes they started (workflow runs, DDP workers,
+# pods), so two share two cores well. TEST_WORKERS=0 runs the suite in one process. The unit tests
+# alone (test-fast) are quicker in one process than the workers' start-up.
+TEST_WORKERS ?= 2
+PYTEST := $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
+
 test: lint browser
-	$(BIN)/python -m pytest
+	$(PYTEST)
 
 # The unit tests only: no workflow run, no worker process (tests marked `slow` are left out).
 test-fast: lint

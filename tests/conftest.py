@@ -16,6 +16,23 @@ def blobs_frame(n_rows: int = 300, n_features: int = 4, n_classes: int = 3, seed
     return frame
 
 
+# Tests that read one shared run stay in one worker of a parallel session (`make test` runs two), so
+# that the run happens once: fixture -> the group its users share.
+SHARED_RUNS = {
+    "comparison_run": "comparison",
+    "prepared_by_a_pod": "pods",
+    "scheduled_run_on_a_users_csv": "scheduled",
+    "two_rank_results": "ddp",
+}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        groups = [group for fixture, group in SHARED_RUNS.items() if fixture in item.fixturenames]
+        if groups:
+            item.add_marker(pytest.mark.xdist_group(groups[0]))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def isolated_local_cache(tmp_path_factory):
     """Local runs cache preprocessing; keep the tests' cache apart from the user's."""

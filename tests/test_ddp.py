@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -13,17 +14,18 @@ from tests.ddp_workers import launch_local, train_and_report
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def two_rank_results(blob_splits, monkeypatch_module):
-    config = TrainConfig(epochs=3, batch_size=32, seed=5, collective_timeout_s=120)
-    return launch_local(train_and_report, config, blob_splits, nproc=2)
-
-
-@pytest.fixture(scope="module")
-def monkeypatch_module():
+@contextmanager
+def one_thread_per_rank():
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("OMP_NUM_THREADS", "1")
-        yield patch
+        yield
+
+
+@pytest.fixture(scope="session")  # session: its tests share one worker but may not run in a row
+def two_rank_results(blob_splits):
+    config = TrainConfig(epochs=3, batch_size=32, seed=5, collective_timeout_s=120)
+    with one_thread_per_rank():
+        return launch_local(train_and_report, config, blob_splits, nproc=2)
 
 
 def test_both_ranks_ran_with_gloo(two_rank_results):
@@ -51,16 +53,14 @@ def test_ranks_report_the_same_global_history(two_rank_results):
 
 
 @pytest.mark.parametrize("how", ["raise", "die"])
-def test_a_failing_rank_fails_the_whole_run_promptly_naming_rank_and_cause(
-    blob_splits, monkeypatch_module, how
-):
+def test_a_failing_rank_fails_the_whole_run_promptly_naming_rank_and_cause(blob_splits, how):
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     from tests.ddp_workers import train_with_failing_rank
 
     config = TrainConfig(epochs=50, batch_size=32, seed=5, collective_timeout_s=60)
     started = time.monotonic()
-    with pytest.raises(ChildFailedError) as error:
+    with one_thread_per_rank(), pytest.raises(ChildFailedError) as error:
         launch_local(train_with_failing_rank, config, blob_splits, 1, how, nproc=2, run_id=f"fail-{how}")
     elapsed = time.monotonic() - started
     message = error.value.format_msg()

@@ -68,7 +68,7 @@ def test_multinode_target_is_clamped_to_one_node_locally():
     assert report.metrics.accuracy >= 0.9
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # session: its tests share one worker but may not run in a row
 def scheduled_run_on_a_users_csv(tmp_path_factory):
     """The nightly launch plan's workflow on yesterday's partition: a CSV whose string labels carry
     stray spaces and differ only by case. Returns the report and the Deck pages evaluation wrote."""
