@@ -1,0 +1,266 @@
+"""Models are plug-ins: a name (a built-in or an importable `package.module:builder`) plus options.
+
+The builder contract
+--------------------
+A builder is a plain function::
+
+    def build(spec: InputSpec, options: Mapping[str, float | str]) -> Model
+
+- `spec.n_features`: the number of feature columns; every batch is a float32 array or tensor of
+  shape `[rows, n_features]`, standardised, in the column order of the prepared data.
+- `spec.input_shape`: `None`, or the shape (e.g. `(1, 8, 8)`) the user said the feature columns form,
+  row-major; the model reshapes each flat row itself.
+- `spec.n_classes`: the number of classes.
+- `options`: the user's options, by name; values are numbers or strings (numbers arrive as floats, so
+  read them with `option_int`, `option_float`, `option_ints`). Refuse options you do not know
+  (`check_options`) so a typo is an error rather than a silent default.
+
+It returns, for a PyTorch target, a `torch.nn.Module` and, for a TensorFlow target, a `keras.Model`;
+either maps a batch `[rows, n_features]` to class logits `[rows, n_classes]` (no softmax: the loss
+applies it). Keras models keep their logits layer `dtype="float32"` so mixed precision stays stable.
+
+For a TensorFlow target, the reference `package.module:name` resolves to `name_keras` in the same
+module when that exists, else to `name` itself. A module that serves both frameworks imports each
+framework inside its builder, since the TensorFlow images have no torch and the torch images no
+TensorFlow. `examples/residual.py` is a worked example to copy.
+
+References are resolved by importing code present in the training image; an artifact records the
+reference and options next to the weights and is rebuilt through the same builder, so no code is ever
+unpickled from an input or an artifact.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+FRAMEWORKS = ("pytorch", "tensorflow")
+# Built-in names and the builder each framework uses for them.
+BUILTINS: dict[str, dict[str, str]] = {
+    "mlp": {"pytorch": "tasks.core.torch_models:mlp", "tensorflow": "tasks.core.keras_models:mlp"},
+    "cnn": {"pytorch": "tasks.core.torch_models:cnn", "tensorflow": "tasks.core.keras_models:cnn"},
+}
+# The framework-specific half of the checks and artifacts, imported only for its own framework.
+FRAMEWORK_MODULES = {"pytorch": "tasks.core.torch_models", "tensorflow": "tasks.core.keras_models"}
+KERAS_SUFFIX = "_keras"
+# The built-ins' options; the MLP's match TrainConfig's hidden_sizes and dropout defaults.
+MLP_DEFAULTS = {"hidden_sizes": [256, 128], "dropout": 0.1}
+CNN_DEFAULTS = {"channels": [64, 128], "dropout": 0.25}
+
+Options = Mapping[str, Any]
+
+
+class ModelError(ValueError):
+    """A model reference that cannot be resolved, built or run; the message names the reference."""
+
+
+@dataclass
+class ModelSpec:
+    """Which model to train: the workflow input, and what an artifact records with the weights."""
+
+    builder: str = "mlp"  # a BUILTINS name or "package.module:function"
+    input_shape: str = ""  # e.g. "1x8x8": the shape the feature columns form; "" for flat features
+    options: dict[str, float | str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """What a builder is given about the data."""
+
+    n_features: int
+    n_classes: int
+    input_shape: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.n_features < 1 or self.n_classes < 2:
+            raise ModelError(
+                f"need >= 1 feature and >= 2 classes, got {self.n_features} and {self.n_classes}"
+            )
+        if self.input_shape is not None and math.prod(self.input_shape) != self.n_features:
+            shape = "x".join(map(str, self.input_shape))
+            raise ModelError(
+                f"input_shape '{shape}' has {math.prod(self.input_shape)} values, "
+                f"the data has {self.n_features} features"
+            )
+
+    @classmethod
+    def parse(cls, n_features: int, n_classes: int, input_shape: str = "") -> InputSpec:
+        """`input_shape` as written in a ModelSpec: dimensions joined by "x", or "" for flat rows."""
+        return cls(n_features, n_classes, parse_shape(input_shape))
+
+
+def parse_shape(text: str) -> tuple[int, ...] | None:
+    if not text.strip():
+        return None
+    parts = text.strip().lower().split("x")
+    if not all(part.strip().isdecimal() and int(part) > 0 for part in parts):
+        raise ModelError(f"input_shape '{text}' is not positive dimensions joined by 'x', e.g. '1x8x8'")
+    return tuple(int(part) for part in parts)
+
+
+# ---- options: numbers arrive as floats (or strings) from a workflow input ----------------------------
+
+
+def check_options(options: Options, known: Iterable[str]) -> None:
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise ValueError(f"unknown option(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+
+
+def option_float(options: Options, name: str, default: float) -> float:
+    value = options.get(name, default)
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"option {name}={value!r} is not a number") from None
+
+
+def option_int(options: Options, name: str, default: int) -> int:
+    number = option_float(options, name, default)
+    if not number.is_integer():
+        raise ValueError(f"option {name}={options.get(name)!r} is not a whole number")
+    return int(number)
+
+
+def option_ints(options: Options, name: str, default: list[int]) -> list[int]:
+    """A list of whole numbers: a list, a single number, or a string such as "256,128"."""
+    value = options.get(name, default)
+    items = value.split(",") if isinstance(value, str) else value
+    items = items if isinstance(items, list | tuple) else [items]
+    try:
+        return [option_int({name: item}, name, 0) for item in items if str(item).strip()]
+    except ValueError:
+        raise ValueError(f"option {name}={value!r} is not a list of whole numbers, e.g. '256,128'") from None
+
+
+# ---- what the built-ins share across frameworks ------------------------------------------------------
+
+
+def image_shape(spec: InputSpec) -> tuple[int, int, int]:
+    """(channels, height, width) for the cnn: input_shape CxHxW, or HxW for one channel."""
+    shape = spec.input_shape
+    if shape is None or len(shape) not in (2, 3):
+        raise ValueError("the cnn needs input_shape CxHxW or HxW, e.g. '1x8x8'")
+    return (1, *shape) if len(shape) == 2 else shape
+
+
+def cnn_problems(channels: list[int], dropout: float) -> list[str]:
+    found = []
+    if not channels or min(channels) < 1:
+        found.append("channels needs at least one positive entry")
+    if not 0.0 <= dropout < 1.0:
+        found.append("dropout must be in [0, 1)")
+    return found
+
+
+# ---- resolving and building --------------------------------------------------------------------------
+
+
+def resolve(builder: str, framework: str) -> Callable[..., Any]:
+    """The builder function `builder` names for `framework`; ModelError naming it if there is none."""
+    if framework not in FRAMEWORKS:
+        raise ModelError(f"model {builder!r}: unknown framework {framework!r}, not one of {FRAMEWORKS}")
+    if builder in BUILTINS:
+        return import_function(BUILTINS[builder][framework], builder)
+    if ":" not in builder:
+        raise ModelError(
+            f"model {builder!r} is neither a built-in ({', '.join(BUILTINS)}) "
+            "nor a 'package.module:builder' reference"
+        )
+    module, name = split_reference(builder, builder)
+    if framework == "tensorflow" and hasattr(import_module(module, builder), name + KERAS_SUFFIX):
+        name += KERAS_SUFFIX
+    return import_function(f"{module}:{name}", builder)
+
+
+def split_reference(reference: str, named: str) -> tuple[str, str]:
+    module, _, name = reference.partition(":")
+    if not module.strip() or not name.isidentifier():
+        raise ModelError(f"model {named!r} is not a 'package.module:builder' reference")
+    return module, name
+
+
+def import_module(module: str, named: str):
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as error:
+        if error.name and (module == error.name or module.startswith(error.name + ".")):
+            raise ModelError(f"model {named!r}: no module named {module!r} in this image") from None
+        raise ModelError(f"model {named!r}: importing {module!r} failed: {error}") from error
+    except Exception as error:
+        raise ModelError(f"model {named!r}: importing {module!r} failed: {describe_error(error)}") from error
+
+
+def import_function(reference: str, named: str) -> Callable[..., Any]:
+    module, name = split_reference(reference, named)
+    function = getattr(import_module(module, named), name, None)
+    if function is None:
+        raise ModelError(f"model {named!r}: module {module!r} has no function {name!r}")
+    if not callable(function):
+        raise ModelError(f"model {named!r}: {reference} is {article(function)}, not a callable builder")
+    return function
+
+
+def build(spec: ModelSpec, n_features: int, n_classes: int, framework: str):
+    """Build the model `spec` names for `framework`, checking the type it returns."""
+    input_spec = input_spec_for(spec, n_features, n_classes)
+    builder = resolve(spec.builder, framework)
+    try:
+        model = builder(input_spec, dict(spec.options))
+    except Exception as error:
+        raise ModelError(
+            f"model {spec.builder!r} failed to build for target framework {framework}: {describe_error(error)}"
+        ) from error
+    kit = framework_module(framework)
+    if not kit.is_model(model):
+        raise ModelError(
+            f"model {spec.builder!r} returned {article(model)}, not a {kit.MODEL_TYPE} "
+            f"for target framework {framework}"
+        )
+    return model
+
+
+def check_model(spec: ModelSpec, n_features: int, n_classes: int, framework: str, rows: int = 4):
+    """Build the model and run a forward pass on `rows` random CPU rows; ModelError unless the logits
+    come out `[rows, n_classes]`. Meant to run before any accelerator is requested. Returns the model."""
+    model = build(spec, n_features, n_classes, framework)
+    try:
+        shape = framework_module(framework).logits_shape(model, rows, n_features)
+    except Exception as error:
+        raise ModelError(
+            f"model {spec.builder!r} failed a forward pass on {rows} CPU rows of {n_features} features: "
+            f"{describe_error(error)}"
+        ) from error
+    if shape != [rows, n_classes]:
+        raise ModelError(f"model {spec.builder!r} gave logits of shape {shape}, expected {[rows, n_classes]}")
+    return model
+
+
+def input_spec_for(spec: ModelSpec, n_features: int, n_classes: int) -> InputSpec:
+    try:
+        return InputSpec.parse(n_features, n_classes, spec.input_shape)
+    except ModelError as error:
+        raise ModelError(f"model {spec.builder!r}: {error}") from None
+
+
+def framework_module(framework: str):
+    if framework not in FRAMEWORK_MODULES:
+        raise ModelError(f"unknown framework {framework!r}, not one of {FRAMEWORKS}")
+    return importlib.import_module(FRAMEWORK_MODULES[framework])
+
+
+def spec_record(spec: ModelSpec) -> dict[str, Any]:
+    """The spec as plain primitives, for an artifact."""
+    return {"builder": spec.builder, "input_shape": spec.input_shape, "options": dict(spec.options)}
+
+
+def article(value: object) -> str:
+    name = type(value).__name__
+    return f"{'an' if name[0].lower() in 'aeiou' else 'a'} {name}"
+
+
+def describe_error(error: BaseException) -> str:
+    return str(error) if isinstance(error, ModelError | ValueError) else f"{type(error).__name__}: {error}"

@@ -1,0 +1,116 @@
+"""The PyTorch half of the model plug-ins: built-in builders, the checks, and the weights-only artifact.
+
+Imported only where torch is installed; `tasks.core.models` loads it for PyTorch targets.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from tasks.core.config import ModelConfig
+from tasks.core.model import build_mlp
+from tasks.core.models import (
+    CNN_DEFAULTS,
+    MLP_DEFAULTS,
+    InputSpec,
+    ModelSpec,
+    Options,
+    build,
+    check_options,
+    cnn_problems,
+    image_shape,
+    option_float,
+    option_ints,
+    spec_record,
+)
+
+MODEL_TYPE = "torch.nn.Module"
+
+
+def is_model(value: object) -> bool:
+    return isinstance(value, nn.Module)
+
+
+@torch.no_grad()
+def logits_shape(model: nn.Module, rows: int, n_features: int) -> list[int]:
+    generator = torch.Generator().manual_seed(0)
+    model.eval()
+    logits = model(torch.randn(rows, n_features, generator=generator))
+    if not isinstance(logits, torch.Tensor):
+        raise TypeError(f"forward returned {type(logits).__name__}, not a logits tensor")
+    return list(logits.shape)
+
+
+# ---- built-ins -----------------------------------------------------------------------------------------
+
+
+def mlp(spec: InputSpec, options: Options) -> nn.Sequential:
+    """Fully connected layers with ReLU and dropout. Options: hidden_sizes ("256,128"), dropout (0.1)."""
+    check_options(options, MLP_DEFAULTS)
+    hidden = option_ints(options, "hidden_sizes", MLP_DEFAULTS["hidden_sizes"])
+    dropout = option_float(options, "dropout", MLP_DEFAULTS["dropout"])
+    return build_mlp(ModelConfig(spec.n_features, spec.n_classes, hidden, dropout))
+
+
+def cnn(spec: InputSpec, options: Options) -> SmallCNN:
+    """A small CNN for image-shaped features. Needs input_shape CxHxW (or HxW: one channel).
+    Options: channels ("64,128": one 3x3 convolution per entry), dropout (0.25)."""
+    check_options(options, CNN_DEFAULTS)
+    channels = option_ints(options, "channels", CNN_DEFAULTS["channels"])
+    dropout = option_float(options, "dropout", CNN_DEFAULTS["dropout"])
+    return SmallCNN(image_shape(spec), spec.n_classes, channels, dropout)
+
+
+class SmallCNN(nn.Module):
+    """3x3 convolutions (padding 1) with ReLU, a 2x2 max-pool, dropout and a linear layer to logits.
+
+    Takes flat feature rows and reshapes them to (channels, height, width) itself, so the training
+    loop's batches stay flat. No batch norm: nothing to keep in sync across DDP ranks."""
+
+    def __init__(self, shape: tuple[int, int, int], n_classes: int, channels: list[int], dropout: float):
+        super().__init__()
+        if found := cnn_problems(channels, dropout):
+            raise ValueError("; ".join(found))
+        self.shape = shape
+        layers: list[nn.Module] = []
+        width = shape[0]
+        for out in channels:
+            layers += [nn.Conv2d(width, out, kernel_size=3, padding=1), nn.ReLU()]
+            width = out
+        layers.append(nn.MaxPool2d(2, ceil_mode=True))
+        self.features = nn.Sequential(*layers)
+        _, height, width_px = shape
+        flat = channels[-1] * -(-height // 2) * -(-width_px // 2)
+        self.head = nn.Sequential(nn.Flatten(), nn.Dropout(dropout), nn.Linear(flat, n_classes))
+
+    def forward(self, rows: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(rows.view(-1, *self.shape)))
+
+
+# ---- artifact: the spec as primitives plus the state dict; loaded with weights_only=True ----------------
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+
+
+def save_torch_artifact(model: nn.Module, spec: ModelSpec, input_spec: InputSpec, path: str) -> None:
+    """The builder reference, its options and the weights: plain primitives and tensors only."""
+    state = {name: tensor.detach().cpu() for name, tensor in unwrap(model).state_dict().items()}
+    payload = {
+        "model": spec_record(spec),
+        "input": {"n_features": input_spec.n_features, "n_classes": input_spec.n_classes},
+        "state_dict": state,
+    }
+    torch.save(payload, path)
+
+
+def load_torch_artifact(path: str) -> tuple[nn.Module, ModelSpec]:
+    """Rebuild the model through its builder and load the weights, unpickling no code."""
+    payload = torch.load(path, map_location="cpu", weights_only=True)
+    spec = ModelSpec(**payload["model"])
+    model = build(spec, payload["input"]["n_features"], payload["input"]["n_classes"], "pytorch")
+    model.load_state_dict(payload["state_dict"])
+    model.eval()
+    return model, spec

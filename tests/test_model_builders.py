@@ -1,0 +1,290 @@
+"""Models as plug-ins: references resolved and checked, built-ins and the worked example, weights-only
+artifacts, the CNN on the digits, and the memory probe against the MLP formula and measured peaks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tasks.core.config import ModelConfig, TrainConfig
+from tasks.core.data import SplitConfig, prepare_dataset, read_split, write_embedded_digits
+from tasks.core.memory import activation_bytes_per_sample, parameter_count
+from tasks.core.models import (
+    MLP_DEFAULTS,
+    InputSpec,
+    ModelError,
+    ModelSpec,
+    build,
+    check_model,
+    option_int,
+    option_ints,
+)
+from tasks.core.probe import measure_activation_bytes, measure_footprint, model_state_bytes
+from tasks.core.torch_models import load_torch_artifact, save_torch_artifact
+
+HERE = "tests.test_model_builders"
+SPECS = {
+    "mlp": (ModelSpec("mlp", options={"hidden_sizes": "32,16", "dropout": 0.2}), 64),
+    "cnn": (ModelSpec("cnn", "1x8x8", {"channels": "8,16"}), 64),
+    "residual": (ModelSpec("examples.residual:build", options={"width": 32, "blocks": 2}), 20),
+}
+
+
+# Builders that break the contract, referenced as tests.test_model_builders:<name>.
+def returns_list(spec: InputSpec, options) -> list:
+    return [nn.Linear(spec.n_features, spec.n_classes)]
+
+
+def wrong_logits(spec: InputSpec, options) -> nn.Module:
+    return nn.Linear(spec.n_features, spec.n_classes - 3)
+
+
+def raises(spec: InputSpec, options) -> nn.Module:
+    raise RuntimeError("out of ideas")
+
+
+def forward_fails(spec: InputSpec, options) -> nn.Module:
+    return nn.Linear(spec.n_features + 1, spec.n_classes)
+
+
+NOT_A_FUNCTION = 42
+
+
+@pytest.mark.parametrize(
+    "builder, input_shape, message",
+    [
+        ("no_such_package.models:build", "", "model 'no_such_package.models:build': no module named"),
+        (f"{HERE}:no_such_builder", "", f"module '{HERE}' has no function 'no_such_builder'"),
+        (f"{HERE}:NOT_A_FUNCTION", "", "is an int, not a callable builder"),
+        ("resnet", "", r"'resnet' is neither a built-in \(mlp, cnn\) nor a 'package.module:builder'"),
+        (f"{HERE}:", "", "is not a 'package.module:builder' reference"),
+        (
+            f"{HERE}:returns_list",
+            "",
+            f"model '{HERE}:returns_list' returned a list, not a torch.nn.Module for target framework pytorch",
+        ),
+        (f"{HERE}:wrong_logits", "", r"gave logits of shape \[4, 7\], expected \[4, 10\]"),
+        (f"{HERE}:raises", "", "failed to build for target framework pytorch: RuntimeError: out of ideas"),
+        (f"{HERE}:forward_fails", "", "failed a forward pass on 4 CPU rows of 64 features: RuntimeError"),
+        ("cnn", "2x8x8", "model 'cnn': input_shape '2x8x8' has 128 values, the data has 64 features"),
+        ("cnn", "8by8", "input_shape '8by8' is not positive dimensions joined by 'x'"),
+        ("cnn", "", "the cnn needs input_shape CxHxW or HxW"),
+    ],
+)
+def test_bad_models_are_refused_naming_the_reference(builder, input_shape, message):
+    with pytest.raises(ModelError, match=message):
+        check_model(ModelSpec(builder, input_shape), 64, 10, "pytorch")
+
+
+def test_an_import_error_inside_the_users_module_is_told_apart(tmp_path, monkeypatch):
+    (tmp_path / "needs_missing.py").write_text(
+        "import not_installed_anywhere\n\ndef build(spec, options): ...\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ModelError, match="importing 'needs_missing' failed: No module named 'not_installed"):
+        check_model(ModelSpec("needs_missing:build"), 64, 10, "pytorch")
+
+
+def test_unknown_and_malformed_options_are_refused():
+    with pytest.raises(ModelError, match=r"model 'mlp' failed .* unknown option\(s\) hiden_sizes"):
+        build(ModelSpec("mlp", options={"hiden_sizes": "64"}), 64, 10, "pytorch")
+    with pytest.raises(ModelError, match=r"option hidden_sizes='64,x' is not a list of whole numbers"):
+        build(ModelSpec("mlp", options={"hidden_sizes": "64,x"}), 64, 10, "pytorch")
+    with pytest.raises(ModelError, match=r"dropout=1.5: must be in \[0, 1\)"):
+        build(ModelSpec("mlp", options={"dropout": 1.5}), 64, 10, "pytorch")
+
+
+def test_options_accept_numbers_strings_and_lists():
+    assert option_ints({"h": "256, 128"}, "h", []) == [256, 128]
+    assert option_ints({"h": [64.0, "32"]}, "h", []) == [64, 32]
+    assert option_ints({"h": 16.0}, "h", []) == [16]
+    assert option_int({"n": "3"}, "n", 0) == 3
+    with pytest.raises(ValueError, match="not a whole number"):
+        option_int({"n": 2.5}, "n", 0)
+
+
+def test_mlp_defaults_are_the_train_config_defaults():
+    config = TrainConfig()
+    assert {"hidden_sizes": config.hidden_sizes, "dropout": config.dropout} == MLP_DEFAULTS
+    model = build(ModelSpec(), 37, 5, "pytorch")
+    assert sum(p.numel() for p in model.parameters()) == parameter_count(ModelConfig(37, 5))
+
+
+def test_model_spec_round_trips_through_flytes_type_engine():
+    from flytekit.core.context_manager import FlyteContextManager
+    from flytekit.core.type_engine import TypeEngine
+    from flytekit.models.literals import Literal
+
+    spec = ModelSpec("cnn", "1x8x8", {"channels": "32,64", "dropout": 0.25, "width": 3})
+    ctx = FlyteContextManager.current_context()
+    literal = TypeEngine.to_literal(ctx, spec, ModelSpec, TypeEngine.to_literal_type(ModelSpec))
+    back = TypeEngine.to_python_value(ctx, Literal.from_flyte_idl(literal.to_flyte_idl()), ModelSpec)
+    assert back == spec and back.options["channels"] == "32,64"
+    assert isinstance(back.options["width"], float)  # numbers come back as floats: builders read them so
+
+
+@pytest.mark.slow
+def test_core_models_never_load_tensorflow():
+    code = (
+        "import sys; import tasks.core.models, tasks.core.torch_models, tasks.core.probe, examples.residual;"
+        "from tasks.core.models import ModelSpec, check_model; check_model(ModelSpec('cnn', '1x8x8'), 64, 10, 'pytorch');"
+        "print(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("name", SPECS)
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
+def test_builtins_and_the_example_give_class_logits(name, framework):
+    spec, n_features = SPECS[name]
+    check_model(spec, n_features, 10, framework, rows=5)
+
+
+@pytest.mark.parametrize("name", SPECS)
+def test_keras_twins_have_the_torch_parameter_count(name):
+    spec, n_features = SPECS[name]
+    torch_model = build(spec, n_features, 10, "pytorch")
+    keras_model = build(spec, n_features, 10, "tensorflow")
+    assert keras_model.count_params() == sum(p.numel() for p in torch_model.parameters())
+
+
+def test_a_torch_builder_named_for_tensorflow_is_refused():
+    with pytest.raises(ModelError, match=f"'{HERE}:wrong_logits' returned a Linear, not a keras.Model"):
+        check_model(ModelSpec(f"{HERE}:wrong_logits"), 64, 10, "tensorflow")
+
+
+def test_torch_artifact_rebuilds_through_the_builder_with_identical_predictions(tmp_path):
+    spec, n_features = SPECS["cnn"]
+    torch.manual_seed(0)
+    model = build(spec, n_features, 10, "pytorch").eval()
+    path = str(tmp_path / "model.pt")
+    save_torch_artifact(model, spec, InputSpec.parse(n_features, 10, spec.input_shape), path)
+
+    payload = torch.load(path, weights_only=True)
+    assert payload["model"] == {"builder": "cnn", "input_shape": "1x8x8", "options": spec.options}
+    loaded, loaded_spec = load_torch_artifact(path)
+    rows = torch.randn(16, n_features)
+    with torch.no_grad():
+        assert torch.equal(model(rows), loaded(rows))
+    assert loaded_spec == spec
+
+
+def test_keras_artifact_rebuilds_through_the_builder_with_identical_predictions(tmp_path):
+    from tasks.core.keras_models import WEIGHTS_FILE, load_keras_artifact, save_keras_artifact
+
+    spec, n_features = SPECS["residual"]
+    model = build(spec, n_features, 10, "tensorflow")
+    save_keras_artifact(model, spec, InputSpec(n_features, 10), str(tmp_path))
+    assert (tmp_path / WEIGHTS_FILE).exists()
+    assert json.loads((tmp_path / "model.json").read_text())["model"]["builder"] == "examples.residual:build"
+
+    loaded, loaded_spec = load_keras_artifact(str(tmp_path))
+    rows = np.random.default_rng(0).standard_normal((16, n_features)).astype("float32")
+    assert np.array_equal(model(rows, training=False).numpy(), loaded(rows, training=False).numpy())
+    assert loaded_spec == spec
+
+
+# ---- the CNN on the embedded digits ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory):
+    root = tmp_path_factory.mktemp("digits")
+    prepared = prepare_dataset(
+        write_embedded_digits(str(root)), "label", str(root / "prepared"), SplitConfig()
+    )
+    return {
+        name: read_split(prepared.paths[name], prepared.feature_names, "label") for name in ("train", "test")
+    }
+
+
+def digits_accuracy(spec: ModelSpec, digits, epochs: int = 10, batch: int = 128, seed: int = 0) -> float:
+    """Test accuracy after a plain AdamW loop with a one-cycle learning rate, the same for every model."""
+    torch.manual_seed(seed)
+    features, labels = (torch.from_numpy(a) for a in digits["train"])
+    model = build(spec, features.shape[1], 10, "pytorch")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=5e-3, weight_decay=1e-2)
+    steps = epochs * -(-len(features) // batch)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=5e-3, total_steps=steps)
+    order = torch.Generator().manual_seed(seed)
+    for _ in range(epochs):
+        for rows in torch.randperm(len(features), generator=order).split(batch):
+            optimizer.zero_grad()
+            F.cross_entropy(model(features[rows]), labels[rows]).backward()
+            optimizer.step()
+            schedule.step()
+    test_features, test_labels = (torch.from_numpy(a) for a in digits["test"])
+    with torch.no_grad():
+        return (model.eval()(test_features).argmax(dim=1) == test_labels).float().mean().item()
+
+
+@pytest.mark.slow
+def test_cnn_beats_the_mlp_on_the_digits(digits):
+    cnn = digits_accuracy(ModelSpec("cnn", "1x8x8"), digits)
+    mlp = digits_accuracy(ModelSpec("mlp"), digits)
+    assert cnn >= 0.98 and cnn > mlp, (cnn, mlp)
+
+
+# ---- the memory probe ---------------------------------------------------------------------------------
+
+# The band of tests/test_planner.py: the estimate may read up to 35% high and at most 10% low.
+LOW, HIGH = 0.90, 1.35
+
+
+@pytest.mark.parametrize("precision, activation_bytes", [("fp32", 4), ("bf16", 2)])
+def test_probe_matches_the_mlp_formula(precision, activation_bytes):
+    config, micro_batch = ModelConfig(512, 10, [2048, 2048], 0.1), 256
+    model = build(ModelSpec(options={"hidden_sizes": "2048,2048"}), 512, 10, "pytorch")
+    probed = measure_activation_bytes(model, InputSpec(512, 10), micro_batch, precision)
+    formula = micro_batch * activation_bytes_per_sample(config, activation_bytes)
+    assert 0.8 * formula <= probed <= 1.25 * formula, (probed, formula)
+    assert model_state_bytes(model) == 4 * 4 * parameter_count(config)
+
+
+def measured_peak_bytes(spec: ModelSpec, n_features: int, micro_batch: int, tmp_path) -> int:
+    """Peak CPU tensor memory of two AdamW steps, from the torch profiler's memory timeline, as
+    tests/test_planner.py measures it."""
+    torch.manual_seed(0)
+    x = torch.randn(2 * micro_batch, n_features)
+    y = torch.randint(0, 10, (2 * micro_batch,))
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    with torch.profiler.profile(
+        activities=activities, profile_memory=True, record_shapes=True, with_stack=True
+    ) as prof:
+        model = build(spec, n_features, 10, "pytorch")
+        optimizer = torch.optim.AdamW(model.parameters())
+        for batch in (slice(0, micro_batch), slice(micro_batch, 2 * micro_batch)):
+            F.cross_entropy(model(x[batch]).float(), y[batch]).backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    path = tmp_path / "timeline.json"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        prof.export_memory_timeline(str(path), device="cpu")
+    _, sizes = json.loads(path.read_text())
+    return max(sum(row[:-1]) for row in sizes)  # the last column is memory the profiler could not attribute
+
+
+@pytest.mark.parametrize(
+    "spec, n_features, micro_batch",
+    [
+        (ModelSpec("cnn", "3x16x16"), 768, 64),
+        (ModelSpec("examples.residual:build", options={"width": 256, "blocks": 3}), 256, 1024),
+    ],
+    ids=["cnn", "residual"],
+)
+def test_probe_estimate_matches_measured_cpu_allocation(spec, n_features, micro_batch, tmp_path):
+    input_spec = InputSpec.parse(n_features, 10, spec.input_shape)
+    footprint = measure_footprint(build(spec, n_features, 10, "pytorch"), input_spec)
+    estimate = footprint.estimate(micro_batch, on_accelerator=False)
+    measured = measured_peak_bytes(spec, n_features, micro_batch, tmp_path)
+    assert LOW * measured <= estimate.tensor_bytes <= HIGH * measured, (estimate.tensor_bytes, measured)
