@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import warnings
 
 import numpy as np
 import pytest
@@ -29,6 +28,7 @@ from tasks.core.models import (
 )
 from tasks.core.probe import measure_activation_bytes, measure_footprint, model_state_bytes
 from tasks.core.torch_models import load_torch_artifact, save_torch_artifact
+from tests.test_planner import HIGH, LOW, measured_peak_bytes
 
 HERE = "tests.test_model_builders"
 SPECS = {
@@ -236,8 +236,7 @@ def test_cnn_beats_the_mlp_on_the_digits(digits):
 
 # ---- the memory probe ---------------------------------------------------------------------------------
 
-# The band of tests/test_planner.py: the estimate may read up to 35% high and at most 10% low.
-LOW, HIGH = 0.90, 1.35
+# Against the band of tests/test_planner.py, measured as it measures.
 
 
 @pytest.mark.parametrize("precision, activation_bytes", [("fp32", 4), ("bf16", 2)])
@@ -248,30 +247,6 @@ def test_probe_matches_the_mlp_formula(precision, activation_bytes):
     formula = micro_batch * activation_bytes_per_sample(config, activation_bytes)
     assert 0.8 * formula <= probed <= 1.25 * formula, (probed, formula)
     assert model_state_bytes(model) == 4 * 4 * parameter_count(config)
-
-
-def measured_peak_bytes(spec: ModelSpec, n_features: int, micro_batch: int, tmp_path) -> int:
-    """Peak CPU tensor memory of two AdamW steps, from the torch profiler's memory timeline, as
-    tests/test_planner.py measures it."""
-    torch.manual_seed(0)
-    x = torch.randn(2 * micro_batch, n_features)
-    y = torch.randint(0, 10, (2 * micro_batch,))
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    with torch.profiler.profile(
-        activities=activities, profile_memory=True, record_shapes=True, with_stack=True
-    ) as prof:
-        model = build(spec, n_features, 10, "pytorch")
-        optimizer = torch.optim.AdamW(model.parameters())
-        for batch in (slice(0, micro_batch), slice(micro_batch, 2 * micro_batch)):
-            F.cross_entropy(model(x[batch]).float(), y[batch]).backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-    path = tmp_path / "timeline.json"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        prof.export_memory_timeline(str(path), device="cpu")
-    _, sizes = json.loads(path.read_text())
-    return max(sum(row[:-1]) for row in sizes)  # the last column is memory the profiler could not attribute
 
 
 @pytest.mark.parametrize(
@@ -286,5 +261,7 @@ def test_probe_estimate_matches_measured_cpu_allocation(spec, n_features, micro_
     input_spec = InputSpec.parse(n_features, 10, spec.input_shape)
     footprint = measure_footprint(build(spec, n_features, 10, "pytorch"), input_spec)
     estimate = footprint.estimate(micro_batch, on_accelerator=False)
-    measured = measured_peak_bytes(spec, n_features, micro_batch, tmp_path)
+    measured = measured_peak_bytes(
+        lambda: build(spec, n_features, 10, "pytorch"), n_features, 10, micro_batch, tmp_path
+    )
     assert LOW * measured <= estimate.tensor_bytes <= HIGH * measured, (estimate.tensor_bytes, measured)

@@ -26,16 +26,17 @@ from tasks.hardware import GPU_CATALOG, TPU_CATALOG
 LOW, HIGH = 0.90, 1.35
 
 
-def measured_peak_bytes(model_config: ModelConfig, micro_batch: int, tmp_path) -> int:
-    """Peak CPU tensor memory of two AdamW steps, from the torch profiler's memory timeline."""
+def measured_peak_bytes(make_model, n_features: int, n_classes: int, micro_batch: int, tmp_path) -> int:
+    """Peak CPU tensor memory of two AdamW steps of `make_model()`, from the torch profiler's memory
+    timeline."""
     torch.manual_seed(0)
-    x = torch.randn(2 * micro_batch, model_config.n_features)
-    y = torch.randint(0, model_config.n_classes, (2 * micro_batch,))
+    x = torch.randn(2 * micro_batch, n_features)
+    y = torch.randint(0, n_classes, (2 * micro_batch,))
     activities = [torch.profiler.ProfilerActivity.CPU]
     with torch.profiler.profile(
         activities=activities, profile_memory=True, record_shapes=True, with_stack=True
     ) as prof:
-        model = build_mlp(model_config)
+        model = make_model()
         optimizer = torch.optim.AdamW(model.parameters())
         for batch in (slice(0, micro_batch), slice(micro_batch, 2 * micro_batch)):
             F.cross_entropy(model(x[batch]).float(), y[batch]).backward()
@@ -59,7 +60,13 @@ def measured_peak_bytes(model_config: ModelConfig, micro_batch: int, tmp_path) -
     ids=["5M-params", "3M-params", "21M-params"],
 )
 def test_estimate_matches_measured_cpu_allocation(model_config, micro_batch, tmp_path):
-    measured = measured_peak_bytes(model_config, micro_batch, tmp_path)
+    measured = measured_peak_bytes(
+        lambda: build_mlp(model_config),
+        model_config.n_features,
+        model_config.n_classes,
+        micro_batch,
+        tmp_path,
+    )
     estimate = estimate_training_memory(model_config, micro_batch, on_accelerator=False)
     assert LOW * measured <= estimate.tensor_bytes <= HIGH * measured, (estimate.tensor_bytes, measured)
 
