@@ -19,13 +19,12 @@ import time
 from pathlib import Path
 
 from benchmarks import loop_bench
-from benchmarks.gpu_figures import gpu_figures
 from benchmarks.measure import (
     REPO,
     Figure,
+    alternate,
     alternating_best_rates,
     child_peak_rss_gib,
-    interleave,
     median_phases,
 )
 from benchmarks.synthetic import write_table
@@ -51,39 +50,30 @@ SMOKE = {
 FEATURES, BATCH = 64, 512
 
 
-def run_pipeline(module: str, *args: str, checkout: Path = REPO) -> dict[str, float]:
+def run_pipeline(module: str, *args: str) -> dict[str, float]:
     """Seconds per phase of `python -m module args` run as a user would (imports included), plus
-    "wall": the whole process, interpreter start and exit included. The project's code is the
-    `checkout`'s: a module is found in the working directory before the installed one."""
+    "wall": the whole process, interpreter start and exit included."""
     env = {**os.environ, "FLYTE_LOCAL_CACHE_ENABLED": "false"}
     start = time.perf_counter()
-    run = subprocess.run([sys.executable, "-m", module, *args], cwd=checkout, env=env, check=True,
+    run = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=env, check=True,
                          capture_output=True, text=True)  # fmt: skip
     wall = time.perf_counter() - start
     result = json.loads(next(line for line in run.stdout.splitlines() if line.startswith("{")))
     return {"wall": wall, **result["phases"]}
 
 
-def orchestration(
-    work: Path, rows: int, epochs: int, rounds: int, baseline_checkout: Path | None = None
-) -> list[Figure]:
-    """The workflow against the plain script and the floor; with a `baseline_checkout` (another
-    checkout of this project), also that checkout's workflow. Each round runs each of them once."""
+def orchestration(work: Path, rows: int, epochs: int, rounds: int) -> list[Figure]:
     data = write_table(str(work / "pipeline.parquet"), rows, FEATURES)
-    workflow_args = (data, str(epochs), str(BATCH))
-    runs = {
-        "workflow": lambda: run_pipeline("benchmarks.flyte_pipeline", *workflow_args),
-        "plain": lambda: run_pipeline("benchmarks.plain_pipeline", data, str(work / "plain"), str(epochs), str(BATCH)),
-        "empty workflow": lambda: run_pipeline("benchmarks.empty_flyte"),
-        "empty plain": lambda: run_pipeline("benchmarks.empty_plain"),
-    }  # fmt: skip
-    if baseline_checkout:
-        runs["baseline"] = lambda: run_pipeline(
-            "benchmarks.flyte_pipeline", *workflow_args, checkout=baseline_checkout
-        )
-    medians = dict(zip(runs, map(median_phases, interleave(list(runs.values()), rounds)), strict=True))
-    flyte, plain = medians["workflow"], medians["plain"]
-    empty_flyte, empty_plain = medians["empty workflow"]["wall"], medians["empty plain"]["wall"]
+    flyte_runs, plain_runs = alternate(
+        lambda: run_pipeline("benchmarks.flyte_pipeline", data, str(epochs), str(BATCH)),
+        lambda: run_pipeline("benchmarks.plain_pipeline", data, str(work / "plain"), str(epochs), str(BATCH)),
+        rounds,
+    )
+    flyte, plain = median_phases(flyte_runs), median_phases(plain_runs)
+    empty_runs = alternate(
+        lambda: run_pipeline("benchmarks.empty_flyte"), lambda: run_pipeline("benchmarks.empty_plain"), rounds
+    )
+    empty_flyte, empty_plain = (median_phases(runs)["wall"] for runs in empty_runs)
     overhead, floor = flyte["wall"] - plain["wall"], empty_flyte - empty_plain
     figures = [
         Figure(f"orchestration: local training_pipeline, {rows:,} rows x {epochs} epochs, wall", flyte["wall"],
@@ -94,9 +84,6 @@ def orchestration(
         Figure("orchestration: overhead above the floor (what the pipeline's own code adds)", overhead - floor,
                plain["wall"], "s"),
     ]  # fmt: skip
-    if baseline_checkout:
-        figures += checkout_figures(baseline_checkout, medians["baseline"]["wall"], flyte["wall"], plain["wall"],
-                                    floor)  # fmt: skip
     for phase in ("start-up", "preprocess", "train", "evaluate"):
         figures.append(
             Figure(f"orchestration phase {phase}: workflow vs plain script", flyte[phase], plain[phase], "s")
@@ -106,29 +93,6 @@ def orchestration(
                           flyte["workflow"] + flyte["wall"] - sum(v for k, v in flyte.items() if k != "wall"),
                           max(plain["wall"] - sum(v for k, v in plain.items() if k != "wall"), 1e-3), "s"))  # fmt: skip
     return figures
-
-
-def checkout_figures(
-    checkout: Path, baseline_wall: float, wall: float, plain_wall: float, floor: float
-) -> list[Figure]:
-    """The baseline checkout's workflow against this checkout's: their walls (the direct comparison,
-    no floor subtracted) and their overheads above the floor."""
-    label = checkout_label(checkout)
-    baseline_above, above = baseline_wall - plain_wall - floor, wall - plain_wall - floor
-    return [
-        Figure(f"orchestration: workflow wall, this checkout vs baseline checkout {label}", wall, baseline_wall, "s"),
-        Figure(f"orchestration: overhead above the floor, baseline checkout {label}", baseline_above,
-               plain_wall, "s"),
-        Figure(f"orchestration: overhead above the floor, this checkout vs baseline checkout {label}", above,
-               baseline_above, "s"),
-    ]  # fmt: skip
-
-
-def checkout_label(checkout: Path) -> str:
-    """The checkout's commit, or its path where it is no git checkout."""
-    head = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"], capture_output=True,
-                          text=True)  # fmt: skip
-    return head.stdout.strip() if head.returncode == 0 else str(checkout)
 
 
 def preprocessing(work: Path, sizes: tuple[int, int]) -> list[Figure]:
@@ -177,6 +141,26 @@ def training_loops(work: Path, rows: int, epochs: int, rounds: int) -> list[Figu
     return figures + gpu_figures(splits, config)
 
 
+def gpu_figures(splits: SplitPaths, config: TrainConfig) -> list[Figure]:
+    import torch
+
+    if not torch.cuda.is_available():
+        print("gpu: skipped (no CUDA device on this machine)")
+        return []
+    amp_on = loop_bench.bare_torch_samples_per_second(splits, config, device="cuda", amp=True)
+    amp_off = loop_bench.bare_torch_samples_per_second(splits, config, device="cuda", amp=False)
+    big = TrainConfig(epochs=1, batch_size=8192, hidden_sizes=[8192, 8192], dropout=0.0)
+    rate = loop_bench.bare_torch_samples_per_second(splits, big, device="cuda", amp=True)
+    flops = rate * loop_bench.model_flops_per_sample(big.model(len(splits.feature_names), 10))
+    peak = float(os.environ.get("MIXEDML_PEAK_BF16_FLOPS", "989e12"))  # H100 SXM dense bf16
+    return [
+        Figure("gpu: bare loop samples/s, bf16 autocast on vs off", amp_on, amp_off, "samples/s"),
+        Figure(
+            f"gpu: model FLOP utilisation, MLP 2x8192 ({torch.cuda.get_device_name()})", flops, peak, "FLOP/s"
+        ),
+    ]
+
+
 def machine() -> str:
     import torch
 
@@ -192,10 +176,6 @@ def main() -> None:
     parser.add_argument("--rows", type=int, help="rows of the orchestration table (default 1,000,000)")
     parser.add_argument("--epochs", type=int, help="epochs of the pipeline and the loops (default 1)")
     parser.add_argument("--rounds", type=int, help="rounds of the pipeline comparison (default 3)")
-    parser.add_argument("--baseline-checkout", type=Path, metavar="DIR",
-                        help="another checkout of this project (e.g. a git worktree of an earlier commit): its "
-                             "workflow joins the orchestration rounds, and its overhead above the floor is "
-                             "compared with this checkout's")  # fmt: skip
     args = parser.parse_args()
     overrides = {"pipeline_rows": args.rows, "epochs": args.epochs, "pipeline_rounds": args.rounds}
     sizes = (SMOKE if args.smoke else FULL) | {key: value for key, value in overrides.items() if value}
@@ -203,11 +183,7 @@ def main() -> None:
         work = Path(tmp)
         groups = {
             "orchestration": lambda: orchestration(
-                work,
-                sizes["pipeline_rows"],
-                sizes["epochs"],
-                sizes["pipeline_rounds"],
-                args.baseline_checkout,
+                work, sizes["pipeline_rows"], sizes["epochs"], sizes["pipeline_rounds"]
             ),
             "preprocess": lambda: preprocessing(work, sizes["preprocess_rows"]),
             "loops": lambda: training_loops(work, sizes["loop_rows"], sizes["epochs"], sizes["loop_rounds"]),

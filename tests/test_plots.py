@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import html
 import re
 import xml.etree.ElementTree as ElementTree
 
@@ -22,19 +21,12 @@ def confusion_matrix(n_classes: int, seed: int = 0) -> list[list[int]]:
 
 
 def texts(svg: str) -> list[str]:
-    """The strings of the SVG's text elements."""
-    return [html.unescape(text) for text in re.findall(r"<text[^>]*>(.*?)</text>", svg)]
+    """The strings of the SVG's text elements (drawn as glyph paths, each preceded by its text as a comment)."""
+    return re.findall(r'<g id="text_\d+">\s*<!-- (.*?) -->', svg)
 
 
-def ticks(svg: str, axis: str) -> list[str]:
-    """The tick labels of the x or y axis."""
-    return [
-        html.unescape(text) for text in re.findall(rf'<text[^>]*class="{axis}tick"[^>]*>(.*?)</text>', svg)
-    ]
-
-
-def markers(svg: str) -> list[tuple[float, float]]:
-    return [(float(x), float(y)) for x, y in re.findall(r'<circle cx="([\d.]+)" cy="([\d.]+)"', svg)]
+def ticks(svg: str, axis: str) -> int:
+    return len(re.findall(rf'<g id="{axis}tick_\d+">', svg))
 
 
 def test_a_200_class_heatmap_is_small_and_writes_no_count_per_cell():
@@ -45,7 +37,7 @@ def test_a_200_class_heatmap_is_small_and_writes_no_count_per_cell():
     assert len(svg.encode()) < 300_000, f"{len(svg.encode()) / 1e3:.0f} KB"
     assert len(texts(svg)) < 80, "a text element per cell (or per tick) is back"
     assert 20 <= sum(text.startswith("class_") for text in texts(svg)) <= 40  # at most 20 per axis
-    assert svg.count("<image") == 2  # the matrix and the colour scale, one raster each
+    assert svg.count("<image") == 2  # the matrix and the colour bar, one raster each
 
 
 def test_a_5_class_heatmap_shows_its_counts_and_every_label():
@@ -55,16 +47,9 @@ def test_a_5_class_heatmap_shows_its_counts_and_every_label():
 
     shown = texts(svg)
     assert {"1234", "90", "94", "0"} <= set(shown)
-    assert shown.count("0") >= 19  # the zero cells (the colour scale's "0" tick may add one)
+    assert shown.count("0") >= 19  # the zero cells (the colour bar's "0" tick may add one)
     assert {f"class_{i}" for i in range(5)} <= set(shown)
     assert "five classes" in shown
-
-
-def test_the_heatmap_image_is_a_valid_png_of_the_blues_scale():
-    pixels = plots.blues(np.array([[0.0, 1.0]]))
-    assert pixels.tolist() == [[list(plots.BLUES[0]), list(plots.BLUES[-1])]]
-    png = plots.png(np.zeros((3, 2, 3), np.uint8))
-    assert png.startswith(b"\x89PNG\r\n\x1a\n") and png.endswith(b"IEND\xaeB`\x82")
 
 
 def test_heatmap_pools_thousands_of_classes_into_a_bounded_image_keeping_a_lone_confusion():
@@ -104,16 +89,15 @@ def test_a_200_label_bar_chart_is_small_and_shows_at_most_20_labels():
 
     ElementTree.fromstring(svg)
     assert len(svg.encode()) < 100_000, f"{len(svg.encode()) / 1e3:.0f} KB"
-    assert 10 <= len(ticks(svg, "x")) <= 20
-    assert "class_10" in ticks(svg, "x") and "class_1" not in ticks(svg, "x")  # every 10th label
+    assert 10 <= ticks(svg, "x") <= 20
+    assert "class_10" in texts(svg) and "class_1" not in texts(svg)  # every 10th label
 
 
-def test_thousands_of_bars_are_one_path_not_a_shape_each():
+def test_thousands_of_bars_are_one_image_not_a_shape_each():
     labels = [str(i) for i in range(1000)]
     svg = plots.bar_chart(labels, [float(i % 37) for i in range(1000)], "rows per class", "rows")
 
-    assert svg.count('class="bars"') == 1 and svg.count("<path") < 10
-    assert svg.count("<rect") == 1  # the background
+    assert svg.count("<image") == 1
     assert len(svg.encode()) < 100_000, f"{len(svg.encode()) / 1e3:.0f} KB"
 
 
@@ -123,31 +107,29 @@ def test_a_200_label_line_chart_is_small_shows_at_most_20_labels_and_no_markers(
 
     ElementTree.fromstring(svg)
     assert len(svg.encode()) < 100_000, f"{len(svg.encode()) / 1e3:.0f} KB"
-    assert 10 <= len(ticks(svg, "x")) <= 20
-    assert "class_190" in ticks(svg, "x") and "class_199" not in ticks(svg, "x")
-    assert not markers(svg)  # no marker per point
-    assert {"precision", "recall", "F1"} <= set(texts(svg))  # the legend
+    assert 10 <= ticks(svg, "x") <= 20
+    assert "class_190" in texts(svg) and "class_199" not in texts(svg)
+    assert svg.count('xlink:href="#m') < 60  # tick marks only: no marker per point
 
 
 def test_a_few_points_keep_their_markers_and_numeric_x_stays_numeric():
-    svg = plots.line_chart({"train": ([1, 2, 10], [0.9, 0.5, 0.2])}, "loss", "epoch", "cross-entropy")
+    svg = plots.line_chart({"train": ([1, 2, 3], [0.9, 0.5, 0.2])}, "loss", "epoch", "cross-entropy")
 
-    (x1, _), (x2, _), (x10, _) = markers(svg)
-    assert abs((x10 - x2) - 8 * (x2 - x1)) < 1  # placed by value, not as three categories
-    assert all(label.isdigit() for label in ticks(svg, "x"))  # whole x values (epochs) get whole ticks
-
-
-def test_value_ticks_are_round_and_cover_the_range():
-    axis, shown = plots.value_axis(0, 100_000)
-    assert axis.labels == ["0", "20,000", "40,000", "60,000", "80,000", "100,000"] and shown == (0, 100_000)
-    assert plots.value_axis(0.2, 0.9)[0].labels == ["0.2", "0.4", "0.6", "0.8"]
-    assert plots.value_axis(0, 1.1)[0].labels == ["0.00", "0.25", "0.50", "0.75", "1.00"]
-    assert plots.value_axis(5.0, 5.0)[0].labels  # a flat line still gets ticks around it
-    assert plots.value_axis(float("nan"), float("inf"))[0].labels
+    assert svg.count('xlink:href="#m') >= 3 + ticks(svg, "x") + ticks(svg, "y")
+    assert "1.50" in texts(svg)  # ticks between the points: a numeric axis, not three categories
 
 
-def test_long_labels_are_shortened_and_empty_or_missing_values_still_draw():
-    svg = plots.bar_chart([f"a rather long class name {i}" for i in range(30)], list(range(30)), "t", "rows")
-    assert "a rather long class nam…" in ticks(svg, "x")
-    ElementTree.fromstring(plots.line_chart({"val": ([1, 2], [float("nan"), 0.5])}, "t", "x", "y"))
-    ElementTree.fromstring(plots.bar_chart(["a", "b"], [0.0, float("nan")], "t", "y"))
+def test_charts_fit_their_titles_and_rotated_labels_without_a_second_pass():
+    figure, axes = plots.new_axes((6, 3.2))
+    axes.bar(range(200), range(200))
+    plots.set_category_ticks(axes.xaxis, [f"a rather long class name {i}" for i in range(200)])
+    axes.set(title="a title", ylabel="rows")
+
+    svg = plots.to_svg(figure)
+
+    assert svg.startswith("<svg") and "a title" in texts(svg)
+    ElementTree.fromstring(svg)
+    canvas = figure.bbox.padded(1)
+    for text in [axes.title, axes.yaxis.label, *axes.get_xticklabels()]:
+        extent = text.get_window_extent()
+        assert canvas.contains(extent.x0, extent.y0) and canvas.contains(extent.x1, extent.y1), text
