@@ -64,8 +64,11 @@ def wait_for_state(
     while time.monotonic() < deadline:
         assert attempt.poll() is None, f"the attempt ended early:\n{attempt.stdout.read()[-3000:]}"
         if path.exists():
-            state = load(path)
-            if ready(state):
+            try:
+                state = load(path)
+            except (EOFError, RuntimeError, ValueError):  # caught mid-write: read it again next poll
+                state = None
+            if state is not None and ready(state):
                 return state
         time.sleep(0.01)
     raise AssertionError(f"no checkpoint state at {path} within {timeout_s} s")
