@@ -7,7 +7,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -38,11 +38,17 @@ class Figure:
 def alternate(measure: Callable[[], T], baseline: Callable[[], T], rounds: int) -> tuple[list[T], list[T]]:
     """`rounds` results of each, taken in turn so that drift on a shared machine (other jobs,
     thermal limits) lands on both sides rather than on whichever ran second."""
-    values, baselines = [], []
-    for _ in range(rounds):
-        values.append(measure())
-        baselines.append(baseline())
+    values, baselines = interleave([measure, baseline], rounds)
     return values, baselines
+
+
+def interleave(measures: Sequence[Callable[[], T]], rounds: int) -> list[list[T]]:
+    """`rounds` results of each measure, one of each per round, in the order given."""
+    results: list[list[T]] = [[] for _ in measures]
+    for _ in range(rounds):
+        for result, measure in zip(results, measures, strict=True):
+            result.append(measure())
+    return results
 
 
 def alternating_best_rates(

@@ -65,16 +65,6 @@ def dataset_profile_deck(prepared, source: str) -> None:
 def training_deck(trained, samples: list) -> None:
     """`samples`: the `telemetry.Sample`s taken while training."""
     run = trained.run
-    epochs = [e.epoch for e in run.history]
-    curves = section(
-        "Learning curves",
-        figure(plots.line_chart({"train": (epochs, [e.train_loss for e in run.history]),
-                                 "val": (epochs, [e.val_loss for e in run.history])},
-                                "loss", "epoch", "cross-entropy"), "loss"),
-        figure(plots.line_chart({"train": (epochs, [e.train_accuracy for e in run.history]),
-                                 "val": (epochs, [e.val_accuracy for e in run.history])},
-                                "accuracy", "epoch", "accuracy"), "accuracy"),
-    )  # fmt: skip
     run_table = section(
         "Run",
         table(["framework", "strategy", "device", "workers", "precision", "samples/s", "train s", "peak device GiB",
@@ -82,7 +72,27 @@ def training_deck(trained, samples: list) -> None:
               [[run.framework, run.strategy, run.device, run.world_size, run.precision, run.samples_per_second,
                 run.train_seconds, run.peak_device_memory_bytes / 2**30, trained.declared.describe()]]),
     )  # fmt: skip
-    Deck("Training", curves + run_table + utilisation_section(samples))
+    Deck("Training", learning_curves(run.history) + run_table + utilisation_section(samples))
+
+
+def learning_curves(history: list) -> str:
+    """Loss and accuracy per epoch (`config.EpochMetrics`): a table, and charts from two epochs on,
+    since one epoch is a point, not a curve."""
+    epochs = [e.epoch for e in history]
+    per_epoch = table(["epoch", "train loss", "val loss", "train accuracy", "val accuracy"],
+                      [[e.epoch, e.train_loss, e.val_loss, e.train_accuracy, e.val_accuracy] for e in history])  # fmt: skip
+    if len(history) < 2:
+        return section("Learning curves", per_epoch)
+    return section(
+        "Learning curves",
+        figure(plots.line_chart({"train": (epochs, [e.train_loss for e in history]),
+                                 "val": (epochs, [e.val_loss for e in history])},
+                                "loss", "epoch", "cross-entropy"), "loss"),
+        figure(plots.line_chart({"train": (epochs, [e.train_accuracy for e in history]),
+                                 "val": (epochs, [e.val_accuracy for e in history])},
+                                "accuracy", "epoch", "accuracy"), "accuracy"),
+        per_epoch,
+    )  # fmt: skip
 
 
 def utilisation_section(samples: list) -> str:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from flytekit import task
 
+import tasks.literal_types  # noqa: F401 - each boundary dataclass's Flyte type built once, before the tasks below
 from tasks.core.config import Hardware
 from tasks.core.data import read_split
 from tasks.core.metrics import classification_metrics

@@ -16,6 +16,7 @@ from functools import partial
 
 from flytekit import Deck, Resources, dynamic
 
+import tasks.literal_types  # noqa: F401 - each boundary dataclass's Flyte type built once, before the tasks below
 from tasks.core.config import TrainConfig
 from tasks.core.data import BATCH_ROWS, EMBEDDED_DIGITS_LABEL, dataset_fingerprint, describe_input
 from tasks.core.planner import (

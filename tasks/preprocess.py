@@ -9,6 +9,7 @@ from pathlib import Path
 
 from flytekit import current_context, task
 
+import tasks.literal_types  # noqa: F401 - each boundary dataclass's Flyte type built once, before the tasks below
 from tasks.core.data import (
     EMBEDDED_DIGITS_LABEL,
     DatasetError,

@@ -14,23 +14,20 @@ import os
 import signal
 import time
 from dataclasses import dataclass, replace
-from pathlib import Path
 
-from flytekit import current_context, task
+from flytekit import task
 from flytekit.core.base_task import IgnoreOutputs
 from flytekit.core.task import TaskPlugins
-from flytekit.exceptions.user import FlyteRecoverableException
-from flytekit.types.directory import FlyteDirectory
-from flytekit.types.file import FlyteFile
 from flytekitplugins.kfpytorch import CleanPodPolicy, Elastic, RunPolicy
 from flytekitplugins.kfpytorch.task import PytorchElasticFunctionTask
 
-from tasks.checkpointing import flyte_checkpoint
-from tasks.core.config import Hardware, TrainConfig
+import tasks.literal_types  # noqa: F401 - each boundary dataclass's Flyte type built once, before the tasks below
+from tasks.core.config import TrainConfig
 from tasks.core.launch import plan_launch
-from tasks.core.preemption import DEFAULT_GRACE_S, Preempted, PreemptionNotice
+from tasks.core.preemption import DEFAULT_GRACE_S
 from tasks.core.telemetry import UtilisationSampler
 from tasks.core.validation import batch_problems, raise_for
+from tasks.ddp_worker import train_with_ddp
 from tasks.decks import DECKS, training_deck
 from tasks.hardware import (
     LAUNCHER_EXIT_MARGIN_S,
@@ -40,7 +37,6 @@ from tasks.hardware import (
     GpuTrainingProfile,
     guaranteed,
 )
-from tasks.logs import setup_logging
 from tasks.types import PreparedData, TrainedModel
 
 log = logging.getLogger(__name__)
@@ -189,41 +185,6 @@ def hardware(profile: GpuTrainingProfile) -> dict:
         shared_memory=profile.shared_memory,
         pod_template=profile.pod_template(),
         environment={"NCCL_DEBUG": "WARN", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"},
-    )
-
-
-def train_with_ddp(prepared: PreparedData, config: TrainConfig, profile: GpuTrainingProfile) -> TrainedModel:
-    """Runs in every DDP worker; rank 0's return value becomes the task output."""
-    from tasks.core.checkpoint import TrainingCheckpoint
-    from tasks.core.torch_training import shutdown_distributed, tensorboard_without_tensorflow, train
-
-    setup_logging()
-    tensorboard_without_tensorflow()  # a spawned worker process: TensorFlow never runs here
-    splits = prepared.local_splits()
-    artifact = Path(current_context().working_directory) / "model.pt"
-    try:
-        location = flyte_checkpoint()
-        every = config.checkpoint_every_steps
-        checkpoint = TrainingCheckpoint(location.directory, every, location.on_save) if location else None
-        board = Path(current_context().working_directory) / "tensorboard"
-        with PreemptionNotice(profile.attempts.preemption_grace_s) as notice:
-            outcome = train(config, splits, str(artifact), checkpoint, str(board), preemption=notice)
-    except Preempted as stopped:
-        # Reached when the signal came to the workers directly rather than through the agent.
-        raise FlyteRecoverableException(str(stopped)) from stopped
-    finally:
-        shutdown_distributed()
-    run = outcome.run
-    log.info(
-        "rank %d: trained on %s x%d (%s, %s) at %.0f samples/s",
-        outcome.rank, run.device, run.world_size, run.backend, run.precision, run.samples_per_second,
-    )  # fmt: skip
-    on_cpu = run.device == "cpu"
-    return TrainedModel(
-        artifact=FlyteFile(str(artifact)),
-        run=run,
-        declared=Hardware("cpu" if on_cpu else profile.device, run.world_size),
-        tensorboard=FlyteDirectory(str(board)) if outcome.rank == 0 else None,
     )
 
 

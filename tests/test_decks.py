@@ -131,18 +131,43 @@ def test_ddp_workers_write_tensorboard_events_without_importing_tensorflow(tmp_p
 
 
 WORKER_LOADS_THE_TASK = """
-import sys
-import tasks.train_torch  # what a spawned DDP worker imports to run the task function
-heavy = sorted(m for m in ("sklearn", "matplotlib", "tensorflow") if m in sys.modules)
-assert not heavy, f"every DDP worker would import {heavy} before its first step"
+import pickle, sys
+pickle.loads(sys.stdin.buffer.read())  # the task function, as the launcher sends it to a spawned DDP worker
+loaded = sorted(m for m in ("sklearn", "matplotlib", "tensorflow", "tasks.train_torch", "tasks.decks")
+                if m in sys.modules)
+assert not loaded, f"every DDP worker would import {loaded} before its first step"
 """
 
 
-def test_ddp_workers_skip_the_metrics_chart_and_tensorflow_libraries():
-    """Metrics run in evaluate and charts in the launcher, so each rank starts without them."""
-    run = subprocess.run([sys.executable, "-c", WORKER_LOADS_THE_TASK], cwd=REPO, capture_output=True,
-                         text=True, timeout=300)  # fmt: skip
+def test_ddp_workers_skip_the_task_definitions_and_the_metrics_chart_and_tensorflow_libraries():
+    """Metrics run in evaluate and charts in the launcher, and the function the workers receive refers
+    to `tasks.ddp_worker`, so each rank starts without any of them."""
+    import cloudpickle
+
+    from tasks.train_torch import train_torch, train_torch_multinode
+
+    for task in (train_torch, train_torch_multinode):
+        run = subprocess.run([sys.executable, "-c", WORKER_LOADS_THE_TASK], input=cloudpickle.dumps(task.task_function),
+                             cwd=REPO, capture_output=True, timeout=300)  # fmt: skip
+        assert run.returncode == 0, run.stderr.decode()[-2000:]
+
+
+def test_importing_the_workflows_loads_no_plotting_library():
+    """matplotlib is imported when a Deck draws its first chart, not by registration or a task's import."""
+    code = "import sys, workflows.pipeline, workflows.comparison\nassert 'matplotlib' not in sys.modules\n"
+    run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
+
+
+def test_one_epoch_gets_a_table_and_two_epochs_get_charts_too():
+    from tasks.core.config import EpochMetrics
+    from tasks.decks import learning_curves
+
+    epochs = [EpochMetrics(epoch=e, train_loss=1.0 / e, val_loss=1.1 / e, train_accuracy=0.5, val_accuracy=0.6)
+              for e in (1, 2)]  # fmt: skip
+    one, two = learning_curves(epochs[:1]), learning_curves(epochs)
+    assert "<table" in one and "<svg" not in one, "one epoch is a point, not a curve"
+    assert 'data-chart="loss"' in two and 'data-chart="accuracy"' in two and "<table" in two
 
 
 def test_tensorflow_free_switch_is_skipped_once_tensorflow_is_loaded(tmp_path):

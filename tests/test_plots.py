@@ -123,13 +123,60 @@ def test_charts_fit_their_titles_and_rotated_labels_without_a_second_pass():
     figure, axes = plots.new_axes((6, 3.2))
     axes.bar(range(200), range(200))
     plots.set_category_ticks(axes.xaxis, [f"a rather long class name {i}" for i in range(200)])
-    axes.set(title="a title", ylabel="rows")
+    plots.set_labels(axes, "a title", "", "rows")
 
     svg = plots.to_svg(figure)
 
     assert svg.startswith("<svg") and "a title" in texts(svg)
     ElementTree.fromstring(svg)
+    assert figure.get_layout_engine() is None, "a layout engine lays the figure out again at every draw"
+    assert not texts_outside_the_canvas(figure)
+
+
+def drawn_texts(figure) -> list:
+    """Every text the figure's axes (a colour bar's included) drew: titles, axis labels, offsets, and
+    the labels of the ticks in view."""
+    found = []
+    for axes in figure.axes:
+        found += [
+            axes.title,
+            axes.xaxis.label,
+            axes.yaxis.label,
+            axes.xaxis.offsetText,
+            axes.yaxis.offsetText,
+        ]
+        for axis in (axes.xaxis, axes.yaxis):
+            low, high = sorted(axis.get_view_interval())
+            found += [tick.label1 for tick in axis.get_major_ticks() if low <= tick.get_loc() <= high]
+    return [text for text in found if text.get_visible() and text.get_text()]
+
+
+def texts_outside_the_canvas(figure) -> list[str]:
     canvas = figure.bbox.padded(1)
-    for text in [axes.title, axes.yaxis.label, *axes.get_xticklabels()]:
-        extent = text.get_window_extent()
-        assert canvas.contains(extent.x0, extent.y0) and canvas.contains(extent.x1, extent.y1), text
+    return [
+        text.get_text()
+        for text in drawn_texts(figure)
+        if not all(canvas.contains(x, y) for x, y in text.get_window_extent().corners())
+    ]
+
+
+def test_every_chart_draws_each_text_inside_its_canvas(monkeypatch):
+    """The margins are computed from the labels before the one draw: long, many, large, negative or
+    slanted labels and a colour bar's all still fit."""
+    figures = []
+    draw = plots.to_svg
+    monkeypatch.setattr(plots, "to_svg", lambda figure: figures.append(figure) or draw(figure))
+    long = [f"a rather long class name {i}" for i in range(30)]
+    plots.bar_chart(long, list(range(30)), "rows per class", "rows")
+    plots.bar_chart(["0", "1", "2"], [100_000.0, 2_500_000.0, 7.0], "rows per class", "rows")
+    plots.heatmap([[i * j for j in range(30)] for i in range(30)], long, "confusion matrix")
+    plots.heatmap([[1_000_000 * (i == j) for j in range(10)] for i in range(10)], list("abcdefghij"), "ten")
+    plots.line_chart({"precision": (long, [0.5] * 30), "a long series name": (long, [-1234.5] * 30)},
+                     "per-class metrics", "class", "score")  # fmt: skip
+    plots.line_chart({"train": ([1, 2, 3], [0.9, 0.5, 0.2])}, "loss", "epoch", "cross-entropy")
+    plots.line_chart({"CPU %": (list(range(100)), [float(i % 7) * 1e-7 for i in range(100)])}, "u", "s", "%")
+
+    assert len(figures) == 7
+    for figure in figures:
+        assert drawn_texts(figure), "nothing checked"
+        assert not texts_outside_the_canvas(figure), figure.axes[0].get_title()

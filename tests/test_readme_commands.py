@@ -4,16 +4,23 @@ Tiny sizes: the hyperparameters JSON gets `epochs: 1` merged in, and a dataset t
 reach (an object store, a file the reader would bring) is replaced by a small local table with the
 label column the command names. Remote commands (`--remote`) need a cluster and are checked
 against the project by test_cluster_config.
+
+The commands share one process (tests/readme_driver.py): each goes through pyflyte's own command
+line parsing and runs, and its exit status, stdout and stderr are kept apart, so one test per
+command reads its own result, while the process start-up and the flytekit/torch imports are paid
+once.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
 import shlex
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -23,6 +30,7 @@ from tests.dependencies import REPO
 
 pytestmark = pytest.mark.slow
 PYFLYTE = ".venv/bin/pyflyte"
+DRIVER = Path(__file__).with_name("readme_driver.py")
 
 
 def readme_commands() -> list[str]:
@@ -30,6 +38,9 @@ def readme_commands() -> list[str]:
     blocks = re.findall(r"```bash\n(.*?)```", text, re.DOTALL)
     lines = "\n".join(blocks).replace("\\\n", " ").splitlines()
     return [" ".join(line.split()) for line in lines if line.strip().startswith(f"{PYFLYTE} run")]
+
+
+COMMANDS = readme_commands()
 
 
 def tiny(command: str, scratch: Path) -> list[str]:
@@ -50,17 +61,82 @@ def tiny(command: str, scratch: Path) -> list[str]:
     return words
 
 
+def text(output: str | bytes | None) -> str:
+    """What a process wrote before it timed out (bytes, even when the run asked for text)."""
+    return output.decode(errors="replace") if isinstance(output, bytes) else output or ""
+
+
+def run_the_commands(commands: list[str], root: Path) -> dict:
+    """README commands, tiny, in one driver process: command -> its result, plus the driver's own
+    exit and output for when a command has no result (the driver died before or during it)."""
+    argvs = []
+    for number, command in enumerate(commands):
+        scratch = root / f"command-{number}"
+        scratch.mkdir()
+        argvs.append(tiny(command, scratch))
+    argvs_file, results_file = root / "commands.json", root / "results.json"
+    argvs_file.write_text(json.dumps(argvs))
+    driver_command = [sys.executable, str(DRIVER), str(argvs_file), str(results_file), str(root / "cache")]
+    try:
+        driver = subprocess.run(
+            driver_command,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=600 * max(1, len(commands)),  # 600 s a command, as when each had its own process
+            env=os.environ.copy(),
+        )
+        exit_status, out, err = driver.returncode, driver.stdout, driver.stderr
+    except subprocess.TimeoutExpired as late:  # the commands that finished still have their results
+        exit_status, out, err = "none (timed out)", text(late.stdout), text(late.stderr)
+    results = json.loads(results_file.read_text()) if results_file.exists() else []
+    return {
+        "results": dict(zip(commands, results, strict=False)),
+        "driver": {"exit": exit_status, "output": out + err[-3000:]},
+    }
+
+
+def selected_commands(items: list[pytest.Item]) -> list[str]:
+    """The README commands whose tests the session runs: all of them, unless -k or node ids pick."""
+    picked = {
+        item.callspec.params.get("command")
+        for item in items
+        if getattr(item, "originalname", None) == "test_a_readme_command_runs_as_written"
+    }
+    return [command for command in COMMANDS if command in picked]
+
+
+@pytest.fixture(scope="module")
+def readme_runs(request, tmp_path_factory) -> dict:
+    """The one run of the README commands this session selected. Their tests share an xdist group
+    (conftest.SHARED_RUNS); should they still reach two workers, the second waits for the first
+    one's run and reads it."""
+    commands = selected_commands(request.session.items)
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return run_the_commands(commands, tmp_path_factory.mktemp("readme"))
+    shared = tmp_path_factory.getbasetemp().parent / "readme-runs"  # this session's, seen by every worker
+    shared.mkdir(exist_ok=True)
+    with open(shared / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = shared / "runs.json"
+        if not done.exists():
+            runs = run_the_commands(commands, Path(tempfile.mkdtemp(dir=shared)))
+            (shared / "runs.partial").write_text(json.dumps(runs))
+            (shared / "runs.partial").replace(done)
+        return json.loads(done.read_text())
+
+
 def test_the_readme_shows_the_local_commands():
-    commands = readme_commands()
-    assert any("workflows/comparison.py hardware_comparison" in c for c in commands)
-    assert any("--dataset" in c for c in commands) and any("--hyperparameters" in c for c in commands)
+    assert any("workflows/comparison.py hardware_comparison" in c for c in COMMANDS)
+    assert any("--dataset" in c for c in COMMANDS) and any("--hyperparameters" in c for c in COMMANDS)
 
 
-@pytest.mark.parametrize("command", readme_commands())
-def test_a_readme_command_runs_as_written(command, tmp_path):
-    result = subprocess.run(
-        tiny(command, tmp_path), cwd=REPO, capture_output=True, text=True, timeout=600, env=os.environ.copy()
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "used more than once" not in result.stderr  # the bool flags parse cleanly
-    assert "accuracy" in result.stdout
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_readme_command_runs_as_written(command, readme_runs):
+    result = readme_runs["results"].get(command)
+    if result is None:
+        driver = readme_runs["driver"]
+        pytest.fail(f"no result, the driver exited {driver['exit']}:\n{driver['output']}")
+    assert result["returncode"] == 0, result["stderr"][-3000:]
+    assert "used more than once" not in result["stderr"]  # the bool flags parse cleanly
+    assert "accuracy" in result["stdout"]

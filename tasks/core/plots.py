@@ -2,6 +2,10 @@
 
 Every chart stays readable and small at any number of classes: at most `MAX_TICK_LABELS` category
 labels per axis, no per-cell text past `CELL_TEXT_LIMIT` classes, and many bars drawn as one image.
+
+Margins are fitted before the one draw that writes the SVG: the tick labels an axis will draw are
+formatted without drawing and measured with the font's metrics, so no layout engine draws the
+figure first (a constrained layout lays every text out twice before the final draw).
 """
 
 from __future__ import annotations
@@ -15,23 +19,116 @@ CELL_TEXT_LIMIT = 20  # classes; past this a count per cell is unreadable and co
 MARKER_LIMIT = 40  # points per line
 RASTER_LIMIT = 100  # bars; past this one image is smaller than a vector shape per bar
 PIXEL_LIMIT = 400  # heatmap pixels a side; past this many classes, a pixel stands for a block of cells
+EDGE = 4.0  # points of blank canvas around the outermost texts
+LINE = 1.25  # a text line's height, in font sizes
+MIN_PLOT = 0.25  # of the figure's width and height, kept for the plot however long the labels
 
 
 def new_axes(figsize: tuple[float, float]):
-    """A figure outside pyplot: no global figure registry, no GUI backend, nothing to close.
-    Imported here so that processes which never draw (DDP workers, registration) skip matplotlib.
-    The constrained layout fits titles and labels while drawing, so saving needs no second pass."""
+    """A figure outside pyplot on the SVG canvas: no global figure registry, no GUI backend, nothing
+    to close. Imported here so that processes which never draw (DDP workers, registration) skip
+    matplotlib."""
+    from matplotlib.backends.backend_svg import FigureCanvasSVG
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=figsize, layout="constrained")
+    figure = Figure(figsize=figsize)
+    FigureCanvasSVG(figure)
     return figure, figure.subplots()
 
 
 def to_svg(figure) -> str:
+    fit_margins(figure)
     buffer = io.StringIO()
     figure.savefig(buffer, format="svg", dpi=200)  # for raster parts only (many bars): sharp on dense screens
     text = buffer.getvalue()
     return text[text.index("<svg") :]  # drop the XML prolog so it embeds in HTML
+
+
+def fit_margins(figure) -> None:
+    """Margins that hold the first axes' title, axis labels and tick labels, and the tick labels right
+    of a colour bar (the figure's second axes, if any)."""
+    axes, *colorbar = figure.axes
+    width, height = figure.get_size_inches() * 72  # points
+    below, left, right = x_axis_extent(axes)
+    left = max(left, y_axis_width(axes.yaxis, axes.get_ylabel()))
+    if colorbar:
+        right = max(right, y_axis_width(colorbar[0].yaxis, ""))
+    left, right = within(left / width, right / width, EDGE / width)
+    bottom, top = within(below / height, title_height(axes) / height, EDGE / height)
+    figure.subplots_adjust(left=left, right=1 - right, bottom=bottom, top=1 - top)
+
+
+def within(low: float, high: float, edge: float) -> tuple[float, float]:
+    """Two opposite margins with the `edge` added, as fractions of the side, shrunk together so that
+    at least `MIN_PLOT` of the side is left to the plot (past that, the longest labels are clipped)."""
+    low, high = low + edge, high + edge
+    scale = min(1.0, (1 - MIN_PLOT) / (low + high))
+    return low * scale, high * scale
+
+
+def x_axis_extent(axes) -> tuple[float, float, float]:
+    """Points the x axis's tick labels and label take below the plot, and past its left and right
+    edges (centred labels reach half their width past the first and last ticks; slanted ones reach
+    left from their tick)."""
+    from matplotlib import rcParams
+
+    widths = [text_width(label, "xtick.labelsize") for label in shown_tick_labels(axes.xaxis)] or [0.0]
+    line = line_height("xtick.labelsize")
+    below = rcParams["xtick.major.size"] + rcParams["xtick.major.pad"]
+    below += line_height("axes.labelsize") + rcParams["axes.labelpad"] if axes.get_xlabel() else 0.0
+    if slanted(axes.xaxis):
+        return below + (max(widths) + line) * math.sqrt(0.5), (widths[0] + line) * math.sqrt(0.5), 0.0
+    return below + line, widths[0] / 2, widths[-1] / 2
+
+
+def y_axis_width(axis, title: str) -> float:
+    """Points a vertical axis's tick labels and label take beside the plot."""
+    from matplotlib import rcParams
+
+    widths = [text_width(label, "ytick.labelsize") for label in shown_tick_labels(axis)] or [0.0]
+    label = line_height("axes.labelsize") + rcParams["axes.labelpad"] if title else 0.0
+    return rcParams["ytick.major.size"] + rcParams["ytick.major.pad"] + max(widths) + label
+
+
+def title_height(axes) -> float:
+    """Points above the plot: the title, or the value axis's offset (like "1e6") where that is taller."""
+    from matplotlib import rcParams
+
+    offset = line_height("ytick.labelsize") if axes.yaxis.get_major_formatter().get_offset() else 0.0
+    title = line_height("axes.titlesize") + rcParams["axes.titlepad"] if axes.get_title() else 0.0
+    return max(offset, title)
+
+
+def shown_tick_labels(axis) -> list[str]:
+    """The tick labels `axis` will draw, formatted as drawing formats them, without drawing."""
+    low, high = sorted(axis.get_view_interval())
+    locations = axis.get_majorticklocs()
+    labels = axis.get_major_formatter().format_ticks(locations)
+    slack = (high - low) * 1e-9
+    return [label for at, label in zip(locations, labels, strict=True) if low - slack <= at <= high + slack]
+
+
+def slanted(axis) -> bool:
+    return any(label.get_rotation() for label in axis.get_ticklabels())
+
+
+def font(setting: str):
+    """The font of an rcParams size setting ("xtick.labelsize": "medium", ...)."""
+    from matplotlib import rcParams
+    from matplotlib.font_manager import FontProperties
+
+    return FontProperties(size=rcParams[setting])
+
+
+def line_height(setting: str) -> float:
+    return font(setting).get_size_in_points() * LINE
+
+
+def text_width(text: str, setting: str) -> float:
+    """The width in points of `text` in the font of `setting`, from the font's own metrics."""
+    from matplotlib.textpath import text_to_path
+
+    return text_to_path.get_text_width_height_descent(text, font(setting), ismath=False)[0]
 
 
 def tick_positions(count: int) -> range:
@@ -48,6 +145,13 @@ def set_category_ticks(axis, labels: list) -> None:
             label.set(rotation=45, ha="right", rotation_mode="anchor")
 
 
+def set_labels(axes, title: str, xlabel: str, ylabel: str) -> None:
+    # y=1.0 places the title at the top; left to find its place itself, matplotlib measures the tick
+    # labels at every draw to clear ones drawn above the plot, which these charts never have.
+    axes.set_title(title, y=1.0)
+    axes.set(xlabel=xlabel, ylabel=ylabel)
+
+
 def line_chart(
     series: dict[str, tuple[list[float], list[float]]], title: str, xlabel: str, ylabel: str
 ) -> str:
@@ -59,7 +163,7 @@ def line_chart(
         axes.plot(positions, ys, marker="o" if len(xs) < MARKER_LIMIT else None, label=name)
     if categories:
         set_category_ticks(axes.xaxis, list(categories))
-    axes.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    set_labels(axes, title, xlabel, ylabel)
     axes.grid(alpha=0.3)
     axes.legend()
     return to_svg(figure)
@@ -77,7 +181,7 @@ def bar_chart(labels: list[str], values: list[float], title: str, ylabel: str) -
     positions = list(range(len(labels)))  # numeric positions: labels like "0".."9" stay categories
     axes.bar(positions, values, color="#4c72b0", rasterized=len(labels) > RASTER_LIMIT)
     set_category_ticks(axes.xaxis, labels)
-    axes.set(title=title, ylabel=ylabel)
+    set_labels(axes, title, "", ylabel)
     axes.grid(axis="y", alpha=0.3)
     return to_svg(figure)
 
@@ -94,7 +198,7 @@ def heatmap(matrix: list[list[int]], labels: list[str], title: str) -> str:
     axes.set(xlim=(-0.5, len(labels) - 0.5), ylim=(len(labels) - 0.5, -0.5))
     set_category_ticks(axes.xaxis, labels)
     set_category_ticks(axes.yaxis, labels)
-    axes.set(title=title, xlabel="predicted", ylabel="true")
+    set_labels(axes, title, "predicted", "true")
     if len(labels) <= CELL_TEXT_LIMIT:
         write_counts(axes, matrix, fontsize=9 if len(labels) <= 10 else 7)
     figure.colorbar(image, ax=axes)

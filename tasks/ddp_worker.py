@@ -1,0 +1,64 @@
+"""What each DDP worker of the torch training tasks runs (tasks/train_torch.py launches them).
+
+A module apart from the tasks, so that a spawned worker loads only this: not the task definitions,
+their typed interfaces, Decks or the launcher's utilisation sampling. The launcher sends the task
+function to each worker by value (its module's attribute of that name is the task, not the
+function), and that function refers to `train_with_ddp` here.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from flytekit import current_context
+from flytekit.exceptions.user import FlyteRecoverableException
+from flytekit.types.directory import FlyteDirectory
+from flytekit.types.file import FlyteFile
+
+from tasks.checkpointing import flyte_checkpoint
+from tasks.core.config import Hardware, TrainConfig
+from tasks.core.preemption import Preempted, PreemptionNotice
+from tasks.logs import setup_logging
+from tasks.types import PreparedData, TrainedModel
+
+if TYPE_CHECKING:
+    from tasks.hardware import GpuTrainingProfile
+
+log = logging.getLogger(__name__)
+
+
+def train_with_ddp(prepared: PreparedData, config: TrainConfig, profile: GpuTrainingProfile) -> TrainedModel:
+    """Runs in every DDP worker; rank 0's return value becomes the task output."""
+    from tasks.core.checkpoint import TrainingCheckpoint
+    from tasks.core.torch_training import shutdown_distributed, tensorboard_without_tensorflow, train
+
+    setup_logging()
+    tensorboard_without_tensorflow()  # a spawned worker process: TensorFlow never runs here
+    splits = prepared.local_splits()
+    artifact = Path(current_context().working_directory) / "model.pt"
+    try:
+        location = flyte_checkpoint()
+        every = config.checkpoint_every_steps
+        checkpoint = TrainingCheckpoint(location.directory, every, location.on_save) if location else None
+        board = Path(current_context().working_directory) / "tensorboard"
+        with PreemptionNotice(profile.attempts.preemption_grace_s) as notice:
+            outcome = train(config, splits, str(artifact), checkpoint, str(board), preemption=notice)
+    except Preempted as stopped:
+        # Reached when the signal came to the workers directly rather than through the agent.
+        raise FlyteRecoverableException(str(stopped)) from stopped
+    finally:
+        shutdown_distributed()
+    run = outcome.run
+    log.info(
+        "rank %d: trained on %s x%d (%s, %s) at %.0f samples/s",
+        outcome.rank, run.device, run.world_size, run.backend, run.precision, run.samples_per_second,
+    )  # fmt: skip
+    on_cpu = run.device == "cpu"
+    return TrainedModel(
+        artifact=FlyteFile(str(artifact)),
+        run=run,
+        declared=Hardware("cpu" if on_cpu else profile.device, run.world_size),
+        tensorboard=FlyteDirectory(str(board)) if outcome.rank == 0 else None,
+    )
