@@ -23,9 +23,11 @@ SHARED_RUNS = {
     "prepared_by_a_pod": "pods",
     "scheduled_run_on_a_users_csv": "scheduled",
     "two_rank_results": "ddp",
+    "readme_runs": "readme",
 }
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks (test_parallel_groups)
 def pytest_collection_modifyitems(items):
     for item in items:
         groups = [group for fixture, group in SHARED_RUNS.items() if fixture in item.fixturenames]
