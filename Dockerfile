@@ -33,6 +33,7 @@ FROM base AS cpu
 RUN pip install -c constraints.txt .
 COPY tasks ./tasks
 COPY workflows ./workflows
+COPY examples ./examples
 RUN pip install --no-deps . && chown -R mixedml /home/mixedml
 USER mixedml
 
@@ -45,6 +46,7 @@ RUN TORCH=$(sed -n 's/^torch==//p' constraints.txt) \
     && pip install -c constraints.txt ".[torch,tf-cpu]"
 COPY tasks ./tasks
 COPY workflows ./workflows
+COPY examples ./examples
 RUN pip install --no-deps . && chown -R mixedml /home/mixedml
 USER mixedml
 
@@ -53,6 +55,7 @@ FROM base AS torch-gpu
 RUN pip install -c constraints.txt ".[torch,gpu]"
 COPY tasks ./tasks
 COPY workflows ./workflows
+COPY examples ./examples
 RUN pip install --no-deps . && chown -R mixedml /home/mixedml
 USER mixedml
 
@@ -62,6 +65,7 @@ RUN TENSORFLOW=$(sed -n 's/^tensorflow[-_]cpu==//p' constraints.txt) \
     && pip install -c constraints.txt ".[gpu]" "tensorflow[and-cuda]==${TENSORFLOW:?}"
 COPY tasks ./tasks
 COPY workflows ./workflows
+COPY examples ./examples
 RUN pip install --no-deps . && chown -R mixedml /home/mixedml
 USER mixedml
 
@@ -72,5 +76,6 @@ RUN TENSORFLOW=$(sed -n 's/^tensorflow[-_]cpu==//p' constraints.txt) \
        -f https://storage.googleapis.com/libtpu-tf-releases/index.html
 COPY tasks ./tasks
 COPY workflows ./workflows
+COPY examples ./examples
 RUN pip install --no-deps . && chown -R mixedml /home/mixedml
 USER mixedml

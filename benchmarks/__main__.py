@@ -28,8 +28,9 @@ from benchmarks.measure import (
     median_phases,
 )
 from benchmarks.synthetic import write_table
-from tasks.core.config import SplitPaths, TrainConfig
+from tasks.core.config import ModelConfig, SplitPaths, TrainConfig
 from tasks.core.data import SplitConfig, prepare_dataset
+from tasks.core.models import mlp_spec
 
 FULL = {
     "pipeline_rows": 1_000_000,
@@ -155,7 +156,7 @@ def training_loops(work: Path, rows: int, epochs: int, rounds: int) -> list[Figu
     data = write_table(str(work / "loop.parquet"), rows, FEATURES)
     prepared = prepare_dataset(data, "label", str(work / "loop-prepared"), SplitConfig(seed=0))
     splits = SplitPaths(prepared.paths["train"], prepared.paths["val"], prepared.feature_names, "label", 10)
-    config = TrainConfig(epochs=epochs, batch_size=BATCH, hidden_sizes=[256, 128], dropout=0.1)
+    config = TrainConfig(epochs=epochs, batch_size=BATCH, model=mlp_spec([256, 128], 0.1))
     os.environ.pop("WORLD_SIZE", None)
     torch_rates = alternating_best_rates(
         lambda: loop_bench.project_torch_samples_per_second(splits, config),
@@ -184,9 +185,11 @@ def gpu_figures(splits: SplitPaths, config: TrainConfig) -> list[Figure]:
         return []
     amp_on = loop_bench.bare_torch_samples_per_second(splits, config, device="cuda", amp=True)
     amp_off = loop_bench.bare_torch_samples_per_second(splits, config, device="cuda", amp=False)
-    big = TrainConfig(epochs=1, batch_size=8192, hidden_sizes=[8192, 8192], dropout=0.0)
+    big = TrainConfig(epochs=1, batch_size=8192, model=mlp_spec([8192, 8192], 0.0))
     rate = loop_bench.bare_torch_samples_per_second(splits, big, device="cuda", amp=True)
-    flops = rate * loop_bench.model_flops_per_sample(big.model(len(splits.feature_names), 10))
+    flops = rate * loop_bench.model_flops_per_sample(
+        ModelConfig.of_mlp(big.model, len(splits.feature_names), 10)
+    )
     peak = float(os.environ.get("MIXEDML_PEAK_BF16_FLOPS", "989e12"))  # H100 SXM dense bf16
     return [
         Figure("gpu: bare loop samples/s, bf16 autocast on vs off", amp_on, amp_off, "samples/s"),

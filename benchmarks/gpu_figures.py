@@ -27,8 +27,9 @@ from benchmarks import loop_bench
 from benchmarks.measure import Figure, alternating_best_rates
 from benchmarks.synthetic import write_table
 from tasks.core import torch_training
-from tasks.core.config import SplitPaths, TrainConfig
+from tasks.core.config import ModelConfig, SplitPaths, TrainConfig
 from tasks.core.memory import estimate_training_memory
+from tasks.core.models import mlp_options, mlp_spec
 
 NO_CUDA = "no CUDA device (torch.cuda.is_available() is False)"
 # H100 / H200 SXM datasheet, dense (no sparsity); other GPUs: MIXEDML_PEAK_BF16_FLOPS.
@@ -166,12 +167,14 @@ def project_rate(splits: SplitPaths, config: TrainConfig) -> float:
 
 
 def loop_config(sizes: Sizes, precision: str = "bf16") -> TrainConfig:
-    return TrainConfig(epochs=1, batch_size=sizes.batch, hidden_sizes=list(sizes.hidden), precision=precision)
+    return TrainConfig(
+        epochs=1, batch_size=sizes.batch, model=mlp_spec(list(sizes.hidden)), precision=precision
+    )
 
 
 def shape(splits: SplitPaths, config: TrainConfig) -> str:
     rows, features = table_rows(splits.train), len(splits.feature_names)
-    widths = "x".join(map(str, config.hidden_sizes))
+    widths = "x".join(map(str, ModelConfig.of_mlp(config.model, features, 2).hidden_sizes))
     return f"{rows:,} rows x {features} features, MLP {widths}, batch {config.batch_size}"
 
 
@@ -215,12 +218,11 @@ def flop_utilisation(splits: SplitPaths, sizes: Sizes, peak_flops: float) -> lis
     config = TrainConfig(
         epochs=1,
         batch_size=sizes.mfu_batch,
-        hidden_sizes=[sizes.mfu_hidden] * 2,
-        dropout=0.0,
+        model=mlp_spec([sizes.mfu_hidden] * 2, 0.0),
         precision="bf16",
     )
     rate = max(project_rate(splits, config) for _ in range(sizes.rounds))
-    model = config.model(len(splits.feature_names), splits.n_classes)
+    model = ModelConfig.of_mlp(config.model, len(splits.feature_names), splits.n_classes)
     achieved = rate * loop_bench.model_flops_per_sample(model) / 1e12
     matmul = matmul_flops(sizes.mfu_hidden) / 1e12
     what = f"model FLOP utilisation, project loop, bf16 ({shape(splits, config)})"
@@ -232,8 +234,8 @@ def flop_utilisation(splits: SplitPaths, sizes: Sizes, peak_flops: float) -> lis
 
 
 def memory_config(sizes: Sizes, precision: str, batch: int | None = None) -> TrainConfig:
-    return TrainConfig(epochs=1, batch_size=batch or sizes.memory_batch, hidden_sizes=[sizes.memory_hidden] * 2,
-                       dropout=0.1, precision=precision)  # fmt: skip
+    return TrainConfig(epochs=1, batch_size=batch or sizes.memory_batch, model=mlp_spec([sizes.memory_hidden] * 2, 0.1),
+                       precision=precision)  # fmt: skip
 
 
 def measured_peak(splits: SplitPaths, config: TrainConfig) -> int:
@@ -251,7 +253,7 @@ def memory_estimate(splits: SplitPaths, sizes: Sizes) -> list[GpuFigure]:
     for precision in ("fp32", "bf16"):
         config = memory_config(sizes, precision)
         measured = measured_peak(splits, config)
-        model = config.model(len(splits.feature_names), splits.n_classes)
+        model = ModelConfig.of_mlp(config.model, len(splits.feature_names), splits.n_classes)
         estimate = estimate_training_memory(
             model, config.batch_size, resident_rows=resident, mixed_precision=precision != "fp32"
         )
@@ -280,7 +282,7 @@ def autocast_precision() -> str:
 def fp16_with_scaler(splits: SplitPaths) -> str:
     """fp16 autocast with the gradient scaler, the path of GPUs without bf16."""
     require_cuda()
-    config = TrainConfig(epochs=2, batch_size=1024, hidden_sizes=[512, 512], precision="fp16")
+    config = TrainConfig(epochs=2, batch_size=1024, model=mlp_spec([512, 512]), precision="fp16")
     run = torch_training.train(config, splits).run
     expect(run.precision == "float16", f"the run trained in {run.precision}, not float16")
     learned(run, "fp16 with the gradient scaler")
@@ -385,7 +387,7 @@ def nccl_ddp(splits: SplitPaths) -> str:
     """One worker started as torchrun starts it, training DDP over a one-rank NCCL group."""
     require_cuda()
     expect(dist.is_nccl_available(), "this torch build has no NCCL")
-    config = TrainConfig(epochs=2, batch_size=2048, grad_accum_steps=2, hidden_sizes=[512, 512])
+    config = TrainConfig(epochs=2, batch_size=2048, grad_accum_steps=2, model=mlp_spec([512, 512]))
     return ddp_finding(launch_one_worker(train_on_one_rank_group, config, splits, "nccl"), config)
 
 
@@ -420,7 +422,9 @@ def gpu_figures(splits: SplitPaths, config: TrainConfig) -> list[Figure]:
     if not torch.cuda.is_available():
         print("gpu: skipped (no CUDA device on this machine)")
         return []
-    sizes = replace(FULL, batch=config.batch_size, hidden=tuple(config.hidden_sizes), rounds=1)
+    sizes = replace(
+        FULL, batch=config.batch_size, hidden=tuple(mlp_options(config.model.options)[0]), rounds=1
+    )
     return (
         loop_vs_bare(splits, sizes)
         + bf16_vs_fp32(splits, sizes)

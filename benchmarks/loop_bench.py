@@ -24,7 +24,7 @@ def bare_torch_samples_per_second(
         for a in read_split(splits.train, splits.feature_names, splits.label_column)
     )
     torch.manual_seed(config.seed)
-    model = build_mlp(config.model(x.shape[1], splits.n_classes)).to(device)
+    model = build_mlp(ModelConfig.of_mlp(config.model, x.shape[1], splits.n_classes)).to(device)
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay
     )
@@ -54,13 +54,13 @@ def bare_keras_samples_per_second(splits: SplitPaths, config: TrainConfig) -> fl
     import keras
     import tensorflow as tf
 
-    from tasks.core.tf_training import build_keras_mlp
+    from tasks.core.models import build
 
     x, y = read_split(splits.train, splits.feature_names, splits.label_column)
     keras.backend.clear_session()
     keras.utils.set_random_seed(config.seed)
     tf.config.experimental.enable_op_determinism()  # as train_keras runs on CPU
-    model = build_keras_mlp(config.model(x.shape[1], splits.n_classes))
+    model = build(config.model, x.shape[1], splits.n_classes, "tensorflow")
     model.compile(optimizer=keras.optimizers.AdamW(config.learning_rate, weight_decay=config.weight_decay),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))  # fmt: skip
     start = time.perf_counter()

@@ -18,7 +18,8 @@ from benchmarks.local_launch import two_local_workers  # noqa: E402
 from tasks.core.config import SplitPaths, TrainConfig  # noqa: E402
 from tasks.core.data import SplitConfig, prepare_dataset, read_split  # noqa: E402
 from tasks.core.metrics import classification_metrics  # noqa: E402
-from tasks.core.model import load_artifact, predict  # noqa: E402
+from tasks.core.model import predict  # noqa: E402
+from tasks.core.torch_models import load_torch_artifact  # noqa: E402
 
 
 def train_worker(config: TrainConfig, splits: SplitPaths, artifact: str) -> None:
@@ -43,7 +44,7 @@ def main(data: str, workdir: str, epochs: str, batch: str) -> None:
         TrainConfig(epochs=int(epochs), batch_size=int(batch)), splits, artifact
     )
     CLOCK.mark("train")
-    model, _ = load_artifact(artifact)
+    model, _ = load_torch_artifact(artifact)
     features, labels = read_split(prepared.paths["test"], prepared.feature_names, "label")
     metrics = classification_metrics(labels, predict(model, features), prepared.class_labels)
     CLOCK.mark("evaluate")

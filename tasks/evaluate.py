@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import logging
-import tempfile
-from pathlib import Path
 
 from flytekit import task
 
@@ -22,29 +20,22 @@ log = logging.getLogger(__name__)
 
 
 def predict_test_split(trained: TrainedModel, features):
-    """Class predictions from the artifact, with the framework that trained it."""
+    """Class predictions from the artifact, rebuilt through the builder it records."""
     path = trained.artifact.download()
     if trained.run.framework == "pytorch":
-        from tasks.core.model import load_artifact, predict
+        from tasks.core.model import predict
+        from tasks.core.torch_models import load_torch_artifact
 
-        model, _ = load_artifact(path)
+        model, _ = load_torch_artifact(path)
         return predict(model, features)
     if trained.run.framework == "tensorflow":
-        from tasks.core.tf_training import predict_keras
+        from tasks.core.keras_models import load_keras_artifact, predict_keras
 
-        return predict_keras(with_suffix(path, ".keras"), features)
+        model, _ = load_keras_artifact(path)
+        return predict_keras(model, features)
     raise ValueError(
         f"cannot evaluate a model trained with '{trained.run.framework}': expected pytorch or tensorflow"
     )
-
-
-def with_suffix(path: str, suffix: str) -> str:
-    """Keras picks the loader from the file name; a downloaded artifact may have lost it."""
-    if path.endswith(suffix):
-        return path
-    linked = Path(tempfile.mkdtemp()) / f"model{suffix}"
-    linked.symlink_to(Path(path).resolve())
-    return str(linked)
 
 
 def billed_hardware(trained: TrainedModel, plan: ResourcePlan | None) -> tuple[Hardware, list[str]]:

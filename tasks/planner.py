@@ -19,6 +19,7 @@ from flytekit import Deck, Resources, dynamic
 import tasks.literal_types  # noqa: F401 - each boundary dataclass's Flyte type built once, before the tasks below
 from tasks.core.config import TrainConfig
 from tasks.core.data import BATCH_ROWS, EMBEDDED_DIGITS_LABEL, dataset_fingerprint, describe_input
+from tasks.core.models import measure_footprint
 from tasks.core.planner import (
     PlanError,
     PreprocessPlan,
@@ -43,6 +44,8 @@ from tasks.targets import TARGETS
 from tasks.types import PreparedData, ResourcePlan, TrainedModel
 
 log = logging.getLogger(__name__)
+# A target's framework, as the model builders name it.
+MODEL_FRAMEWORKS = {"torch": "pytorch", "tensorflow": "tensorflow"}
 EMBEDDED_DIGITS_SHAPE = (1797, 65, 600_000)  # rows, columns, bytes as parquet
 EMBEDDED_FINGERPRINT = f"embedded-digits-scikit-learn-{importlib.metadata.version('scikit-learn')}"
 
@@ -99,14 +102,22 @@ def prepare_data(
 
 
 def workload(prepared: PreparedData, target: str, config: TrainConfig) -> Workload:
+    """The run's demands. Building the model checks it (ModelError naming the reference), on CPU."""
+    framework = TARGETS[target].framework
+    footprint = measure_footprint(
+        config.model,
+        len(prepared.feature_names),
+        len(prepared.class_labels),
+        MODEL_FRAMEWORKS[framework],
+        mixed_precision=config.precision != "fp32",
+    )
     return Workload(
-        model=config.model(len(prepared.feature_names), len(prepared.class_labels)),
+        footprint=footprint,
         batch_size=config.batch_size,
         grad_accum_steps=config.grad_accum_steps,
         train_rows=prepared.rows["train"],
         val_rows=prepared.rows["val"],
-        mixed_precision=config.precision != "fp32",
-        framework=TARGETS[target].framework,
+        framework=framework,
     )
 
 
@@ -136,7 +147,8 @@ def train_on_target(
     hyperparameters: TrainConfig,
     plan_resources: bool,
 ) -> tuple[TrainedModel, ResourcePlan]:
-    """Estimate memory, pick the cheapest accelerator that holds it, and train there."""
+    """Check the model on CPU rows, estimate its memory, pick the cheapest accelerator that holds it,
+    and train there."""
     setup_logging()
     # The batch against the prepared rows, before any accelerator; the launcher checks the worker split.
     raise_for(batch_problems(hyperparameters, 1, prepared.rows["train"]))

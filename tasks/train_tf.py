@@ -40,7 +40,7 @@ def train_tensorflow(prepared: PreparedData, config: TrainConfig, attempts: Atte
 
     setup_logging()
     splits = prepared.local_splits()
-    artifact = Path(current_context().working_directory) / "model.keras"
+    artifact = Path(current_context().working_directory) / "model.npz"
     checkpoint = flyte_checkpoint()
     board = Path(current_context().working_directory) / "tensorboard"
     with UtilisationSampler() as sampler, PreemptionNotice(attempts.preemption_grace_s) as notice:

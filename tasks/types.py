@@ -11,6 +11,7 @@ from flytekit.types.structured import StructuredDataset
 from tasks.core.config import Hardware, SplitPaths, TrainingRun
 from tasks.core.data import ScalerStats
 from tasks.core.metrics import ClassificationMetrics
+from tasks.core.models import describe_spec
 from tasks.core.planner import OptionFit, PreprocessPlan, TrainingPlan
 from tasks.storage import local_path
 
@@ -117,6 +118,7 @@ class EvaluationReport:
         run, metrics = self.training, self.metrics
         lines = [
             f"dataset: {self.dataset}",
+            f"model: {describe_spec(run.model)}",
             f"trained with {run.framework} ({run.strategy}) on {run.device} x{run.world_size} "
             f"({run.samples_per_second:,.0f} samples/s, {run.train_seconds:.1f}s)",
             f"billed as: {self.billed.describe()}",

@@ -1,8 +1,9 @@
-"""A training process for the kill-and-resume test: `python -m tests.checkpoint_worker SPLITS CKPT OUT SLOW`.
+"""A training process for the kill-and-resume test:
+`python -m tests.checkpoint_worker SPLITS CKPT OUT SLOW MODEL`.
 
 SPLITS is the JSON of a SplitPaths, CKPT a checkpoint directory ("" for none), OUT where to save
 the final parameters and history, SLOW "1" to pause after each step so the test can kill it
-mid-epoch.
+mid-epoch, MODEL the JSON of the ModelSpec to train.
 """
 
 from __future__ import annotations
@@ -17,8 +18,7 @@ import torch
 from tasks.core import torch_training
 from tasks.core.checkpoint import TrainingCheckpoint
 from tasks.core.config import SplitPaths, TrainConfig
-
-CONFIG = TrainConfig(epochs=3, batch_size=16, seed=7, dropout=0.2, hidden_sizes=[32, 16])
+from tasks.core.models import ModelSpec
 
 
 def slow_down() -> None:
@@ -32,13 +32,14 @@ def slow_down() -> None:
     torch_training.optimizer_step = step
 
 
-def main(splits_json: str, checkpoint_dir: str, out: str, slow: str) -> None:
+def main(splits_json: str, checkpoint_dir: str, out: str, slow: str, model_json: str) -> None:
+    config = TrainConfig(epochs=3, batch_size=16, seed=7, model=ModelSpec(**json.loads(model_json)))
     if slow == "1":
         slow_down()
     checkpoint = TrainingCheckpoint(checkpoint_dir, every_steps=2) if checkpoint_dir else None
     if checkpoint is not None and (state := checkpoint.load()) is not None:
         print(f"RESUMING epoch={state['epoch']} step={state['step']}", flush=True)
-    outcome = torch_training.train(CONFIG, SplitPaths(**json.loads(splits_json)), checkpoint=checkpoint)
+    outcome = torch_training.train(config, SplitPaths(**json.loads(splits_json)), checkpoint=checkpoint)
     torch.save(
         {"parameters": dict(outcome.model.state_dict()), "history": [asdict(e) for e in outcome.run.history],
          "optimizer_steps": outcome.optimizer_steps},
@@ -47,4 +48,4 @@ def main(splits_json: str, checkpoint_dir: str, out: str, slow: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:5])
+    main(*sys.argv[1:6])

@@ -4,6 +4,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from tasks.core.config import TrainConfig
+from tasks.core.models import ModelSpec, mlp_spec
+
 
 def blobs_frame(n_rows: int = 300, n_features: int = 4, n_classes: int = 3, seed: int = 0) -> pd.DataFrame:
     """Well-separated Gaussian blobs: a table any working classifier learns."""
@@ -24,6 +27,7 @@ SHARED_RUNS = {
     "scheduled_run_on_a_users_csv": "scheduled",
     "two_rank_results": "ddp",
     "readme_runs": "readme",
+    "default_digits_run": "digits",
 }
 
 
@@ -97,12 +101,12 @@ def flyte_package(tmp_path_factory):
 @pytest.fixture(scope="session")
 def comparison_run(tmp_path_factory):
     """One local `hardware_comparison` on the embedded digits, shared by every test that only reads its
-    outputs: the comparison itself and the HTML Deck each of its tasks wrote."""
+    outputs: the comparison itself and the HTML Deck each of its tasks wrote. It trains a small CNN
+    rather than the default MLP, so a model other than the default runs through both frameworks."""
     from types import SimpleNamespace
 
     from flytekit.deck import deck as flyte_deck
 
-    from tasks.core.config import TrainConfig
     from workflows.comparison import hardware_comparison
 
     folder = tmp_path_factory.mktemp("decks")
@@ -116,13 +120,14 @@ def comparison_run(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(flyte_deck, "_output_deck", capture)
         patch.setenv("FLYTE_LOCAL_CACHE_ENABLED", "false")  # every task runs, so every task writes its Deck
-        comparison = hardware_comparison(hyperparameters=TrainConfig(epochs=5), prices={"cpu": 0.5})
+        comparison = hardware_comparison(hyperparameters=COMPARISON_HYPERPARAMETERS, prices={"cpu": 0.5})
     return SimpleNamespace(comparison=comparison, decks=written)
 
 
 # The serialized chain as pods run it, shared by the pod, retry and launcher tests: one preprocessing
 # pod and one complete training attempt, which later attempts resume from or are compared with.
-POD_HYPERPARAMETERS_FIELDS = {"epochs": 3, "batch_size": 16, "hidden_sizes": [32], "seed": 3}
+COMPARISON_HYPERPARAMETERS = TrainConfig(epochs=5, model=ModelSpec("cnn", "1x8x8", {"channels": "16,32"}))
+POD_HYPERPARAMETERS = TrainConfig(epochs=3, batch_size=16, model=mlp_spec([32]), seed=3)
 
 
 @pytest.fixture(scope="session")
@@ -142,11 +147,10 @@ def prepared_by_a_pod(flyte_package, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def train_inputs(prepared_by_a_pod):
-    from tasks.core.config import TrainConfig
     from tasks.train_torch import train_torch
     from tests.pods import literals, merged
 
-    hyperparameters = TrainConfig(**POD_HYPERPARAMETERS_FIELDS)
+    hyperparameters = POD_HYPERPARAMETERS
     return merged(literals(train_torch, {"hyperparameters": hyperparameters}), prepared=prepared_by_a_pod)
 
 

@@ -16,11 +16,12 @@ from pathlib import Path
 import keras
 
 from tasks.core.config import SplitPaths, TrainConfig
+from tasks.core.models import mlp_spec
 from tasks.core.preemption import PREEMPTED_EXIT_CODE, Preempted, PreemptionNotice
 from tasks.core.tf_strategy import Environment
 from tasks.core.tf_training import train_keras
 
-CONFIG = TrainConfig(epochs=3, batch_size=8, seed=3, hidden_sizes=[16], checkpoint_every_steps=0)
+CONFIG = TrainConfig(epochs=3, batch_size=8, seed=3, model=mlp_spec([16]), checkpoint_every_steps=0)
 GRACE_S = 20.0
 
 

@@ -15,6 +15,7 @@ import pytest
 
 from tasks.core.config import TrainConfig
 from tasks.core.data import SplitConfig, prepare_dataset
+from tasks.core.models import ModelSpec
 from tasks.core.validation import batch_problems, problems
 from tasks.targets import TARGETS
 from tests.conftest import blobs_frame
@@ -90,6 +91,14 @@ INPUT_CASES = {
         ["input 'hyperparameters.grad_accum_steps' = 3", "divide batch_size (64)"],
     ),
     "unknown target": ("cuda", TrainConfig(), ["input 'target' = 'cuda'", "gpu, "]),
+    "model neither built-in nor a reference": (
+        "gpu", TrainConfig(model=ModelSpec("resnet")),
+        ["input 'hyperparameters.model'", "model 'resnet' is neither a built-in (mlp, cnn)"],
+    ),
+    "model input shape": (
+        "gpu", TrainConfig(model=ModelSpec("cnn", "8by8")),
+        ["input 'hyperparameters.model'", "input_shape '8by8' is not positive dimensions"],
+    ),
 }  # fmt: skip
 
 
@@ -123,6 +132,11 @@ WORKFLOW_CASES = {
     "planning: batch larger than the training rows": (
         lambda t: write(t, "d.parquet"), {"hyperparameters": TrainConfig(epochs=2, batch_size=4096)},
         ["input 'hyperparameters.batch_size' = 4096", "larger than the 84 training rows"],
+    ),
+    "model check: logits of the wrong shape": (
+        lambda t: write(t, "d.parquet"),
+        {"hyperparameters": TrainConfig(epochs=2, model=ModelSpec("tests.test_model_builders:wrong_logits"))},
+        ["model 'tests.test_model_builders:wrong_logits' gave logits of shape [4, 0], expected [4, 3]"],
     ),
     "launcher: batch not divisible over the workers": (
         lambda t: write(t, "d.parquet"),

@@ -15,15 +15,24 @@ import pytest
 import torch
 
 from tasks.core.checkpoint import STATE_FILE
+from tasks.core.models import ModelSpec
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
-def worker(splits, checkpoint_dir: str, out: Path, slow: bool) -> list[str]:
+# Both have dropout, so the resumed run must also restore the random state; the blobs' 4 features
+# are a 2x2 image to the CNN.
+MODELS = {
+    "mlp": ModelSpec("mlp", options={"hidden_sizes": "32,16", "dropout": 0.2}),
+    "cnn": ModelSpec("cnn", "2x2", {"channels": "4,8", "dropout": 0.2}),
+}
+
+
+def worker(splits, checkpoint_dir: str, out: Path, slow: bool, model: ModelSpec) -> list[str]:
     return [sys.executable, "-m", "tests.checkpoint_worker", json.dumps(asdict(splits)), checkpoint_dir, str(out),
-            "1" if slow else "0"]  # fmt: skip
+            "1" if slow else "0", json.dumps(asdict(model))]  # fmt: skip
 
 
 def run(command: list[str]) -> subprocess.CompletedProcess:
@@ -44,11 +53,13 @@ def wait_for_mid_epoch_checkpoint(path: Path, process: subprocess.Popen, timeout
     raise AssertionError("no mid-epoch checkpoint appeared")
 
 
-def test_killed_and_resumed_run_matches_an_uninterrupted_run(blob_splits, tmp_path):
-    run(worker(blob_splits, "", tmp_path / "uninterrupted.pt", slow=False))
+@pytest.mark.parametrize("model", list(MODELS))
+def test_killed_and_resumed_run_matches_an_uninterrupted_run(model, blob_splits, tmp_path):
+    spec = MODELS[model]
+    run(worker(blob_splits, "", tmp_path / "uninterrupted.pt", slow=False, model=spec))
 
     checkpoint_dir = tmp_path / "checkpoint"
-    process = subprocess.Popen(worker(blob_splits, str(checkpoint_dir), tmp_path / "never.pt", slow=True),
+    process = subprocess.Popen(worker(blob_splits, str(checkpoint_dir), tmp_path / "never.pt", slow=True, model=spec),
                                cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
     try:
         saved = wait_for_mid_epoch_checkpoint(checkpoint_dir / STATE_FILE, process)
@@ -58,7 +69,7 @@ def test_killed_and_resumed_run_matches_an_uninterrupted_run(blob_splits, tmp_pa
     assert process.returncode == -9
     assert not (tmp_path / "never.pt").exists()
 
-    resumed = run(worker(blob_splits, str(checkpoint_dir), tmp_path / "resumed.pt", slow=False))
+    resumed = run(worker(blob_splits, str(checkpoint_dir), tmp_path / "resumed.pt", slow=False, model=spec))
     assert "RESUMING epoch=" in resumed.stdout
     resumed_epoch = int(resumed.stdout.split("epoch=")[1].split()[0])
     assert resumed_epoch >= saved["epoch"] >= 1

@@ -277,6 +277,11 @@ def test_dockerignore_sends_only_what_the_images_need():
     ]
     assert rules[0] == "*"  # ignore everything, then allow
     allowed = {rule[1:] for rule in rules if rule.startswith("!")}
-    assert {"pyproject.toml", "constraints.txt", "tasks/", "workflows/"} <= allowed
+    assert {"pyproject.toml", "constraints.txt", "tasks/", "workflows/", "examples/"} <= allowed
     copied = {arguments.split()[0] for _, arguments in instructions() if _ == "COPY"}
-    assert copied <= {"pyproject.toml", "tasks", "workflows"}
+    assert copied <= {"pyproject.toml", "tasks", "workflows", "examples"}
+
+
+def test_the_images_that_build_models_have_the_example_model_so_a_run_can_name_it():
+    with_examples = {name for name, steps in stages().items() if ("COPY", "examples ./examples") in steps}
+    assert {"ml-cpu", "torch-gpu", "tf-gpu", "tpu"} <= with_examples

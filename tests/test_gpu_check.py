@@ -17,6 +17,7 @@ from benchmarks import gpu_check
 from benchmarks import gpu_figures as gpu
 from benchmarks.measure import REPO
 from tasks.core.config import EpochMetrics, TrainConfig, TrainingRun
+from tasks.core.models import mlp_spec
 from tasks.core.torch_training import TrainOutcome
 
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks what happens without CUDA")
@@ -220,6 +221,6 @@ def test_the_ddp_check_wants_the_backend_and_a_model_that_learned():
 def test_the_one_rank_group_runs_the_project_loop_as_ddp_on_gloo(tmp_path):
     """The NCCL step's worker, on CPU: the project's loop takes a group of one as distributed."""
     splits = gpu.Workspace(tmp_path, gpu.SMOKE).memory_splits
-    config = TrainConfig(epochs=2, batch_size=512, grad_accum_steps=2, hidden_sizes=[32])
+    config = TrainConfig(epochs=2, batch_size=512, grad_accum_steps=2, model=mlp_spec([32]))
     run = gpu.launch_one_worker(gpu.train_on_one_rank_group, config, splits, "gloo")
     assert gpu.ddp_finding(run, config, backend="gloo").startswith("DDP over gloo, 1 rank on cpu")

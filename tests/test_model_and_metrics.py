@@ -6,7 +6,8 @@ import torch
 
 from tasks.core.config import ModelConfig
 from tasks.core.metrics import classification_metrics
-from tasks.core.model import build_mlp, load_artifact, predict, save_artifact
+from tasks.core.model import build_mlp, predict
+from tasks.core.torch_models import load_torch_artifact
 
 
 def test_mlp_shape_follows_config():
@@ -30,26 +31,20 @@ def test_model_config_rejects_bad_shapes(kwargs, match):
         ModelConfig(**kwargs)
 
 
-def test_artifact_round_trip_with_weights_only(tmp_path):
-    config = ModelConfig(n_features=5, n_classes=3, hidden_sizes=[8], dropout=0.2)
+def test_torch_artifact_refuses_pickled_objects(tmp_path):
+    path = str(tmp_path / "evil.pt")
+    torch.save({"model": object(), "input": {}, "state_dict": {}}, path)
+    with pytest.raises(Exception, match="[Ww]eights only"):
+        load_torch_artifact(path)
+
+
+def test_predict_in_batches_matches_one_pass():
     torch.manual_seed(1)
-    model = build_mlp(config)
-    path = str(tmp_path / "model.pt")
-    save_artifact(model, config, path)
-    rebuilt, rebuilt_config = load_artifact(path)
-    assert rebuilt_config == config
+    model = build_mlp(ModelConfig(n_features=5, n_classes=3, hidden_sizes=[8], dropout=0.2)).eval()
     features = np.random.default_rng(0).normal(size=(50, 5)).astype(np.float32)
-    model.eval()
     with torch.no_grad():
         expected = model(torch.from_numpy(features)).argmax(1).numpy()
-    np.testing.assert_array_equal(predict(rebuilt, features, batch_size=7), expected)
-
-
-def test_artifact_refuses_pickled_objects(tmp_path):
-    path = str(tmp_path / "evil.pt")
-    torch.save({"model_config": object(), "state_dict": {}}, path)
-    with pytest.raises(Exception, match="[Ww]eights only"):
-        load_artifact(path)
+    np.testing.assert_array_equal(predict(model, features, batch_size=7), expected)
 
 
 def test_classification_metrics():

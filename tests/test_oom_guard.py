@@ -8,6 +8,7 @@ import torch
 
 from tasks.core import torch_training
 from tasks.core.config import TrainConfig
+from tasks.core.models import ModelSpec, mlp_spec
 
 
 @pytest.fixture(autouse=True)
@@ -33,8 +34,13 @@ def failing_until(micro_size: int, monkeypatch) -> list[int]:
     return attempts
 
 
-def test_oom_halves_the_micro_batch_and_keeps_the_effective_batch(blob_splits, monkeypatch):
-    config = TrainConfig(epochs=2, batch_size=32, dropout=0.0, hidden_sizes=[16], seed=3)
+# Without dropout, so the guarded run computes what the baseline does.
+MODELS = {"mlp": mlp_spec([16], 0.0), "cnn": ModelSpec("cnn", "2x2", {"channels": "4,8", "dropout": 0.0})}
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+def test_oom_halves_the_micro_batch_and_keeps_the_effective_batch(model, blob_splits, monkeypatch):
+    config = TrainConfig(epochs=2, batch_size=32, model=MODELS[model], seed=3)
     baseline = torch_training.train(config, blob_splits)
     attempts = failing_until(8, monkeypatch)
     guarded = torch_training.train(config, blob_splits)

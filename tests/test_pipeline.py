@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from tasks.core.config import TrainConfig
-from tests.conftest import blobs_frame
+from tasks.core.models import ModelSpec, mlp_spec
+from tests.conftest import COMPARISON_HYPERPARAMETERS, blobs_frame
 from workflows.comparison import hardware_comparison
 from workflows.pipeline import training_pipeline
 
@@ -15,8 +16,14 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_default_run_on_embedded_digits_reaches_095():
-    report = training_pipeline()
+@pytest.fixture(scope="module")
+def default_digits_run():
+    """The bare `training_pipeline()`: the built-in MLP on the embedded digits."""
+    return training_pipeline()
+
+
+def test_default_run_on_embedded_digits_reaches_095(default_digits_run):
+    report = default_digits_run
     metrics = report.metrics
     assert metrics.accuracy >= 0.95
     assert metrics.macro_f1 >= 0.95
@@ -31,6 +38,15 @@ def test_default_run_on_embedded_digits_reaches_095():
     assert plan.training.effective_batch_size == 64 and plan.preprocess.input_rows == 1797
 
 
+def test_the_cnn_on_the_digits_as_images_beats_the_mlp_and_reaches_098(default_digits_run):
+    cnn = ModelSpec("cnn", "1x8x8")
+    report = training_pipeline(hyperparameters=TrainConfig(model=cnn))
+    assert report.metrics.accuracy >= 0.98
+    assert report.metrics.accuracy > default_digits_run.metrics.accuracy
+    assert report.training.model == cnn and "model: cnn 1x8x8" in report.summary()
+    assert (report.training.framework, report.training.world_size) == ("pytorch", 2)  # DDP, as for the MLP
+
+
 def test_embedded_data_with_another_label_column_is_explained():
     with pytest.raises(Exception, match="embedded digits dataset has label column 'label'"):
         training_pipeline(label_column="target")
@@ -38,7 +54,7 @@ def test_embedded_data_with_another_label_column_is_explained():
 
 def test_a_model_too_large_for_the_catalog_fails_before_training():
     with pytest.raises(Exception, match="no accelerator in the catalog fits this model") as error:
-        training_pipeline(hyperparameters=TrainConfig(hidden_sizes=[98304, 98304], epochs=1))
+        training_pipeline(hyperparameters=TrainConfig(model=mlp_spec([98304, 98304]), epochs=1))
     assert "train_torch" not in str(error.value)
 
 
@@ -48,6 +64,7 @@ def test_hardware_comparison_trains_both_from_the_same_data(comparison_run):
     assert names == ["gpu (pytorch)", "tpu (tensorflow)"]
     frameworks = [row.run.training.framework for row in comparison.rows]
     assert frameworks == ["pytorch", "tensorflow"]
+    assert [row.run.training.model for row in comparison.rows] == [COMPARISON_HYPERPARAMETERS.model] * 2
     for row in comparison.rows:
         assert row.run.accuracy >= 0.9
         assert row.price_per_hour == 0.5

@@ -14,7 +14,7 @@ from flytekit.configuration import ImageConfig, SerializationSettings
 from flytekit.tools.translator import get_serializable
 
 from tasks.core.config import ModelConfig, TrainConfig
-from tasks.core.memory import estimate_training_memory, parameter_count
+from tasks.core.memory import estimate_training_memory, mlp_footprint, parameter_count
 from tasks.core.model import build_mlp
 from tasks.core.planner import PlanError, Workload, plan_preprocessing, plan_training
 from tasks.hardware import GPU_CATALOG, TPU_CATALOG
@@ -98,7 +98,9 @@ def test_parameter_count_matches_torch():
 def workload(
     hidden: list[int], batch: int = 64, accum: int = 1, rows: int = 1257, features: int = 64
 ) -> Workload:
-    return Workload(ModelConfig(features, 10, hidden, 0.1), batch, accum, rows, 270, True, "torch")
+    return Workload(
+        mlp_footprint(ModelConfig(features, 10, hidden, 0.1), True), batch, accum, rows, 270, "torch"
+    )
 
 
 def test_small_default_model_gets_a_mig_slice():

@@ -21,12 +21,11 @@ import pytest
 import torch
 
 from tasks.core.checkpoint import STATE_FILE
-from tasks.core.config import TrainConfig
 from tasks.core.preemption import DEFAULT_GRACE_S, PREEMPTED_EXIT_CODE
 from tasks.core.tf_training import STATE_FILE as KERAS_STATE_FILE
 from tasks.train_tf import train_tf_gpu
 from tasks.types import TrainedModel
-from tests.conftest import POD_HYPERPARAMETERS_FIELDS
+from tests.conftest import POD_HYPERPARAMETERS
 from tests.flyte_package import REPO
 from tests.pods import (
     literals,
@@ -42,7 +41,7 @@ from tests.pods import (
 
 pytestmark = pytest.mark.slow
 
-HYPER = TrainConfig(**POD_HYPERPARAMETERS_FIELDS)  # what the shared attempt trained with
+HYPER = POD_HYPERPARAMETERS  # what the shared attempt trained with
 SLOW_STEPS = {"PYTHONPATH": str(REPO / "tests" / "slow_steps"), "MIXEDML_TEST_STEP_SECONDS": "0.05"}
 
 

@@ -10,16 +10,17 @@ import keras
 import numpy as np
 import pytest
 
-from tasks.core.config import ModelConfig, TrainConfig
+from tasks.core.config import TrainConfig
 from tasks.core.data import read_split
+from tasks.core.keras_models import load_keras_artifact, predict_keras
+from tasks.core.models import ModelSpec, build, mlp_spec
 from tasks.core.tf_strategy import Environment
 from tasks.core.tf_training import (
     TPU_STEPS_PER_EXECUTION,
     batches,
-    build_keras_mlp,
     dtype_policy,
+    learning_rate_schedule,
     precision_policy,
-    predict_keras,
     steps_per_execution,
     train_keras,
     use_jit_compile,
@@ -29,7 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_trains_under_the_default_strategy_and_saves_a_keras_artifact(blob_splits, tmp_path):
-    artifact = str(tmp_path / "model.keras")
+    artifact = str(tmp_path / "model.npz")
     outcome = train_keras(
         TrainConfig(epochs=4, batch_size=32, seed=1), blob_splits, artifact, env=Environment()
     )
@@ -42,7 +43,32 @@ def test_trains_under_the_default_strategy_and_saves_a_keras_artifact(blob_split
     assert [e.epoch for e in outcome.run.history] == [1, 2, 3, 4]
     assert outcome.run.history[-1].val_accuracy >= 0.95 and outcome.run.samples_per_second > 0
     features, labels = read_split(blob_splits.train, blob_splits.feature_names, blob_splits.label_column)
-    assert (predict_keras(artifact, features) == labels).mean() >= 0.95
+    model, spec = load_keras_artifact(artifact)
+    assert spec == TrainConfig().model
+    assert (predict_keras(model, features) == labels).mean() >= 0.95
+
+
+def test_the_cnn_trains_on_a_tensorflow_target_and_evaluates_from_its_artifact(blob_splits, tmp_path):
+    cnn = ModelSpec(
+        "cnn", "2x2", {"channels": "16,32", "dropout": 0.0}
+    )  # the blobs' 4 features as a 2x2 image
+    artifact = str(tmp_path / "cnn.npz")
+    outcome = train_keras(TrainConfig(epochs=10, batch_size=32, learning_rate=1e-2, seed=1, model=cnn), blob_splits, artifact,
+                          env=Environment())  # fmt: skip
+    assert outcome.run.model == cnn and outcome.run.history[-1].val_accuracy >= 0.9
+    features, _ = read_split(blob_splits.val, blob_splits.feature_names, blob_splits.label_column)
+    model, spec = load_keras_artifact(artifact)
+    assert spec == cnn
+    assert np.array_equal(predict_keras(model, features), predict_keras(outcome.model, features))
+
+
+def test_the_keras_schedule_is_the_configs_cosine():
+    config = TrainConfig(learning_rate=0.01)
+    schedule = learning_rate_schedule(config, total_steps=40)
+    for step in (0, 10, 20, 39):
+        assert float(schedule(step)) == pytest.approx(config.learning_rate_at(step, 40), rel=1e-4)
+    assert config.learning_rate_at(20, 40) == pytest.approx(0.005)  # half-way: half the rate
+    assert learning_rate_schedule(TrainConfig(lr_schedule="constant"), 40) == TrainConfig().learning_rate
 
 
 def test_same_seed_same_history_on_cpu(blob_splits):
@@ -99,7 +125,7 @@ def test_precision_policy(kind, gpus, precision, expected):
 
 def test_logits_stay_float32_under_mixed_precision():
     with dtype_policy("mixed_float16"):
-        model = build_keras_mlp(ModelConfig(n_features=3, n_classes=2, hidden_sizes=[4]))
+        model = build(mlp_spec([4]), 3, 2, "tensorflow")
     assert model.layers[1].compute_dtype == "float16"
     assert model.get_layer("logits").compute_dtype == "float32"
     assert keras.mixed_precision.global_policy().name == "float32"  # restored
@@ -128,7 +154,7 @@ def test_mirrored_strategy_with_two_logical_cpu_devices(blob_splits, tmp_path):
         "-m",
         "tests.tf_mirrored_worker",
         json.dumps(asdict(blob_splits)),
-        str(tmp_path / "m.keras"),
+        str(tmp_path / "m.npz"),
     ]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -137,7 +163,7 @@ def test_mirrored_strategy_with_two_logical_cpu_devices(blob_splits, tmp_path):
     assert len(summary["devices"]) == 2
     assert summary["val_accuracy"] >= 0.9
     features = np.zeros((2, len(blob_splits.feature_names)), dtype=np.float32)
-    assert predict_keras(str(tmp_path / "m.keras"), features).shape == (2,)
+    assert predict_keras(load_keras_artifact(str(tmp_path / "m.npz"))[0], features).shape == (2,)
 
 
 class Preempted(keras.callbacks.Callback):

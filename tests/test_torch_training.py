@@ -3,8 +3,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tasks.core import torch_training
 from tasks.core.config import TrainConfig
-from tasks.core.model import load_artifact
+from tasks.core.models import mlp_spec
+from tasks.core.torch_models import load_torch_artifact
 from tasks.core.torch_training import autocast_dtype, train
 
 
@@ -20,7 +22,7 @@ def parameters(outcome) -> list[torch.Tensor]:
 
 def test_trains_a_separable_problem_and_writes_the_artifact(blob_splits, tmp_path):
     artifact = tmp_path / "model.pt"
-    outcome = train(TrainConfig(epochs=5, batch_size=32, hidden_sizes=[32]), blob_splits, str(artifact))
+    outcome = train(TrainConfig(epochs=5, batch_size=32, model=mlp_spec([32])), blob_splits, str(artifact))
     assert [e.epoch for e in outcome.run.history] == [1, 2, 3, 4, 5]
     assert outcome.run.history[-1].val_accuracy >= 0.95
     assert outcome.run.history[-1].train_loss < outcome.run.history[0].train_loss
@@ -31,8 +33,24 @@ def test_trains_a_separable_problem_and_writes_the_artifact(blob_splits, tmp_pat
         "none",
         "float32",
     )
-    model, config = load_artifact(str(artifact))
-    assert config.hidden_sizes == [32] and config.n_features == 4
+    model, spec = load_torch_artifact(str(artifact))
+    assert spec == mlp_spec([32]) and model[0].in_features == 4
+
+
+@pytest.mark.parametrize("schedule", ["cosine", "constant"])
+def test_the_loop_follows_the_learning_rate_schedule(schedule, blob_splits, monkeypatch):
+    rates, real_step = [], torch_training.optimizer_step
+
+    def recording_step(model, optimizer, *args):
+        rates.append(optimizer.param_groups[0]["lr"])
+        return real_step(model, optimizer, *args)
+
+    monkeypatch.setattr(torch_training, "optimizer_step", recording_step)
+    config = TrainConfig(epochs=2, batch_size=32, lr_schedule=schedule)
+    outcome = train(config, blob_splits)
+    total = outcome.optimizer_steps
+    assert rates == pytest.approx([config.learning_rate_at(step, total) for step in range(total)])
+    assert (rates[-1] < config.learning_rate / 10) == (schedule == "cosine")
 
 
 def test_same_seed_same_parameters_and_history(blob_splits):
@@ -46,7 +64,7 @@ def test_same_seed_same_parameters_and_history(blob_splits):
 
 
 def test_gradient_accumulation_matches_the_full_batch(blob_splits):
-    common = dict(epochs=2, batch_size=32, dropout=0.0, hidden_sizes=[16], seed=1)
+    common = dict(epochs=2, batch_size=32, model=mlp_spec([16], 0.0), seed=1)
     full = train(TrainConfig(**common, grad_accum_steps=1), blob_splits)
     accumulated = train(TrainConfig(**common, grad_accum_steps=4), blob_splits)
     for a, b in zip(parameters(full), parameters(accumulated), strict=True):

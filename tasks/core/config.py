@@ -2,30 +2,25 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+
+from tasks.core.models import MLP_DEFAULTS, ModelSpec, mlp_options, mlp_problems, spec_problems
 
 # "auto": bf16 autocast on GPUs that support it, fp16 with a grad scaler on older ones.
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 # tf.distribute strategies a TensorFlow target may demand; "auto" picks the best one present.
 TF_STRATEGIES = ("auto", "tpu", "multi_worker", "mirrored", "default")
-
-
-def mlp_problems(hidden_sizes: list[int], dropout: float) -> dict[str, str]:
-    """What is wrong with an MLP's shape, by field name."""
-    found = {}
-    if not hidden_sizes or any(size < 1 for size in hidden_sizes):
-        found["hidden_sizes"] = "needs at least one layer and positive widths"
-    if not 0.0 <= dropout < 1.0:
-        found["dropout"] = "must be in [0, 1)"
-    return found
+# "cosine": the learning rate decays from learning_rate to 0 over the run's optimizer steps.
+LR_SCHEDULES = ("cosine", "constant")
 
 
 @dataclass
 class ModelConfig:
     n_features: int
     n_classes: int
-    hidden_sizes: list[int] = field(default_factory=lambda: [256, 128])
-    dropout: float = 0.1
+    hidden_sizes: list[int] = field(default_factory=lambda: list(MLP_DEFAULTS["hidden_sizes"]))
+    dropout: float = MLP_DEFAULTS["dropout"]
 
     def __post_init__(self) -> None:
         if self.n_features < 1 or self.n_classes < 2:
@@ -34,6 +29,13 @@ class ModelConfig:
             )
         for name, problem in mlp_problems(self.hidden_sizes, self.dropout).items():
             raise ValueError(f"{name}={getattr(self, name)!r}: {problem}")
+
+    @classmethod
+    def of_mlp(cls, spec: ModelSpec, n_features: int, n_classes: int) -> ModelConfig:
+        """The shape of the built-in mlp a spec names, for code that works from the MLP's formulas."""
+        if spec.builder != "mlp":
+            raise ValueError(f"model {spec.builder!r} is not the built-in mlp")
+        return cls(n_features, n_classes, *mlp_options(spec.options))
 
 
 @dataclass
@@ -45,10 +47,11 @@ class TrainConfig:
     epochs: int = 30
     batch_size: int = 64
     learning_rate: float = 3e-3
+    lr_schedule: str = "cosine"
     weight_decay: float = 1e-2
     grad_accum_steps: int = 1
-    hidden_sizes: list[int] = field(default_factory=lambda: [256, 128])
-    dropout: float = 0.1
+    # Which network to train: a built-in ("mlp", "cnn") or "package.module:builder", with its options.
+    model: ModelSpec = field(default_factory=ModelSpec)
     seed: int = 0
     precision: str = "auto"
     # TensorFlow targets only: which tf.distribute strategy to use, or demand.
@@ -70,6 +73,7 @@ class TrainConfig:
                 self.grad_accum_steps >= 1 and self.batch_size % self.grad_accum_steps == 0,
                 f"must be at least 1 and divide batch_size ({self.batch_size}) evenly",
             ),
+            "lr_schedule": (self.lr_schedule in LR_SCHEDULES, f"not one of {', '.join(LR_SCHEDULES)}"),
             "precision": (self.precision in PRECISIONS, f"not one of {', '.join(PRECISIONS)}"),
             "tf_strategy": (self.tf_strategy in TF_STRATEGIES, f"not one of {', '.join(TF_STRATEGIES)}"),
             "checkpoint_every_steps": (self.checkpoint_every_steps >= 0, "must be >= 0"),
@@ -77,7 +81,9 @@ class TrainConfig:
             "min_micro_batch_size": (self.min_micro_batch_size >= 1, "must be at least 1"),
         }
         found = {name: rule for name, (ok, rule) in rules.items() if not ok}
-        return found | mlp_problems(self.hidden_sizes, self.dropout)
+        if problem := spec_problems(self.model):
+            found["model"] = problem
+        return found
 
     def validate(self) -> None:
         """For code that builds a config itself; workflow inputs get the fuller message of
@@ -89,6 +95,13 @@ class TrainConfig:
                 + "; ".join(f"{name}={getattr(self, name)!r} {rule}" for name, rule in found.items())
             )
 
+    def learning_rate_at(self, step: int, total_steps: int) -> float:
+        """The rate for optimizer step `step` (from 0) of `total_steps`: a function of the step
+        alone, so a resumed run continues the schedule from its checkpointed step."""
+        if self.lr_schedule == "constant":
+            return self.learning_rate
+        return self.learning_rate * 0.5 * (1 + math.cos(math.pi * step / total_steps))
+
     def micro_batch_size(self, world_size: int) -> int:
         per_step = world_size * self.grad_accum_steps
         if self.batch_size % per_step:
@@ -97,9 +110,6 @@ class TrainConfig:
                 f"= {world_size} x {self.grad_accum_steps}"
             )
         return self.batch_size // per_step
-
-    def model(self, n_features: int, n_classes: int) -> ModelConfig:
-        return ModelConfig(n_features, n_classes, self.hidden_sizes, self.dropout)
 
 
 @dataclass
@@ -126,6 +136,7 @@ class TrainingRun:
     samples_per_second: float
     train_seconds: float
     peak_device_memory_bytes: int = 0  # torch.cuda.max_memory_allocated; 0 on CPU
+    model: ModelSpec = field(default_factory=ModelSpec)  # the network trained
 
 
 @dataclass

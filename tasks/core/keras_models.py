@@ -2,41 +2,41 @@
 
 Imports keras; `tasks.core.models` loads it only for TensorFlow targets, so torch processes never do.
 
-The artifact is a directory holding `model.json` (the builder reference, its options and the input
-spec) and `model.weights.h5` (`model.save_weights`: arrays only). Loading rebuilds the model through
-the same builder and calls `load_weights`, so nothing in the file is deserialised as code. A full
-`.keras` file is never written: it stores the model's config, and loading one would rebuild layers
-from that config (even under `keras.saving.load_model(path, safe_mode=True)`, which only refuses
-lambdas); the weights-only form needs no such trust.
+The artifact is one numpy archive: the builder reference, its options and the input spec as JSON,
+and the model's weight arrays. Loading reads it with `allow_pickle=False`, rebuilds the model through
+the same builder and sets the weights, so nothing in the file is deserialised as code. A full
+`.keras` file is never written: it stores the model's config, and loading one rebuilds layers from
+that config (even `keras.saving.load_model(path, safe_mode=True)` only refuses lambdas); the
+weights-only form needs no such trust.
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import keras
 import numpy as np
 
-from tasks.core.config import mlp_problems
+from tasks.core.memory import ModelFootprint
 from tasks.core.models import (
     CNN_DEFAULTS,
-    MLP_DEFAULTS,
     InputSpec,
     ModelSpec,
     Options,
     build,
+    check_model,
     check_options,
     cnn_problems,
     image_shape,
+    mlp_options,
     option_float,
     option_ints,
     spec_record,
 )
 
 MODEL_TYPE = "keras.Model"
-SPEC_FILE = "model.json"
-WEIGHTS_FILE = "model.weights.h5"
+SPEC_KEY = "spec"
+WEIGHT_PREFIX = "weight_"
 
 
 def is_model(value: object) -> bool:
@@ -48,16 +48,42 @@ def logits_shape(model: keras.Model, rows: int, n_features: int) -> list[int]:
     return list(model(features, training=False).shape)
 
 
+def footprint(spec: ModelSpec, input_spec: InputSpec, mixed_precision: bool) -> ModelFootprint:
+    """The model built and checked on CPU rows; parameters counted from its weights. Activations are
+    estimated, not probed: each layer's output per row, kept for the backward pass and matched by a
+    gradient of the same size (2 bytes a value under mixed precision). A model whose layers have no
+    static output shape (subclassed) gets 0, and the OOM guard covers what the plan does not see."""
+    model = check_model(spec, input_spec.n_features, input_spec.n_classes, "tensorflow")
+    trainable = sum(int(np.prod(weight.shape)) for weight in model.trainable_weights)
+    value_bytes = 2 if mixed_precision else 4
+    return ModelFootprint(
+        state_bytes=sum(int(np.prod(weight.shape)) * 4 for weight in model.weights),
+        trainable_bytes=trainable * 4,
+        trainable_count=trainable,
+        activation_bytes_per_row=2 * value_bytes * output_values_per_row(model),
+        n_features=input_spec.n_features,
+        mixed_precision=mixed_precision,
+    )
+
+
+def output_values_per_row(model: keras.Model) -> int:
+    values = 0
+    for layer in model.layers:
+        try:
+            shape = layer.output.shape
+        except (AttributeError, ValueError):
+            return 0
+        if not isinstance(layer, keras.layers.InputLayer):
+            values += int(np.prod([size for size in shape[1:] if size is not None]))
+    return values
+
+
 # ---- built-ins: the same architectures as their torch twins ----------------------------------------------
 
 
 def mlp(spec: InputSpec, options: Options) -> keras.Model:
     """Twin of the torch `mlp`; same options. The logits layer stays float32 under mixed precision."""
-    check_options(options, MLP_DEFAULTS)
-    hidden = option_ints(options, "hidden_sizes", MLP_DEFAULTS["hidden_sizes"])
-    dropout = option_float(options, "dropout", MLP_DEFAULTS["dropout"])
-    if found := mlp_problems(hidden, dropout):
-        raise ValueError("; ".join(f"{name} {rule}" for name, rule in found.items()))
+    hidden, dropout = mlp_options(options)
     inputs = keras.Input(shape=(spec.n_features,), name="features")
     x = inputs
     for width in hidden:
@@ -87,27 +113,30 @@ def logits(x, n_classes: int):
     return keras.layers.Dense(n_classes, dtype="float32", name="logits")(x)
 
 
-# ---- artifact --------------------------------------------------------------------------------------------
+# ---- artifact: the spec as JSON plus the weight arrays, in one .npz read with allow_pickle=False ------------
 
 
-def save_keras_artifact(model: keras.Model, spec: ModelSpec, input_spec: InputSpec, directory: str) -> str:
-    """Write the spec and the weights into `directory`; returns it."""
-    folder = Path(directory)
-    folder.mkdir(parents=True, exist_ok=True)
+def save_keras_artifact(model: keras.Model, spec: ModelSpec, input_spec: InputSpec, path: str) -> None:
+    """The builder reference, its options and the weights: one numpy archive of plain arrays."""
     record = {
         "model": spec_record(spec),
         "input": {"n_features": input_spec.n_features, "n_classes": input_spec.n_classes},
     }
-    (folder / SPEC_FILE).write_text(json.dumps(record, indent=2))
-    model.save_weights(str(folder / WEIGHTS_FILE))
-    return str(folder)
+    weights = {f"{WEIGHT_PREFIX}{index}": array for index, array in enumerate(model.get_weights())}
+    with open(path, "wb") as file:  # a file object: np.savez would append ".npz" to a bare name
+        np.savez(file, **{SPEC_KEY: np.array(json.dumps(record))}, **weights)
 
 
-def load_keras_artifact(directory: str) -> tuple[keras.Model, ModelSpec]:
-    """Rebuild the model through its builder and load the weights into it."""
-    folder = Path(directory)
-    record = json.loads((folder / SPEC_FILE).read_text())
+def load_keras_artifact(path: str) -> tuple[keras.Model, ModelSpec]:
+    """Rebuild the model through its builder and set its weights; nothing is deserialised as code."""
+    with np.load(path, allow_pickle=False) as archive:
+        record = json.loads(str(archive[SPEC_KEY]))
+        weights = [archive[f"{WEIGHT_PREFIX}{index}"] for index in range(len(archive.files) - 1)]
     spec = ModelSpec(**record["model"])
     model = build(spec, record["input"]["n_features"], record["input"]["n_classes"], "tensorflow")
-    model.load_weights(str(folder / WEIGHTS_FILE))
+    model.set_weights(weights)
     return model, spec
+
+
+def predict_keras(model: keras.Model, features: np.ndarray, batch_size: int = 8192) -> np.ndarray:
+    return model.predict(features, batch_size=batch_size, verbose=0).argmax(axis=1)

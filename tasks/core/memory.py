@@ -1,6 +1,8 @@
-"""Peak training memory of the MLP, estimated from its shape before any accelerator is requested.
+"""Peak training memory of a model, estimated before any accelerator is requested.
 
-The estimate counts what the training loop keeps on the device: fp32 parameters, gradients
+A `ModelFootprint` is what a model costs per worker: its parameter side counted from the built
+model and its activations per row (probed on CPU for any torch model by `tasks.core.probe`, or, for
+the built-in MLP, the formula here). The estimate counts what the training loop keeps on the device: fp32 parameters, gradients
 and AdamW's two moment buffers, the optimizer step's temporaries, the activations autograd
 saves per sample times the micro-batch, the training/validation shard (the loop moves its shard
 to the device once), and, under mixed precision, the autocast copies of the weights. On top of
@@ -64,6 +66,55 @@ def activation_bytes_per_sample(model: ModelConfig, activation_bytes: int) -> in
     return hidden + logits + inputs
 
 
+@dataclass(frozen=True)
+class ModelFootprint:
+    """What a model costs per worker, measured once; `estimate` prices any micro-batch."""
+
+    state_bytes: int  # parameters and buffers
+    trainable_bytes: int  # parameters that get gradients and AdamW state
+    trainable_count: int
+    activation_bytes_per_row: float  # 0 when they could not be measured
+    n_features: int
+    mixed_precision: bool
+
+    def estimate(
+        self, micro_batch: int, resident_rows: int = 0, framework: str = "torch", on_accelerator: bool = True
+    ) -> MemoryEstimate:
+        """Peak memory of one worker/replica training with `micro_batch` rows per step.
+
+        `resident_rows` are the dataset rows kept on the device (this worker's train + val shard)."""
+        overhead = 0
+        if on_accelerator:
+            overhead = CUDA_CONTEXT_BYTES if framework == "torch" else TF_RUNTIME_BYTES
+        estimate = MemoryEstimate(
+            parameters=self.state_bytes,
+            gradients=self.trainable_bytes,
+            optimizer_state=2 * self.trainable_bytes,
+            # foreach AdamW allocates up to two parameter-sized temporaries in its step.
+            optimizer_temporaries=2 * self.trainable_bytes,
+            activations=round(self.activation_bytes_per_row * micro_batch),
+            data=resident_rows * (self.n_features * FP32 + 8),
+            autocast_weights=self.trainable_count * HALF if self.mixed_precision else 0,
+            overhead_bytes=overhead,
+        )
+        estimate.overhead_bytes += int(ALLOCATOR_SLACK * estimate.tensor_bytes) if on_accelerator else 0
+        return estimate
+
+
+def mlp_footprint(model: ModelConfig, mixed_precision: bool = False) -> ModelFootprint:
+    """The built-in MLP's footprint from its shape alone, with no model built."""
+    params = parameter_count(model)
+    activation = HALF if mixed_precision else FP32
+    return ModelFootprint(
+        state_bytes=params * FP32,
+        trainable_bytes=params * FP32,
+        trainable_count=params,
+        activation_bytes_per_row=activation_bytes_per_sample(model, activation),
+        n_features=model.n_features,
+        mixed_precision=mixed_precision,
+    )
+
+
 def estimate_training_memory(
     model: ModelConfig,
     micro_batch: int,
@@ -72,25 +123,7 @@ def estimate_training_memory(
     framework: str = "torch",
     on_accelerator: bool = True,
 ) -> MemoryEstimate:
-    """Peak memory of one worker/replica training `model` with `micro_batch` rows per step.
-
-    `resident_rows` are the dataset rows kept on the device (this worker's train + val shard).
-    """
-    params = parameter_count(model)
-    activation = HALF if mixed_precision else FP32
-    overhead = 0
-    if on_accelerator:
-        overhead = CUDA_CONTEXT_BYTES if framework == "torch" else TF_RUNTIME_BYTES
-    estimate = MemoryEstimate(
-        parameters=params * FP32,
-        gradients=params * FP32,
-        optimizer_state=2 * params * FP32,
-        # foreach AdamW allocates up to two parameter-sized temporaries in its step.
-        optimizer_temporaries=2 * params * FP32,
-        activations=micro_batch * activation_bytes_per_sample(model, activation),
-        data=resident_rows * (model.n_features * FP32 + 8),
-        autocast_weights=params * HALF if mixed_precision else 0,
-        overhead_bytes=overhead,
+    """Peak memory of one worker/replica training the MLP `model` with `micro_batch` rows per step."""
+    return mlp_footprint(model, mixed_precision).estimate(
+        micro_batch, resident_rows, framework, on_accelerator
     )
-    estimate.overhead_bytes += int(ALLOCATOR_SLACK * estimate.tensor_bytes) if on_accelerator else 0
-    return estimate

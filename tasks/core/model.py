@@ -1,8 +1,6 @@
-"""The MLP classifier shared by training and evaluation; its shape comes from ModelConfig."""
+"""The built-in MLP (its shape comes from ModelConfig) and batched prediction for any torch model."""
 
 from __future__ import annotations
-
-from dataclasses import asdict
 
 import torch
 from torch import nn
@@ -18,22 +16,6 @@ def build_mlp(config: ModelConfig) -> nn.Sequential:
         width = hidden
     layers.append(nn.Linear(width, config.n_classes))
     return nn.Sequential(*layers)
-
-
-def save_artifact(model: nn.Module, config: ModelConfig, path: str) -> None:
-    """State dict plus the config that rebuilds the model: plain tensors and primitives only."""
-    state = {name: tensor.detach().cpu() for name, tensor in model.state_dict().items()}
-    torch.save({"model_config": asdict(config), "state_dict": state}, path)
-
-
-def load_artifact(path: str) -> tuple[nn.Sequential, ModelConfig]:
-    """Rebuild the model from an artifact without unpickling arbitrary objects."""
-    payload = torch.load(path, map_location="cpu", weights_only=True)
-    config = ModelConfig(**payload["model_config"])
-    model = build_mlp(config)
-    model.load_state_dict(payload["state_dict"])
-    model.eval()
-    return model, config
 
 
 @torch.no_grad()

@@ -48,7 +48,7 @@ FRAMEWORK_MODULES = {"pytorch": "tasks.core.torch_models", "tensorflow": "tasks.
 KERAS_SUFFIX = "_keras"
 # The built-ins' options; the MLP's match TrainConfig's hidden_sizes and dropout defaults.
 MLP_DEFAULTS = {"hidden_sizes": [256, 128], "dropout": 0.1}
-CNN_DEFAULTS = {"channels": [64, 128], "dropout": 0.25}
+CNN_DEFAULTS = {"channels": [32, 64], "dropout": 0.25}
 
 Options = Mapping[str, Any]
 
@@ -139,6 +139,32 @@ def option_ints(options: Options, name: str, default: list[int]) -> list[int]:
 # ---- what the built-ins share across frameworks ------------------------------------------------------
 
 
+def mlp_problems(hidden_sizes: list[int], dropout: float) -> dict[str, str]:
+    """What is wrong with an MLP's shape, by option name."""
+    found = {}
+    if not hidden_sizes or any(size < 1 for size in hidden_sizes):
+        found["hidden_sizes"] = "needs at least one layer and positive widths"
+    if not 0.0 <= dropout < 1.0:
+        found["dropout"] = "must be in [0, 1)"
+    return found
+
+
+def mlp_options(options: Options) -> tuple[list[int], float]:
+    """The mlp's hidden sizes and dropout from its options, checked."""
+    check_options(options, MLP_DEFAULTS)
+    hidden = option_ints(options, "hidden_sizes", MLP_DEFAULTS["hidden_sizes"])
+    dropout = option_float(options, "dropout", MLP_DEFAULTS["dropout"])
+    values = {"hidden_sizes": hidden, "dropout": dropout}
+    if found := mlp_problems(hidden, dropout):
+        raise ValueError("; ".join(f"{name}={values[name]!r}: {rule}" for name, rule in found.items()))
+    return hidden, dropout
+
+
+def mlp_spec(hidden_sizes: list[int], dropout: float = MLP_DEFAULTS["dropout"]) -> ModelSpec:
+    """The built-in mlp with these layers, as a workflow input would name it."""
+    return ModelSpec("mlp", options={"hidden_sizes": ",".join(map(str, hidden_sizes)), "dropout": dropout})
+
+
 def image_shape(spec: InputSpec) -> tuple[int, int, int]:
     """(channels, height, width) for the cnn: input_shape CxHxW, or HxW for one channel."""
     shape = spec.input_shape
@@ -165,15 +191,20 @@ def resolve(builder: str, framework: str) -> Callable[..., Any]:
         raise ModelError(f"model {builder!r}: unknown framework {framework!r}, not one of {FRAMEWORKS}")
     if builder in BUILTINS:
         return import_function(BUILTINS[builder][framework], builder)
+    module, name = check_reference(builder)
+    if framework == "tensorflow" and hasattr(import_module(module, builder), name + KERAS_SUFFIX):
+        name += KERAS_SUFFIX
+    return import_function(f"{module}:{name}", builder)
+
+
+def check_reference(builder: str) -> tuple[str, str]:
+    """The module and function a user's reference names; ModelError unless it has that form."""
     if ":" not in builder:
         raise ModelError(
             f"model {builder!r} is neither a built-in ({', '.join(BUILTINS)}) "
             "nor a 'package.module:builder' reference"
         )
-    module, name = split_reference(builder, builder)
-    if framework == "tensorflow" and hasattr(import_module(module, builder), name + KERAS_SUFFIX):
-        name += KERAS_SUFFIX
-    return import_function(f"{module}:{name}", builder)
+    return split_reference(builder, builder)
 
 
 def split_reference(reference: str, named: str) -> tuple[str, str]:
@@ -227,6 +258,12 @@ def check_model(spec: ModelSpec, n_features: int, n_classes: int, framework: str
     """Build the model and run a forward pass on `rows` random CPU rows; ModelError unless the logits
     come out `[rows, n_classes]`. Meant to run before any accelerator is requested. Returns the model."""
     model = build(spec, n_features, n_classes, framework)
+    check_logits(spec, model, n_features, n_classes, framework, rows)
+    return model
+
+
+def check_logits(spec: ModelSpec, model, n_features: int, n_classes: int, framework: str, rows: int = 4):
+    """A forward pass of `rows` random rows, on the device the model's parameters are on."""
     try:
         shape = framework_module(framework).logits_shape(model, rows, n_features)
     except Exception as error:
@@ -236,7 +273,27 @@ def check_model(spec: ModelSpec, n_features: int, n_classes: int, framework: str
         ) from error
     if shape != [rows, n_classes]:
         raise ModelError(f"model {spec.builder!r} gave logits of shape {shape}, expected {[rows, n_classes]}")
-    return model
+
+
+def measure_footprint(
+    spec: ModelSpec, n_features: int, n_classes: int, framework: str, mixed_precision: bool
+):
+    """The model checked (as `check_model`) and its training memory per worker, a
+    `tasks.core.memory.ModelFootprint`: what the planner sizes accelerators by."""
+    input_spec = input_spec_for(spec, n_features, n_classes)
+    return framework_module(framework).footprint(spec, input_spec, mixed_precision)
+
+
+def spec_problems(spec: ModelSpec) -> str:
+    """What is wrong with a spec before the data is seen ("" if nothing): the reference's form and
+    the input shape's. Whether it imports and builds is `check_model`'s to say, in the training image."""
+    try:
+        if spec.builder not in BUILTINS:
+            check_reference(spec.builder)
+        parse_shape(spec.input_shape)
+    except ModelError as error:
+        return str(error)
+    return ""
 
 
 def input_spec_for(spec: ModelSpec, n_features: int, n_classes: int) -> InputSpec:
@@ -250,6 +307,15 @@ def framework_module(framework: str):
     if framework not in FRAMEWORK_MODULES:
         raise ModelError(f"unknown framework {framework!r}, not one of {FRAMEWORKS}")
     return importlib.import_module(FRAMEWORK_MODULES[framework])
+
+
+def describe_spec(spec: ModelSpec) -> str:
+    """One line naming the model, e.g. "cnn 1x8x8 (channels=32,64)"."""
+    options = ", ".join(f"{name}={value:g}" if isinstance(value, float) else f"{name}={value}"
+                        for name, value in sorted(spec.options.items()))  # fmt: skip
+    return " ".join(
+        part for part in (spec.builder, spec.input_shape, f"({options})" if options else "") if part
+    )
 
 
 def spec_record(spec: ModelSpec) -> dict[str, Any]:

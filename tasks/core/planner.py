@@ -8,8 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from tasks.core.config import ModelConfig
-from tasks.core.memory import MemoryEstimate, estimate_training_memory
+from tasks.core.memory import MemoryEstimate, ModelFootprint
 
 MIN_MICRO_BATCH = 8
 # Leave headroom for what the estimate does not see (fragmentation spikes, library workspaces).
@@ -65,12 +64,11 @@ class PreprocessPlan:
 
 @dataclass
 class Workload:
-    model: ModelConfig
+    footprint: ModelFootprint  # the model's cost per worker, mixed precision included
     batch_size: int
     grad_accum_steps: int
     train_rows: int
     val_rows: int
-    mixed_precision: bool
     framework: str
 
 
@@ -80,9 +78,7 @@ def estimate_for(workload: Workload, entry: CatalogEntry, accum: int) -> MemoryE
         return None
     micro = workload.batch_size // (entry.devices * accum)
     resident = math.ceil(workload.train_rows / entry.devices) + math.ceil(workload.val_rows / entry.devices)
-    return estimate_training_memory(
-        workload.model, micro, resident, workload.mixed_precision, workload.framework, on_accelerator=True
-    )
+    return workload.footprint.estimate(micro, resident, workload.framework, on_accelerator=True)
 
 
 def fits(estimate: MemoryEstimate | None, entry: CatalogEntry) -> bool:
@@ -142,9 +138,7 @@ def make_plan(workload, choice, accum, estimates, catalog) -> TrainingPlan:
 
 def too_large_message(workload: Workload, catalog: list[CatalogEntry]) -> str:
     largest = max(catalog, key=lambda entry: entry.memory_gib)
-    smallest_batch = estimate_training_memory(
-        workload.model, MIN_MICRO_BATCH, 0, workload.mixed_precision, workload.framework
-    )
+    smallest_batch = workload.footprint.estimate(MIN_MICRO_BATCH, 0, workload.framework)
     state_gib = (
         smallest_batch.parameters + smallest_batch.gradients + smallest_batch.optimizer_state
     ) / 2**30
@@ -152,7 +146,7 @@ def too_large_message(workload: Workload, catalog: list[CatalogEntry]) -> str:
         f"no accelerator in the catalog fits this model: it needs about {smallest_batch.total_gib:.1f} GiB per "
         f"device even at micro-batch {MIN_MICRO_BATCH} ({state_gib:.1f} GiB of parameters, gradients and "
         f"AdamW state), but the largest option, {largest.name}, has {largest.memory_gib:.0f} GiB "
-        f"({USABLE_MEMORY_FRACTION:.0%} usable). Shrink hidden_sizes or add a larger accelerator to the catalog"
+        f"({USABLE_MEMORY_FRACTION:.0%} usable). Shrink the model (its options) or add a larger accelerator to the catalog"
     )
 
 

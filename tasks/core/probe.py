@@ -6,7 +6,7 @@ allocate and free (what autograd saves, and the backward pass's temporaries). Ru
 each allocation's growth is its per-row cost; replaying the step with those costs gives the peak
 per row, scaled to the micro-batch. What does not grow with the batch (parameter gradients, the
 parameters' half-precision copies under autocast) is counted with the parameters instead. The
-result has the parts of `tasks.core.memory.MemoryEstimate`.
+result is a `tasks.core.memory.ModelFootprint`.
 
 Measured on CPU: under mixed precision the probe runs CPU autocast in bfloat16, whose op list and
 dropout masks are close to, not the same as, CUDA's.
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -24,14 +24,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from tasks.core.memory import (
-    ALLOCATOR_SLACK,
-    CUDA_CONTEXT_BYTES,
-    FP32,
-    HALF,
-    TF_RUNTIME_BYTES,
-    MemoryEstimate,
-)
+from tasks.core.memory import ModelFootprint
 from tasks.core.models import InputSpec
 
 PROBE_ROWS = 8
@@ -161,39 +154,6 @@ def model_state_bytes(model: nn.Module, optimizer: str = "adamw") -> int:
         raise ValueError(f"optimizer {optimizer!r} is not one of {', '.join(OPTIMIZER_MOMENTS)}")
     footprint = measure_state(model)
     return footprint.state_bytes + (1 + OPTIMIZER_MOMENTS[optimizer]) * footprint.trainable_bytes
-
-
-@dataclass(frozen=True)
-class ModelFootprint:
-    """What a model costs per worker, measured once; `estimate` prices any micro-batch."""
-
-    state_bytes: int  # parameters and buffers
-    trainable_bytes: int  # parameters that get gradients and AdamW state
-    trainable_count: int
-    activation_bytes_per_row: float
-    n_features: int
-    mixed_precision: bool
-
-    def estimate(
-        self, micro_batch: int, resident_rows: int = 0, framework: str = "torch", on_accelerator: bool = True
-    ) -> MemoryEstimate:
-        """The same accounting as `tasks.core.memory.estimate_training_memory`, for this model."""
-        overhead = 0
-        if on_accelerator:
-            overhead = CUDA_CONTEXT_BYTES if framework == "torch" else TF_RUNTIME_BYTES
-        estimate = MemoryEstimate(
-            parameters=self.state_bytes,
-            gradients=self.trainable_bytes,
-            optimizer_state=2 * self.trainable_bytes,
-            # foreach AdamW allocates up to two parameter-sized temporaries in its step.
-            optimizer_temporaries=2 * self.trainable_bytes,
-            activations=round(self.activation_bytes_per_row * micro_batch),
-            data=resident_rows * (self.n_features * FP32 + 8),
-            autocast_weights=self.trainable_count * HALF if self.mixed_precision else 0,
-            overhead_bytes=overhead,
-        )
-        estimate.overhead_bytes += int(ALLOCATOR_SLACK * estimate.tensor_bytes) if on_accelerator else 0
-        return estimate
 
 
 def measure_state(model: nn.Module) -> ModelFootprint:

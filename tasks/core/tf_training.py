@@ -16,8 +16,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tasks.core.config import EpochMetrics, ModelConfig, SplitPaths, TrainConfig, TrainingRun
+from tasks.core.config import EpochMetrics, SplitPaths, TrainConfig, TrainingRun
 from tasks.core.data import read_split
+from tasks.core.keras_models import save_keras_artifact
+from tasks.core.models import build, input_spec_for
 from tasks.core.preemption import PreemptionNotice
 from tasks.core.tf_strategy import Environment, detect_environment, select_strategy
 
@@ -52,17 +54,6 @@ def dtype_policy(name: str):
         yield
     finally:
         keras.mixed_precision.set_global_policy(previous)
-
-
-def build_keras_mlp(config: ModelConfig) -> keras.Model:
-    """Same architecture as the torch MLP; the logits layer stays float32 under mixed precision."""
-    inputs = keras.Input(shape=(config.n_features,), name="features")
-    x = inputs
-    for width in config.hidden_sizes:
-        x = keras.layers.Dense(width, activation="relu")(x)
-        x = keras.layers.Dropout(config.dropout)(x)
-    logits = keras.layers.Dense(config.n_classes, dtype="float32", name="logits")(x)
-    return keras.Model(inputs, logits, name="mlp")
 
 
 def batches(
@@ -263,9 +254,12 @@ def use_jit_compile(strategy_kind: str, gpu_count: int) -> bool:
     return strategy_kind == "default" and gpu_count > 0
 
 
-def compile_model(model: keras.Model, config: TrainConfig, strategy_kind: str, gpu_count: int) -> None:
+def compile_model(
+    model: keras.Model, config: TrainConfig, strategy_kind: str, gpu_count: int, total_steps: int
+) -> None:
+    """`total_steps`: the batches of the whole run, over which the learning rate schedule runs."""
     optimizer = keras.optimizers.AdamW(
-        learning_rate=config.learning_rate,
+        learning_rate=learning_rate_schedule(config, total_steps),
         weight_decay=config.weight_decay,
         gradient_accumulation_steps=config.grad_accum_steps if config.grad_accum_steps > 1 else None,
     )
@@ -276,6 +270,13 @@ def compile_model(model: keras.Model, config: TrainConfig, strategy_kind: str, g
         jit_compile=use_jit_compile(strategy_kind, gpu_count),
         steps_per_execution=steps_per_execution(strategy_kind),
     )
+
+
+def learning_rate_schedule(config: TrainConfig, total_steps: int):
+    """`TrainConfig.learning_rate_at`, on the optimizer's iteration counter (saved with its weights)."""
+    if config.lr_schedule == "constant":
+        return config.learning_rate
+    return keras.optimizers.schedules.CosineDecay(config.learning_rate, decay_steps=total_steps)
 
 
 def fit_epochs(model: keras.Model, tracker: Checkpointing, train_epoch: Callable, val_data, epochs: int,
@@ -335,7 +336,7 @@ def train_keras(
     val_data = batches(vx, vy, micro_batch, config.seed, shuffle=False, drop_remainder=static_shapes)
 
     policy = precision_policy(kind, env.gpu_count, config.precision)
-    model_config = config.model(len(splits.feature_names), splits.n_classes)
+    input_spec = input_spec_for(config.model, len(splits.feature_names), splits.n_classes)
     log.info(
         "keras: %s, %d replicas x %d rows per step, policy %s",
         kind,
@@ -344,8 +345,8 @@ def train_keras(
         policy,
     )
     with dtype_policy(policy), dist_strategy.scope():
-        model = build_keras_mlp(model_config)
-        compile_model(model, config, kind, env.gpu_count)
+        model = build(config.model, input_spec.n_features, input_spec.n_classes, "tensorflow")
+        compile_model(model, config, kind, env.gpu_count, total_steps=config.epochs * steps)
         tracker = Checkpointing(checkpoint_dir, config.checkpoint_every_steps, steps, on_checkpoint,
                                 notice_to_heed(preemption, kind))  # fmt: skip
         resumed_at = tracker.restore(model).batches_done(steps)
@@ -355,11 +356,12 @@ def train_keras(
         fit_epochs(model, tracker, train_epoch, val_data, config.epochs, every_fit, log_dir)
         seconds = time.perf_counter() - start
     if artifact_path:
-        model.save(artifact_path)
+        save_keras_artifact(model, config.model, input_spec, artifact_path)
 
     samples = (tracker.state.batches_done(steps) - resumed_at) * micro_batch
     run = TrainingRun(
         framework="tensorflow",
+        model=config.model,
         device=describe_device(kind, env),
         world_size=replicas,
         backend="xla",
@@ -370,8 +372,3 @@ def train_keras(
         train_seconds=seconds,
     )
     return KerasOutcome(run=run, model=model)
-
-
-def predict_keras(path: str, features: np.ndarray, batch_size: int = 8192) -> np.ndarray:
-    model = keras.models.load_model(path)
-    return model.predict(features, batch_size=batch_size, verbose=0).argmax(axis=1)

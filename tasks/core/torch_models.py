@@ -5,27 +5,37 @@ Imported only where torch is installed; `tasks.core.models` loads it for PyTorch
 
 from __future__ import annotations
 
+import logging
+from dataclasses import replace
+
 import torch
 from torch import nn
 
 from tasks.core.config import ModelConfig
+from tasks.core.memory import ModelFootprint
 from tasks.core.model import build_mlp
 from tasks.core.models import (
     CNN_DEFAULTS,
-    MLP_DEFAULTS,
     InputSpec,
     ModelSpec,
     Options,
     build,
+    check_logits,
+    check_model,
     check_options,
     cnn_problems,
     image_shape,
+    mlp_options,
     option_float,
     option_ints,
     spec_record,
 )
+from tasks.core.probe import measure_footprint, measure_state
 
 MODEL_TYPE = "torch.nn.Module"
+# Above this many bytes of parameters, the planner counts the model without building it on CPU.
+PROBE_LIMIT_BYTES = 2**30
+log = logging.getLogger(__name__)
 
 
 def is_model(value: object) -> bool:
@@ -35,11 +45,35 @@ def is_model(value: object) -> bool:
 @torch.no_grad()
 def logits_shape(model: nn.Module, rows: int, n_features: int) -> list[int]:
     generator = torch.Generator().manual_seed(0)
+    device = next(model.parameters(), torch.empty(0)).device  # the meta device for a model too large to build
     model.eval()
-    logits = model(torch.randn(rows, n_features, generator=generator))
+    logits = model(torch.randn(rows, n_features, generator=generator).to(device))
     if not isinstance(logits, torch.Tensor):
         raise TypeError(f"forward returned {type(logits).__name__}, not a logits tensor")
     return list(logits.shape)
+
+
+def footprint(spec: ModelSpec, input_spec: InputSpec, mixed_precision: bool) -> ModelFootprint:
+    """Counted on the meta device first, so a model too large for this pod allocates nothing; one
+    within `PROBE_LIMIT_BYTES` is then built, checked on CPU rows and probed for its activations."""
+    n_features, n_classes = input_spec.n_features, input_spec.n_classes
+    meta_model = build_on_meta(spec, input_spec)
+    if meta_model is not None and measure_state(meta_model).state_bytes > PROBE_LIMIT_BYTES:
+        check_logits(spec, meta_model, n_features, n_classes, "pytorch")
+        log.warning("model %r: %s of parameters, above the probe's limit; activations not probed",
+                    spec.builder, f"{measure_state(meta_model).state_bytes / 2**30:.1f} GiB")  # fmt: skip
+        return replace(measure_state(meta_model), n_features=n_features, mixed_precision=mixed_precision)
+    model = check_model(spec, n_features, n_classes, "pytorch")
+    return measure_footprint(model, input_spec, "bf16" if mixed_precision else "fp32")
+
+
+def build_on_meta(spec: ModelSpec, input_spec: InputSpec) -> nn.Module | None:
+    """The model with parameters that hold no memory, or None where its builder needs real tensors."""
+    try:
+        with torch.device("meta"):
+            return build(spec, input_spec.n_features, input_spec.n_classes, "pytorch")
+    except Exception:  # the real build that follows reports what is wrong
+        return None
 
 
 # ---- built-ins -----------------------------------------------------------------------------------------
@@ -47,15 +81,13 @@ def logits_shape(model: nn.Module, rows: int, n_features: int) -> list[int]:
 
 def mlp(spec: InputSpec, options: Options) -> nn.Sequential:
     """Fully connected layers with ReLU and dropout. Options: hidden_sizes ("256,128"), dropout (0.1)."""
-    check_options(options, MLP_DEFAULTS)
-    hidden = option_ints(options, "hidden_sizes", MLP_DEFAULTS["hidden_sizes"])
-    dropout = option_float(options, "dropout", MLP_DEFAULTS["dropout"])
+    hidden, dropout = mlp_options(options)
     return build_mlp(ModelConfig(spec.n_features, spec.n_classes, hidden, dropout))
 
 
 def cnn(spec: InputSpec, options: Options) -> SmallCNN:
     """A small CNN for image-shaped features. Needs input_shape CxHxW (or HxW: one channel).
-    Options: channels ("64,128": one 3x3 convolution per entry), dropout (0.25)."""
+    Options: channels ("32,64": one 3x3 convolution per entry), dropout (0.25)."""
     check_options(options, CNN_DEFAULTS)
     channels = option_ints(options, "channels", CNN_DEFAULTS["channels"])
     dropout = option_float(options, "dropout", CNN_DEFAULTS["dropout"])
@@ -63,7 +95,8 @@ def cnn(spec: InputSpec, options: Options) -> SmallCNN:
 
 
 class SmallCNN(nn.Module):
-    """3x3 convolutions (padding 1) with ReLU, a 2x2 max-pool, dropout and a linear layer to logits.
+    """3x3 convolutions (padding 1) with ReLU, one 2x2 max-pool, dropout and a linear layer to logits.
+    Small images such as the 8x8 digits keep their detail through every convolution.
 
     Takes flat feature rows and reshapes them to (channels, height, width) itself, so the training
     loop's batches stay flat. No batch norm: nothing to keep in sync across DDP ranks."""

@@ -25,9 +25,10 @@ from torch.nn.parallel import DistributedDataParallel
 from tasks.core.checkpoint import TrainingCheckpoint
 from tasks.core.config import EpochMetrics, SplitPaths, TrainConfig, TrainingRun
 from tasks.core.data import read_shard
-from tasks.core.model import build_mlp, save_artifact
+from tasks.core.models import build, input_spec_for
 from tasks.core.preemption import PreemptionNotice
 from tasks.core.progress import ProgressReporter
+from tasks.core.torch_models import save_torch_artifact
 
 log = logging.getLogger(__name__)
 
@@ -290,6 +291,8 @@ def train_epoch(
     correct = torch.tensor(progress.correct, device=x.device)
     for step in range(progress.step, steps):
         rows = order[step * per_step : (step + 1) * per_step]
+        for group in optimizer.param_groups:
+            group["lr"] = config.learning_rate_at(epoch * steps + step, config.epochs * steps)
         while True:
             try:
                 step_loss, step_correct = optimizer_step(
@@ -364,8 +367,8 @@ def train(
             f"({micro} x {config.grad_accum_steps}); lower batch_size"
         )
 
-    model_config = config.model(len(splits.feature_names), splits.n_classes)
-    model = build_mlp(model_config).to(ctx.device)
+    n_features = len(splits.feature_names)
+    model = build(config.model, n_features, splits.n_classes, "pytorch").to(ctx.device)
     ddp_model = DistributedDataParallel(model) if ctx.is_distributed else model
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay
@@ -437,9 +440,11 @@ def train(
         board.close()
 
     if ctx.rank == 0 and artifact_path:
-        save_artifact(model, model_config, artifact_path)
+        save_torch_artifact(model, config.model, input_spec_for(config.model, n_features, splits.n_classes),
+                            artifact_path)  # fmt: skip
     run = TrainingRun(
         framework="pytorch",
+        model=config.model,
         device=describe_device(ctx.device),
         world_size=ctx.world_size,
         backend=ctx.backend,

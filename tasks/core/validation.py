@@ -16,7 +16,7 @@ def hyperparameter_problems(config: TrainConfig) -> list[str]:
     defaults = TrainConfig()
     return [
         f"input 'hyperparameters.{name}' = {getattr(config, name)!r}: {rule}; "
-        f"pass e.g. --hyperparameters '{json.dumps({name: getattr(defaults, name)})}'"
+        f"pass e.g. --hyperparameters '{json.dumps({name: getattr(defaults, name)}, default=vars)}'"
         for name, rule in config.problems().items()
     ]
 
