@@ -111,9 +111,33 @@ class MachineFittedElasticTask(PytorchElasticFunctionTask):
         self._task_config = replace(self.task_config, nproc_per_node=launch.nproc_per_node)
         self.min_nodes, self.max_nodes = launch.min_nodes, launch.max_nodes
         try:
-            return self._launch_stopping_on_signal(**kwargs)
+            with notice_acted_on_once():
+                return self._launch_stopping_on_signal(**kwargs)
         finally:
             self._task_config, self.min_nodes, self.max_nodes = configured
+
+
+@contextlib.contextmanager
+def notice_acted_on_once():
+    """torch elastic's agent raises `SignalException` from its signal handler on every notice,
+    wherever the launcher is: a repeat that lands while it shuts down, or while flytekit formats the
+    first one's traceback, cuts that short and can end the launcher by the signal itself. Here the
+    first notice is raised as before and the handler then ignores the signal. `PContext.start`
+    installs the handler by its module-level name (torch/distributed/elastic/multiprocessing/api.py),
+    which is what this replaces for the launch; tests/test_launcher_signal.py pins that."""
+    from torch.distributed.elastic.multiprocessing import api
+
+    raise_on_notice = api._terminate_process_handler
+
+    def raise_once(signum, frame):
+        signal.signal(signum, signal.SIG_IGN)
+        raise_on_notice(signum, frame)
+
+    api._terminate_process_handler = raise_once
+    try:
+        yield
+    finally:
+        api._terminate_process_handler = raise_on_notice
 
 
 def stop_remaining_workers(sigval: signal.Signals, budget_s: float) -> None:

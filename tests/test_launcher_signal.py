@@ -6,6 +6,7 @@ and then kills workers the agent's shutdown left behind, is checked on its own w
 from __future__ import annotations
 
 import contextlib
+import inspect
 import multiprocessing
 import os
 import signal
@@ -18,7 +19,7 @@ import pytest
 
 from tasks.core.checkpoint import STATE_FILE
 from tasks.core.preemption import DEFAULT_GRACE_S, PREEMPTED_EXIT_CODE
-from tasks.train_torch import stop_remaining_workers, train_torch
+from tasks.train_torch import notice_acted_on_once, stop_remaining_workers, train_torch
 from tests.pods import literals, merged, running, workers_of
 from tests.test_retries import HYPER, SLOW_STEPS, start_attempt, wait_for_state
 
@@ -52,6 +53,25 @@ def test_no_worker_outlives_the_launcher_stopped_by_repeated_notices(train_spec,
     log = attempt.stdout.read()
     assert attempt.returncode == PREEMPTED_EXIT_CODE, log[-3000:]
     assert left_running == [], f"workers {left_running} outlived the launcher\n{log[-3000:]}"
+
+
+def test_the_agent_raises_on_the_first_notice_and_ignores_repeats():
+    from torch.distributed.elastic.multiprocessing import api
+
+    # What notice_acted_on_once relies on: the agent installs the handler by its module-level name.
+    assert "signal.signal(sig, _terminate_process_handler)" in inspect.getsource(api.PContext.start)
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        with notice_acted_on_once():
+            signal.signal(signal.SIGTERM, api._terminate_process_handler)  # as PContext.start does
+            with pytest.raises(api.SignalException):
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)  # the handler raises here, at once
+            os.kill(os.getpid(), signal.SIGTERM)  # a repeat: ignored
+            assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+        assert api._terminate_process_handler.__name__ == "_terminate_process_handler"  # put back
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def stand_in_worker(ready, on_notice: str) -> None:
