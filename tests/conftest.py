@@ -26,7 +26,6 @@ SHARED_RUNS = {
     "prepared_by_a_pod": "pods",
     "scheduled_run_on_a_users_csv": "scheduled",
     "two_rank_results": "ddp",
-    "readme_runs": "readme",
     "default_digits_run": "digits",
 }
 

@@ -13,14 +13,13 @@ once.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import re
 import shlex
 import subprocess
 import sys
-import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -96,34 +95,37 @@ def run_the_commands(commands: list[str], root: Path) -> dict:
     }
 
 
-def selected_commands(items: list[pytest.Item]) -> list[str]:
-    """The README commands whose tests the session runs: all of them, unless -k or node ids pick."""
+# Two driver runs, each its own xdist group, so that the two workers of `make test` share the commands.
+HALVES = 2
+
+
+def half_of(command: str) -> int:
+    return COMMANDS.index(command) % HALVES
+
+
+def selected_commands(items: list[pytest.Item], half: int) -> list[str]:
+    """The README commands of this half whose tests the session runs: all of them, unless -k or node
+    ids pick."""
     picked = {
         item.callspec.params.get("command")
         for item in items
         if getattr(item, "originalname", None) == "test_a_readme_command_runs_as_written"
     }
-    return [command for command in COMMANDS if command in picked]
+    return [command for command in COMMANDS if command in picked and half_of(command) == half]
 
 
 @pytest.fixture(scope="module")
-def readme_runs(request, tmp_path_factory) -> dict:
-    """The one run of the README commands this session selected. Their tests share an xdist group
-    (conftest.SHARED_RUNS); should they still reach two workers, the second waits for the first
-    one's run and reads it."""
-    commands = selected_commands(request.session.items)
-    if "PYTEST_XDIST_WORKER" not in os.environ:
-        return run_the_commands(commands, tmp_path_factory.mktemp("readme"))
-    shared = tmp_path_factory.getbasetemp().parent / "readme-runs"  # this session's, seen by every worker
-    shared.mkdir(exist_ok=True)
-    with open(shared / "lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        done = shared / "runs.json"
-        if not done.exists():
-            runs = run_the_commands(commands, Path(tempfile.mkdtemp(dir=shared)))
-            (shared / "runs.partial").write_text(json.dumps(runs))
-            (shared / "runs.partial").replace(done)
-        return json.loads(done.read_text())
+def readme_runs(request, tmp_path_factory) -> Callable[[int], dict]:
+    """Each half's one run, made when its first test asks for it (a half's tests share a worker)."""
+    runs: dict[int, dict] = {}
+
+    def run_half(half: int) -> dict:
+        if half not in runs:
+            commands = selected_commands(request.session.items, half)
+            runs[half] = run_the_commands(commands, tmp_path_factory.mktemp(f"readme-{half}"))
+        return runs[half]
+
+    return run_half
 
 
 def test_the_readme_shows_the_local_commands():
@@ -131,11 +133,14 @@ def test_the_readme_shows_the_local_commands():
     assert any("--dataset" in c for c in COMMANDS) and any("--hyperparameters" in c for c in COMMANDS)
 
 
-@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize(
+    "command", [pytest.param(c, marks=pytest.mark.xdist_group(f"readme-{half_of(c)}")) for c in COMMANDS]
+)
 def test_a_readme_command_runs_as_written(command, readme_runs):
-    result = readme_runs["results"].get(command)
+    runs = readme_runs(half_of(command))
+    result = runs["results"].get(command)
     if result is None:
-        driver = readme_runs["driver"]
+        driver = runs["driver"]
         pytest.fail(f"no result, the driver exited {driver['exit']}:\n{driver['output']}")
     assert result["returncode"] == 0, result["stderr"][-3000:]
     assert "used more than once" not in result["stderr"]  # the bool flags parse cleanly
