@@ -19,19 +19,15 @@ import numpy as np
 
 from tasks.core.memory import ModelFootprint
 from tasks.core.models import (
-    CNN_DEFAULTS,
     InputSpec,
     ModelSpec,
     Options,
-    build,
+    artifact_record,
     check_model,
-    check_options,
-    cnn_problems,
+    cnn_options,
     image_shape,
     mlp_options,
-    option_float,
-    option_ints,
-    spec_record,
+    rebuild,
 )
 
 MODEL_TYPE = "keras.Model"
@@ -94,11 +90,7 @@ def mlp(spec: InputSpec, options: Options) -> keras.Model:
 
 def cnn(spec: InputSpec, options: Options) -> keras.Model:
     """Twin of the torch `cnn`; same options. Rows are reshaped to (C, H, W), then to channels-last."""
-    check_options(options, CNN_DEFAULTS)
-    channels = option_ints(options, "channels", CNN_DEFAULTS["channels"])
-    dropout = option_float(options, "dropout", CNN_DEFAULTS["dropout"])
-    if found := cnn_problems(channels, dropout):
-        raise ValueError("; ".join(found))
+    channels, dropout = cnn_options(options)
     inputs = keras.Input(shape=(spec.n_features,), name="features")
     x = keras.layers.Reshape(image_shape(spec))(inputs)
     x = keras.layers.Permute((2, 3, 1))(x)
@@ -118,10 +110,7 @@ def logits(x, n_classes: int):
 
 def save_keras_artifact(model: keras.Model, spec: ModelSpec, input_spec: InputSpec, path: str) -> None:
     """The builder reference, its options and the weights: one numpy archive of plain arrays."""
-    record = {
-        "model": spec_record(spec),
-        "input": {"n_features": input_spec.n_features, "n_classes": input_spec.n_classes},
-    }
+    record = artifact_record(spec, input_spec)
     weights = {f"{WEIGHT_PREFIX}{index}": array for index, array in enumerate(model.get_weights())}
     with open(path, "wb") as file:  # a file object: np.savez would append ".npz" to a bare name
         np.savez(file, **{SPEC_KEY: np.array(json.dumps(record))}, **weights)
@@ -132,8 +121,7 @@ def load_keras_artifact(path: str) -> tuple[keras.Model, ModelSpec]:
     with np.load(path, allow_pickle=False) as archive:
         record = json.loads(str(archive[SPEC_KEY]))
         weights = [archive[f"{WEIGHT_PREFIX}{index}"] for index in range(len(archive.files) - 1)]
-    spec = ModelSpec(**record["model"])
-    model = build(spec, record["input"]["n_features"], record["input"]["n_classes"], "tensorflow")
+    model, spec = rebuild(record, "tensorflow")
     model.set_weights(weights)
     return model, spec
 

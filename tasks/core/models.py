@@ -160,6 +160,16 @@ def mlp_options(options: Options) -> tuple[list[int], float]:
     return hidden, dropout
 
 
+def cnn_options(options: Options) -> tuple[list[int], float]:
+    """The cnn's channels and dropout from its options, checked."""
+    check_options(options, CNN_DEFAULTS)
+    channels = option_ints(options, "channels", CNN_DEFAULTS["channels"])
+    dropout = option_float(options, "dropout", CNN_DEFAULTS["dropout"])
+    if found := cnn_problems(channels, dropout):
+        raise ValueError("; ".join(found))
+    return channels, dropout
+
+
 def mlp_spec(hidden_sizes: list[int], dropout: float = MLP_DEFAULTS["dropout"]) -> ModelSpec:
     """The built-in mlp with these layers, as a workflow input would name it."""
     return ModelSpec("mlp", options={"hidden_sizes": ",".join(map(str, hidden_sizes)), "dropout": dropout})
@@ -318,9 +328,18 @@ def describe_spec(spec: ModelSpec) -> str:
     )
 
 
-def spec_record(spec: ModelSpec) -> dict[str, Any]:
-    """The spec as plain primitives, for an artifact."""
-    return {"builder": spec.builder, "input_shape": spec.input_shape, "options": dict(spec.options)}
+def artifact_record(spec: ModelSpec, input_spec: InputSpec) -> dict[str, Any]:
+    """What an artifact keeps besides the weights, as plain primitives: enough to rebuild the model."""
+    return {
+        "model": {"builder": spec.builder, "input_shape": spec.input_shape, "options": dict(spec.options)},
+        "input": {"n_features": input_spec.n_features, "n_classes": input_spec.n_classes},
+    }
+
+
+def rebuild(record: Mapping[str, Any], framework: str):
+    """The model an `artifact_record` describes, built afresh through its builder, and its spec."""
+    spec = ModelSpec(**record["model"])
+    return build(spec, record["input"]["n_features"], record["input"]["n_classes"], framework), spec
 
 
 def article(value: object) -> str:

@@ -15,20 +15,18 @@ from tasks.core.config import ModelConfig
 from tasks.core.memory import ModelFootprint
 from tasks.core.model import build_mlp
 from tasks.core.models import (
-    CNN_DEFAULTS,
     InputSpec,
     ModelSpec,
     Options,
+    artifact_record,
     build,
     check_logits,
     check_model,
-    check_options,
+    cnn_options,
     cnn_problems,
     image_shape,
     mlp_options,
-    option_float,
-    option_ints,
-    spec_record,
+    rebuild,
 )
 from tasks.core.probe import measure_footprint, measure_state
 
@@ -58,11 +56,12 @@ def footprint(spec: ModelSpec, input_spec: InputSpec, mixed_precision: bool) -> 
     within `PROBE_LIMIT_BYTES` is then built, checked on CPU rows and probed for its activations."""
     n_features, n_classes = input_spec.n_features, input_spec.n_classes
     meta_model = build_on_meta(spec, input_spec)
-    if meta_model is not None and measure_state(meta_model).state_bytes > PROBE_LIMIT_BYTES:
+    state = measure_state(meta_model) if meta_model is not None else None
+    if state is not None and state.state_bytes > PROBE_LIMIT_BYTES:
         check_logits(spec, meta_model, n_features, n_classes, "pytorch")
-        log.warning("model %r: %s of parameters, above the probe's limit; activations not probed",
-                    spec.builder, f"{measure_state(meta_model).state_bytes / 2**30:.1f} GiB")  # fmt: skip
-        return replace(measure_state(meta_model), n_features=n_features, mixed_precision=mixed_precision)
+        log.warning("model %r: %.1f GiB of parameters, above the probe's limit; activations not probed",
+                    spec.builder, state.state_bytes / 2**30)  # fmt: skip
+        return replace(state, n_features=n_features, mixed_precision=mixed_precision)
     model = check_model(spec, n_features, n_classes, "pytorch")
     return measure_footprint(model, input_spec, "bf16" if mixed_precision else "fp32")
 
@@ -88,10 +87,7 @@ def mlp(spec: InputSpec, options: Options) -> nn.Sequential:
 def cnn(spec: InputSpec, options: Options) -> SmallCNN:
     """A small CNN for image-shaped features. Needs input_shape CxHxW (or HxW: one channel).
     Options: channels ("32,64": one 3x3 convolution per entry), dropout (0.25)."""
-    check_options(options, CNN_DEFAULTS)
-    channels = option_ints(options, "channels", CNN_DEFAULTS["channels"])
-    dropout = option_float(options, "dropout", CNN_DEFAULTS["dropout"])
-    return SmallCNN(image_shape(spec), spec.n_classes, channels, dropout)
+    return SmallCNN(image_shape(spec), spec.n_classes, *cnn_options(options))
 
 
 class SmallCNN(nn.Module):
@@ -131,19 +127,13 @@ def unwrap(model: nn.Module) -> nn.Module:
 def save_torch_artifact(model: nn.Module, spec: ModelSpec, input_spec: InputSpec, path: str) -> None:
     """The builder reference, its options and the weights: plain primitives and tensors only."""
     state = {name: tensor.detach().cpu() for name, tensor in unwrap(model).state_dict().items()}
-    payload = {
-        "model": spec_record(spec),
-        "input": {"n_features": input_spec.n_features, "n_classes": input_spec.n_classes},
-        "state_dict": state,
-    }
-    torch.save(payload, path)
+    torch.save({**artifact_record(spec, input_spec), "state_dict": state}, path)
 
 
 def load_torch_artifact(path: str) -> tuple[nn.Module, ModelSpec]:
     """Rebuild the model through its builder and load the weights, unpickling no code."""
     payload = torch.load(path, map_location="cpu", weights_only=True)
-    spec = ModelSpec(**payload["model"])
-    model = build(spec, payload["input"]["n_features"], payload["input"]["n_classes"], "pytorch")
+    model, spec = rebuild(payload, "pytorch")
     model.load_state_dict(payload["state_dict"])
     model.eval()
     return model, spec
