@@ -226,3 +226,17 @@ def test_probe_estimate_matches_measured_cpu_allocation(spec, n_features, micro_
         lambda: build(spec, n_features, 10, "pytorch"), n_features, 10, micro_batch, tmp_path
     )
     assert LOW * measured <= estimate.tensor_bytes <= HIGH * measured, (estimate.tensor_bytes, measured)
+
+
+def test_the_probe_keeps_its_dispatch_unwrapped_so_torch_dynamo_is_not_imported():
+    """torch wraps a dispatch mode's `__torch_dispatch__` in a guard that imports torch._dynamo (over a
+    second of CPU on every planning pod) unless the mode's `_should_skip_dynamo` says no. A torch
+    that renames that private hook fails here, not in a slower plan."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from tasks.core.probe import AllocationTimeline
+
+    assert callable(getattr(TorchDispatchMode, "_should_skip_dynamo", None))
+    assert AllocationTimeline._should_skip_dynamo() is False
+    dispatch = vars(AllocationTimeline)["__torch_dispatch__"]
+    assert dispatch.__module__ == "tasks.core.probe" and not hasattr(dispatch, "__wrapped__")

@@ -47,6 +47,14 @@ class AllocationTimeline(TorchDispatchMode):
         self.events: list[tuple[int, int]] = []  # (allocation, +1 allocated / -1 freed)
         self.surviving: set[int] = set()  # allocations still live when the timeline closed
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """No: torch would wrap `__torch_dispatch__` to keep torch.compile out of it, and that
+        wrapper imports torch._dynamo (over a second of CPU) on its first op. The probe runs eager
+        ops only. torch documents this override on `TorchDispatchMode._should_skip_dynamo`;
+        test_planner pins it."""
+        return False
+
     def __exit__(self, *exc):
         self.surviving = set(self.allocation.values())
         self.users.clear()  # later frees are not part of the timeline
