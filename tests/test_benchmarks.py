@@ -47,9 +47,35 @@ def smoke_figures(tmp_path: Path, group: str, *extra: str) -> tuple[list[dict], 
     return figures, names
 
 
+# A baseline checkout's workflow, standing in for another checkout's real one (which is this one's
+# `benchmarks.flyte_pipeline`, run above): it records the arguments it got and reports a wall.
+STAND_IN_PIPELINE = """
+import json, sys
+from pathlib import Path
+Path("ran-with.json").write_text(json.dumps(sys.argv[1:]))
+print(json.dumps({"accuracy": 1.0, "phases": {}}))
+"""
+
+
+def stand_in_checkout(root: Path) -> Path:
+    (root / "benchmarks").mkdir(parents=True)
+    (root / "benchmarks" / "__init__.py").write_text("")
+    (root / "benchmarks" / "flyte_pipeline.py").write_text(STAND_IN_PIPELINE)
+    return root
+
+
 def test_smoke_orchestration_prints_every_figure_with_a_ratio(tmp_path):
-    _, names = smoke_figures(tmp_path, "orchestration", "--baseline-checkout", str(REPO))
+    baseline = stand_in_checkout(tmp_path / "baseline")
+    figures, names = smoke_figures(tmp_path, "orchestration", "--baseline-checkout", str(baseline))
     assert "3,000 rows x 2 epochs" in names, "--rows and --epochs did not reach the pipeline comparison"
+    ran_with = json.loads((baseline / "ran-with.json").read_text())
+    assert ran_with[1:] == ["2", "512"], "the baseline checkout's workflow did not get the same arguments"
+    by_name = {figure["name"]: figure for figure in figures}
+    (versus,) = (
+        figure for name, figure in by_name.items() if name.startswith("orchestration: workflow wall")
+    )
+    assert str(baseline) in versus["name"], "a checkout that is no git checkout is named by its path"
+    assert versus["baseline"] < versus["value"], "the stand-in's wall is this checkout's, not its own"
 
 
 def test_smoke_preprocess_prints_every_figure_with_a_ratio(tmp_path):
