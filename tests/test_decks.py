@@ -3,6 +3,7 @@ browser renders one; the TensorBoard event files hold the logged scalars."""
 
 from __future__ import annotations
 
+import pickle
 import re
 import shutil
 import subprocess
@@ -107,8 +108,15 @@ def test_tensorboard_event_files_hold_the_scalars(tmp_path, blob_splits):
     assert logged == pytest.approx([epoch.val_accuracy for epoch in outcome.run.history])
 
 
-WORKER_WRITES_EVENTS = """
-import sys
+# What a spawned DDP worker does, in its order: load the task function the launcher sends (both torch
+# tasks' here, one after the other), then write TensorBoard events.
+DDP_WORKER = """
+import pickle, sys
+for task_function in pickle.loads(sys.stdin.buffer.read()):
+    pickle.loads(task_function)
+loaded = sorted(m for m in ("sklearn", "matplotlib", "tensorflow", "tasks.train_torch", "tasks.decks")
+                if m in sys.modules)
+assert not loaded, f"every DDP worker would import {loaded} before its first step"
 from tasks.core.torch_training import event_writer, tensorboard_without_tensorflow
 assert "tensorflow" not in sys.modules, "importing the training loop imported TensorFlow"
 tensorboard_without_tensorflow()
@@ -119,37 +127,22 @@ assert "tensorflow" not in sys.modules, "writing TensorBoard events imported Ten
 """
 
 
-def test_ddp_workers_write_tensorboard_events_without_importing_tensorflow(tmp_path):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    run = subprocess.run([sys.executable, "-c", WORKER_WRITES_EVENTS, str(tmp_path / "board")],
-                         cwd=REPO, capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert run.returncode == 0, run.stderr[-2000:]
-    events = EventAccumulator(str(tmp_path / "board"))
-    events.Reload()
-    assert [(e.step, e.value) for e in events.Scalars("loss/train")] == [(1, 0.5)]
-
-
-WORKER_LOADS_THE_TASK = """
-import pickle, sys
-pickle.loads(sys.stdin.buffer.read())  # the task function, as the launcher sends it to a spawned DDP worker
-loaded = sorted(m for m in ("sklearn", "matplotlib", "tensorflow", "tasks.train_torch", "tasks.decks")
-                if m in sys.modules)
-assert not loaded, f"every DDP worker would import {loaded} before its first step"
-"""
-
-
-def test_ddp_workers_skip_the_task_definitions_and_the_metrics_chart_and_tensorflow_libraries():
+def test_ddp_workers_skip_task_definitions_charts_and_tensorflow_and_write_events_without_it(tmp_path):
     """Metrics run in evaluate and charts in the launcher, and the function the workers receive refers
-    to `tasks.ddp_worker`, so each rank starts without any of them."""
+    to `tasks.ddp_worker`, so each rank starts without any of them; its TensorBoard events are
+    written without TensorFlow too."""
     import cloudpickle
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from tasks.train_torch import train_torch, train_torch_multinode
 
-    for task in (train_torch, train_torch_multinode):
-        run = subprocess.run([sys.executable, "-c", WORKER_LOADS_THE_TASK], input=cloudpickle.dumps(task.task_function),
-                             cwd=REPO, capture_output=True, timeout=300)  # fmt: skip
-        assert run.returncode == 0, run.stderr.decode()[-2000:]
+    functions = [cloudpickle.dumps(task.task_function) for task in (train_torch, train_torch_multinode)]
+    run = subprocess.run([sys.executable, "-c", DDP_WORKER, str(tmp_path / "board")],
+                         input=pickle.dumps(functions), cwd=REPO, capture_output=True, timeout=300)  # fmt: skip
+    assert run.returncode == 0, run.stderr.decode()[-2000:]
+    events = EventAccumulator(str(tmp_path / "board"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("loss/train")] == [(1, 0.5)]
 
 
 def test_importing_the_workflows_loads_no_plotting_library():
