@@ -1,58 +1,22 @@
-"""The launcher stops its workers before it exits: a training attempt run from its serialized command,
-as a pod runs it, leaves none of its worker processes running once SIGTERM has ended it, and exits with
-the preempted code however often the notice comes. The launcher's last line of defence, which waits for
-and then kills workers the agent's shutdown left behind, is checked on its own with stand-in workers."""
+"""The launcher stops its workers before it exits, however often the notice comes: it acts on the
+first notice and ignores repeats (an attempt run as a pod and signalled ten times: test_retries), and
+its last line of defence, which waits for and then kills workers the agent's shutdown left behind, is
+checked on its own with stand-in workers."""
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import multiprocessing
 import os
 import signal
-import subprocess
 import time
-from dataclasses import replace
 
-import psutil
 import pytest
 
-from tasks.core.checkpoint import STATE_FILE
-from tasks.core.preemption import DEFAULT_GRACE_S, PREEMPTED_EXIT_CODE
-from tasks.train_torch import notice_acted_on_once, stop_remaining_workers, train_torch
-from tests.pods import literals, merged, running, workers_of
-from tests.test_retries import HYPER, SLOW_STEPS, start_attempt, wait_for_state
+from tasks.core.preemption import PREEMPTED_EXIT_CODE
+from tasks.train_torch import notice_acted_on_once, stop_remaining_workers
 
 pytestmark = pytest.mark.slow
-
-
-def test_no_worker_outlives_the_launcher_stopped_by_repeated_notices(train_spec, train_inputs, tmp_path):
-    """A repeated notice reaches the launcher while it shuts down; once CPython's finalization has put
-    back the default action of torch's handler, one would end the launcher by the signal instead. (A
-    single notice: test_retries, which checks the same of every attempt it stops.)"""
-    inputs = merged(train_inputs, literals(train_torch, {"hyperparameters": replace(HYPER, epochs=100)}))
-    attempt = start_attempt(train_spec, inputs, tmp_path / "attempt-0", **SLOW_STEPS)
-    try:
-        state_file = tmp_path / "attempt-0" / "checkpoint" / STATE_FILE
-        wait_for_state(state_file, attempt, ready=lambda state: state["epoch"] >= 1)
-        time.sleep(0.3)  # some steps into the second epoch
-        workers = workers_of(psutil.Process(attempt.pid))
-        assert len(workers) == 2, [worker.cmdline() for worker in workers]
-        for _ in range(10):  # the notice again every 0.2 s while the launcher runs
-            attempt.send_signal(signal.SIGTERM)  # Popen sends nothing once the launcher has exited
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                attempt.wait(timeout=0.2)
-        attempt.wait(timeout=DEFAULT_GRACE_S + 30)
-        left_running = running(workers)  # at once: no grace after the launcher's exit
-    finally:
-        if attempt.poll() is None:
-            attempt.kill()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(attempt.pid, signal.SIGKILL)  # the launcher's session: whatever it left behind
-        attempt.wait(timeout=60)
-    log = attempt.stdout.read()
-    assert attempt.returncode == PREEMPTED_EXIT_CODE, log[-3000:]
-    assert left_running == [], f"workers {left_running} outlived the launcher\n{log[-3000:]}"
 
 
 def test_the_agent_raises_on_the_first_notice_and_ignores_repeats():

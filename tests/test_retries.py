@@ -8,6 +8,7 @@ are fresh processes, signalled or killed as a node would.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -73,15 +74,22 @@ def wait_for_state(
     raise AssertionError(f"no checkpoint state at {path} within {timeout_s} s")
 
 
-def assert_stops_on_sigterm(attempt: subprocess.Popen, once) -> None:
+def assert_stops_on_sigterm(attempt: subprocess.Popen, once, n_workers: int, repeats: int = 0) -> None:
     """Signals the attempt's main process alone, as the kubelet signals a container, once `once()`
     returns: the attempt must save and exit with the preempted code within the grace budget, leaving
-    none of its worker processes running."""
+    none of its `n_workers` worker processes running. `repeats` more notices follow the first, 0.2 s
+    apart while the attempt runs: one that lands while the launcher shuts down must not end it by
+    the signal instead."""
     try:
         once()
         workers = workers_of(psutil.Process(attempt.pid))
+        assert len(workers) == n_workers, [worker.cmdline() for worker in workers]
         signalled = time.monotonic()
         attempt.send_signal(signal.SIGTERM)
+        for _ in range(repeats):
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                attempt.wait(timeout=0.2)
+            attempt.send_signal(signal.SIGTERM)  # Popen sends nothing once the attempt has exited
         attempt.wait(timeout=DEFAULT_GRACE_S + 30)
         stopped_after = time.monotonic() - signalled
         left_running = running(workers)  # at once: no grace after the launcher's exit
@@ -134,6 +142,8 @@ def test_a_chain_of_early_failures_keeps_the_last_good_checkpoint(
 def test_sigterm_mid_epoch_saves_the_step_reached_and_the_retry_matches_an_uninterrupted_run(
     train_spec, train_inputs, completed_attempt, tmp_path
 ):
+    """The notice comes ten times, 0.2 s apart, as it may while the launcher shuts down: the first
+    stops the attempt, the repeats change nothing (test_launcher_signal pins how)."""
     first = tmp_path / "attempt-0"
     attempt = start_attempt(train_spec, train_inputs, first, **SLOW_STEPS)
     state_file = first / "checkpoint" / STATE_FILE
@@ -142,7 +152,7 @@ def test_sigterm_mid_epoch_saves_the_step_reached_and_the_retry_matches_an_unint
         wait_for_state(state_file, attempt, ready=lambda state: state["epoch"] >= 1)  # an epoch's save
         time.sleep(0.3)
 
-    assert_stops_on_sigterm(attempt, once=some_steps_into_the_second_epoch)
+    assert_stops_on_sigterm(attempt, once=some_steps_into_the_second_epoch, n_workers=2, repeats=9)
     assert not (first / "outputs" / "outputs.pb").exists()
 
     saved = torch.load(state_file, weights_only=True)
@@ -164,5 +174,5 @@ def test_a_keras_attempt_saves_and_exits_143_on_sigterm(flyte_package, train_inp
             state_file, attempt, lambda state: state["epoch"] >= 1, load=lambda p: json.loads(p.read_text())
         )
 
-    assert_stops_on_sigterm(attempt, once=an_epoch_saved)
+    assert_stops_on_sigterm(attempt, once=an_epoch_saved, n_workers=0)  # Keras trains in the attempt
     assert 1 <= json.loads(state_file.read_text())["epoch"] < 500
