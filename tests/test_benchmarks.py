@@ -20,7 +20,9 @@ GROUP_TOPICS = {
                       "orchestration phase train", "orchestration floor", "overhead above the floor",
                       "workflow wall, this checkout vs baseline checkout",
                       "overhead above the floor, baseline checkout",
-                      "overhead above the floor, this checkout vs baseline checkout"),
+                      "overhead above the floor, this checkout vs baseline checkout",
+                      "overhead above the floor in CPU seconds (all processes of a run)",
+                      "overhead above the floor in CPU seconds, this checkout vs baseline checkout"),
     "preprocess": ("preprocess: throughput", "peak RSS growth"),
     "loops": ("torch loop", "keras loop"),
 }  # fmt: skip
@@ -76,6 +78,9 @@ def test_smoke_orchestration_prints_every_figure_with_a_ratio(tmp_path):
     )
     assert str(baseline) in versus["name"], "a checkout that is no git checkout is named by its path"
     assert versus["baseline"] < versus["value"], "the stand-in's wall is this checkout's, not its own"
+    (cpu,) = (figure for name, figure in by_name.items() if name.startswith("orchestration: overhead above the "
+              "floor in CPU seconds, this checkout"))  # fmt: skip
+    assert cpu["baseline"] < cpu["value"], "the stand-in's CPU seconds are this checkout's, not its own"
 
 
 def test_smoke_preprocess_prints_every_figure_with_a_ratio(tmp_path):
