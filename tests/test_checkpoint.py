@@ -16,6 +16,7 @@ import torch
 
 from tasks.core.checkpoint import STATE_FILE
 from tasks.core.models import ModelSpec
+from tests import checkpoint_worker
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -41,6 +42,17 @@ def run(command: list[str]) -> subprocess.CompletedProcess:
     return result
 
 
+def uninterrupted_here(splits, out: Path, model: ModelSpec) -> None:
+    """The worker's run without a checkpoint, in this process: the same code and one thread, as the
+    worker processes get (ENV)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        checkpoint_worker.main(json.dumps(asdict(splits)), "", str(out), "0", json.dumps(asdict(model)))
+    finally:
+        torch.set_num_threads(threads)
+
+
 def wait_for_mid_epoch_checkpoint(path: Path, process: subprocess.Popen, timeout_s: float = 120) -> dict:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -56,7 +68,7 @@ def wait_for_mid_epoch_checkpoint(path: Path, process: subprocess.Popen, timeout
 @pytest.mark.parametrize("model", list(MODELS))
 def test_killed_and_resumed_run_matches_an_uninterrupted_run(model, blob_splits, tmp_path):
     spec = MODELS[model]
-    run(worker(blob_splits, "", tmp_path / "uninterrupted.pt", slow=False, model=spec))
+    uninterrupted_here(blob_splits, tmp_path / "uninterrupted.pt", spec)
 
     checkpoint_dir = tmp_path / "checkpoint"
     process = subprocess.Popen(worker(blob_splits, str(checkpoint_dir), tmp_path / "never.pt", slow=True, model=spec),
