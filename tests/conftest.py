@@ -32,6 +32,7 @@ def blobs_frame(n_rows: int = 300, n_features: int = 4, n_classes: int = 3, seed
 SHARED_RUNS = {
     "comparison_run": "comparison",
     "prepared_by_a_pod": "pods",
+    "flyte_package": "pods",  # the pods run the package's tasks; the deploy and package checks read it
     "scheduled_run_on_a_users_csv": "scheduled",
     "two_rank_results": "ddp",
     "default_digits_run": "digits",
