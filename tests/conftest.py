@@ -39,12 +39,26 @@ SHARED_RUNS = {
 }
 
 
+# The groups and tests that take longest, longest first: a parallel session hands out work in
+# collection order, so these start first and the short tests fill in around them instead of trailing
+# one of them.
+LONGEST_FIRST = ["pods", "readme-0", "readme-1", "test_smoke_orchestration_prints_every_figure_with_a_ratio",
+                 "digits", "comparison", "scheduled", "ddp"]  # fmt: skip
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks (test_parallel_groups)
 def pytest_collection_modifyitems(items):
     for item in items:
         groups = [group for fixture, group in SHARED_RUNS.items() if fixture in item.fixturenames]
         if groups:
             item.add_marker(pytest.mark.xdist_group(groups[0]))
+    items.sort(key=start_rank)  # stable: a group's tests, and each module's among them, keep their order
+
+
+def start_rank(item: pytest.Item) -> int:
+    group = item.get_closest_marker("xdist_group")
+    name = group.args[0] if group else getattr(item, "originalname", item.name)
+    return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -9,10 +9,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
-from tests.conftest import SHARED_RUNS
+from tests.conftest import SHARED_RUNS, start_rank
 from tests.dependencies import REPO
 
 pytestmark = pytest.mark.slow
@@ -56,3 +57,17 @@ def test_loadgroup_keeps_a_group_in_one_worker(tmp_path):
     workers = [path.read_text() for path in records.iterdir()]
     assert len(workers) == 6
     assert len(set(workers)) == 1, f"one group ran on {sorted(set(workers))}: xdist_group no longer groups"
+
+
+def fake_item(group: str | None, name: str) -> SimpleNamespace:
+    mark = pytest.mark.xdist_group(group).mark if group else None
+    return SimpleNamespace(get_closest_marker=lambda _: mark, originalname=name, name=name)
+
+
+def test_the_longest_groups_and_tests_are_handed_out_first():
+    quick, digits = fake_item(None, "test_quick"), fake_item("digits", "test_reads_the_run")
+    smoke, pods = (
+        fake_item(None, "test_smoke_orchestration_prints_every_figure_with_a_ratio"),
+        fake_item("pods", "t"),
+    )
+    assert sorted([quick, digits, smoke, pods], key=start_rank) == [pods, smoke, digits, quick]
