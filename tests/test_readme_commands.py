@@ -1,9 +1,9 @@
 """Every local `pyflyte run` line in the README runs as written, with tiny sizes.
 
 Tiny sizes: the hyperparameters JSON gets `epochs: 1` merged in, and a dataset the test cannot
-reach (an object store, a file the reader would bring) is replaced by a small local table with the
-label column the command names. Remote commands (`--remote`) need a cluster and are checked
-against the project by test_cluster_config.
+reach (an object store, a file the reader would bring) is replaced by a small local table in the
+same format (parquet or CSV) with the label column the command names. Remote commands (`--remote`)
+need a cluster and are checked against the project by test_cluster_config.
 
 The commands share one process (tests/readme_driver.py): each goes through pyflyte's own command
 line parsing and runs, and its exit status, stdout and stderr are kept apart, so one test per
@@ -48,9 +48,12 @@ def tiny(command: str, scratch: Path) -> list[str]:
     options = dict(zip(words, words[1:], strict=False))  # each word and the one after it
     if "--dataset" in options:
         index = words.index("--dataset") + 1
-        table = scratch / f"{options.get('--label_column', 'label')}.csv"
         frame = blobs_frame(n_rows=150).rename(columns={"species": options.get("--label_column", "label")})
-        frame.to_csv(table, index=False)
+        table = scratch / f"{options.get('--label_column', 'label')}{Path(words[index]).suffix}"
+        if table.suffix in (".parquet", ".pq"):
+            frame.to_parquet(table)
+        else:
+            frame.to_csv(table, index=False)
         words[index] = str(table)
     if "--hyperparameters" in options:
         index = words.index("--hyperparameters") + 1
