@@ -94,26 +94,28 @@ def orchestration(
         )
     medians = dict(zip(runs, map(median_phases, interleave(list(runs.values()), rounds)), strict=True))
     flyte, plain = medians["workflow"], medians["plain"]
-    empty_flyte, empty_plain = medians["empty workflow"]["wall"], medians["empty plain"]["wall"]
-    overhead, floor = flyte["wall"] - plain["wall"], empty_flyte - empty_plain
-    cpu_floor = medians["empty workflow"]["cpu"] - medians["empty plain"]["cpu"]
+    empty_flyte, empty_plain = medians["empty workflow"], medians["empty plain"]
+    floor = {total: empty_flyte[total] - empty_plain[total] for total in TOTALS}
+
+    def above_floor(run: dict[str, float], total: str = "wall") -> float:
+        """What a workflow costs beyond the plain script, less the floor: its own code's share."""
+        return run[total] - plain[total] - floor[total]
+
     figures = [
         Figure(f"orchestration: local training_pipeline, {rows:,} rows x {epochs} epochs, wall", flyte["wall"],
                plain["wall"], "s", "ratio <= 1.15"),
-        Figure("orchestration: fixed overhead of Flyte (pipeline - plain script)", overhead, plain["wall"], "s"),
-        Figure("orchestration floor: empty workflow of the same shape vs empty plain script", empty_flyte,
-               empty_plain, "s"),
-        Figure("orchestration: overhead above the floor (what the pipeline's own code adds)", overhead - floor,
+        Figure("orchestration: fixed overhead of Flyte (pipeline - plain script)", flyte["wall"] - plain["wall"],
+               plain["wall"], "s"),
+        Figure("orchestration floor: empty workflow of the same shape vs empty plain script", empty_flyte["wall"],
+               empty_plain["wall"], "s"),
+        Figure("orchestration: overhead above the floor (what the pipeline's own code adds)", above_floor(flyte),
                plain["wall"], "s", "<= 2.8 s at 1,000,000 rows x 1 epoch"),
         Figure("orchestration: overhead above the floor in CPU seconds (all processes of a run)",
-               flyte["cpu"] - plain["cpu"] - cpu_floor, plain["cpu"], "s"),
+               above_floor(flyte, "cpu"), plain["cpu"], "s"),
     ]  # fmt: skip
     if baseline_checkout:
-        baseline = medians["baseline"]
-        figures += checkout_figures(baseline_checkout, baseline["wall"], flyte["wall"], plain["wall"], floor)
-        figures.append(Figure(f"orchestration: overhead above the floor in CPU seconds, this checkout vs baseline checkout "
-                              f"{checkout_label(baseline_checkout)}", flyte["cpu"] - plain["cpu"] - cpu_floor,
-                              baseline["cpu"] - plain["cpu"] - cpu_floor, "s"))  # fmt: skip
+        figures += checkout_figures(checkout_label(baseline_checkout), flyte, medians["baseline"], plain["wall"],
+                                    above_floor)  # fmt: skip
     for phase in ("start-up", "preprocess", "train", "evaluate"):
         figures.append(
             Figure(f"orchestration phase {phase}: workflow vs plain script", flyte[phase], plain[phase], "s")
@@ -130,18 +132,18 @@ def phase_sum(run: dict[str, float]) -> float:
 
 
 def checkout_figures(
-    checkout: Path, baseline_wall: float, wall: float, plain_wall: float, floor: float
+    label: str, flyte: dict[str, float], baseline: dict[str, float], plain_wall: float, above_floor
 ) -> list[Figure]:
     """The baseline checkout's workflow against this checkout's: their walls (the direct comparison,
-    no floor subtracted) and their overheads above the floor."""
-    label = checkout_label(checkout)
-    baseline_above, above = baseline_wall - plain_wall - floor, wall - plain_wall - floor
+    no floor subtracted) and their overheads above the floor, in wall and CPU seconds."""
+    versus = f"this checkout vs baseline checkout {label}"
     return [
-        Figure(f"orchestration: workflow wall, this checkout vs baseline checkout {label}", wall, baseline_wall, "s"),
-        Figure(f"orchestration: overhead above the floor, baseline checkout {label}", baseline_above,
+        Figure(f"orchestration: workflow wall, {versus}", flyte["wall"], baseline["wall"], "s"),
+        Figure(f"orchestration: overhead above the floor, baseline checkout {label}", above_floor(baseline),
                plain_wall, "s"),
-        Figure(f"orchestration: overhead above the floor, this checkout vs baseline checkout {label}", above,
-               baseline_above, "s"),
+        Figure(f"orchestration: overhead above the floor, {versus}", above_floor(flyte), above_floor(baseline), "s"),
+        Figure(f"orchestration: overhead above the floor in CPU seconds, {versus}", above_floor(flyte, "cpu"),
+               above_floor(baseline, "cpu"), "s"),
     ]  # fmt: skip
 
 
