@@ -37,12 +37,13 @@ def train_with_ddp(prepared: PreparedData, config: TrainConfig, profile: GpuTrai
     setup_logging()
     tensorboard_without_tensorflow()  # a spawned worker process: TensorFlow never runs here
     splits = prepared.local_splits()
-    artifact = Path(current_context().working_directory) / "model.pt"
+    workdir = Path(current_context().working_directory)
+    artifact = workdir / "model.pt"
     try:
         location = flyte_checkpoint()
         every = config.checkpoint_every_steps
         checkpoint = TrainingCheckpoint(location.directory, every, location.on_save) if location else None
-        board = Path(current_context().working_directory) / "tensorboard"
+        board = workdir / "tensorboard"
         with PreemptionNotice(profile.attempts.preemption_grace_s) as notice:
             outcome = train(config, splits, str(artifact), checkpoint, str(board), preemption=notice)
     except Preempted as stopped:

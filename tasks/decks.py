@@ -78,21 +78,23 @@ def training_deck(trained, samples: list) -> None:
 def learning_curves(history: list) -> str:
     """Loss and accuracy per epoch (`config.EpochMetrics`): a table, and charts from two epochs on,
     since one epoch is a point, not a curve."""
-    epochs = [e.epoch for e in history]
     per_epoch = table(["epoch", "train loss", "val loss", "train accuracy", "val accuracy"],
                       [[e.epoch, e.train_loss, e.val_loss, e.train_accuracy, e.val_accuracy] for e in history])  # fmt: skip
     if len(history) < 2:
         return section("Learning curves", per_epoch)
-    return section(
-        "Learning curves",
-        figure(plots.line_chart({"train": (epochs, [e.train_loss for e in history]),
-                                 "val": (epochs, [e.val_loss for e in history])},
-                                "loss", "epoch", "cross-entropy"), "loss"),
-        figure(plots.line_chart({"train": (epochs, [e.train_accuracy for e in history]),
-                                 "val": (epochs, [e.val_accuracy for e in history])},
-                                "accuracy", "epoch", "accuracy"), "accuracy"),
-        per_epoch,
-    )  # fmt: skip
+    charts = [figure(curve(history, metric, unit), metric) for metric, unit in CURVES]
+    return section("Learning curves", *charts, per_epoch)
+
+
+CURVES = [("loss", "cross-entropy"), ("accuracy", "accuracy")]  # EpochMetrics' train_/val_ fields, y label
+
+
+def curve(history: list, metric: str, unit: str) -> str:
+    epochs = [e.epoch for e in history]
+    series = {
+        split: (epochs, [getattr(e, f"{split}_{metric}") for e in history]) for split in ("train", "val")
+    }
+    return plots.line_chart(series, metric, "epoch", unit)
 
 
 def utilisation_section(samples: list) -> str:

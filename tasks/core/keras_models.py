@@ -17,7 +17,7 @@ import json
 import keras
 import numpy as np
 
-from tasks.core.memory import ModelFootprint
+from tasks.core.memory import FP32, HALF, ModelFootprint
 from tasks.core.models import (
     InputSpec,
     ModelSpec,
@@ -51,10 +51,10 @@ def footprint(spec: ModelSpec, input_spec: InputSpec, mixed_precision: bool) -> 
     static output shape (subclassed) gets 0, and the OOM guard covers what the plan does not see."""
     model = check_model(spec, input_spec.n_features, input_spec.n_classes, "tensorflow")
     trainable = sum(int(np.prod(weight.shape)) for weight in model.trainable_weights)
-    value_bytes = 2 if mixed_precision else 4
+    value_bytes = HALF if mixed_precision else FP32
     return ModelFootprint(
-        state_bytes=sum(int(np.prod(weight.shape)) * 4 for weight in model.weights),
-        trainable_bytes=trainable * 4,
+        state_bytes=sum(int(np.prod(weight.shape)) * FP32 for weight in model.weights),
+        trainable_bytes=trainable * FP32,
         trainable_count=trainable,
         activation_bytes_per_row=2 * value_bytes * output_values_per_row(model),
         n_features=input_spec.n_features,

@@ -52,7 +52,7 @@ class AllocationTimeline(TorchDispatchMode):
         """No: torch would wrap `__torch_dispatch__` to keep torch.compile out of it, and that
         wrapper imports torch._dynamo (over a second of CPU) on its first op. The probe runs eager
         ops only. torch documents this override on `TorchDispatchMode._should_skip_dynamo`;
-        test_planner pins it."""
+        test_model_builders pins it."""
         return False
 
     def __exit__(self, *exc):
