@@ -172,8 +172,7 @@ def train_inputs(prepared_by_a_pod):
     from tasks.train_torch import train_torch
     from tests.pods import literals, merged
 
-    hyperparameters = POD_HYPERPARAMETERS
-    return merged(literals(train_torch, {"hyperparameters": hyperparameters}), prepared=prepared_by_a_pod)
+    return merged(literals(train_torch, {"hyperparameters": POD_HYPERPARAMETERS}), prepared=prepared_by_a_pod)
 
 
 @pytest.fixture(scope="session")
