@@ -23,7 +23,7 @@ from flytekitplugins.kfpytorch.task import PytorchElasticFunctionTask
 
 import tasks.literal_types  # noqa: F401 - each boundary dataclass's Flyte type built once, before the tasks below
 from tasks.core.config import TrainConfig
-from tasks.core.launch import plan_launch
+from tasks.core.launch import plan_launch, rendezvous_events_named_without_stack_walks
 from tasks.core.preemption import DEFAULT_GRACE_S
 from tasks.core.telemetry import UtilisationSampler
 from tasks.core.validation import batch_problems, raise_for
@@ -111,7 +111,7 @@ class MachineFittedElasticTask(PytorchElasticFunctionTask):
         self._task_config = replace(self.task_config, nproc_per_node=launch.nproc_per_node)
         self.min_nodes, self.max_nodes = launch.min_nodes, launch.max_nodes
         try:
-            with notice_acted_on_once():
+            with notice_acted_on_once(), rendezvous_events_named_without_stack_walks():
                 return self._launch_stopping_on_signal(**kwargs)
         finally:
             self._task_config, self.min_nodes, self.max_nodes = configured

@@ -26,6 +26,8 @@ def train_and_report(config, splits) -> dict[str, Any]:
 
 def launch_local(entrypoint, *args, nproc: int = 2, run_id: str = "test") -> dict[int, Any]:
     """Start `nproc` workers on this machine the way torchrun does and return each rank's result."""
+    from tasks.core.launch import rendezvous_events_named_without_stack_walks
+
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
@@ -37,7 +39,8 @@ def launch_local(entrypoint, *args, nproc: int = 2, run_id: str = "test") -> dic
         monitor_interval=0.1,
         start_method="spawn",
     )
-    return elastic_launch(config, entrypoint)(*args)
+    with rendezvous_events_named_without_stack_walks():  # as the training task launches
+        return elastic_launch(config, entrypoint)(*args)
 
 
 def train_with_failing_rank(config, splits, failing_rank: int, how: str) -> dict[str, Any]:

@@ -3,7 +3,7 @@ from types import SimpleNamespace
 import pytest
 
 from tasks.core.config import TrainConfig
-from tasks.core.launch import MissingPyTorchJob, plan_launch
+from tasks.core.launch import MissingPyTorchJob, plan_launch, rendezvous_events_named_without_stack_walks
 
 # What the launcher reads of its inputs before any worker starts: the batch against the training rows.
 TASK_INPUTS = {"prepared": SimpleNamespace(rows={"train": 1_000}), "hyperparameters": TrainConfig()}
@@ -125,3 +125,45 @@ def test_a_signalled_agent_makes_the_attempt_exit_with_the_signal(monkeypatch):
     with pytest.raises(SystemExit) as exit_:
         train_torch.execute(**TASK_INPUTS)
     assert exit_.value.code == 128 + signal.SIGTERM
+
+
+def test_rendezvous_events_get_torch_s_names_without_a_stack_walk_during_a_launch(monkeypatch):
+    """Pins what the stand-in for torch's `get_method_name` relies on: each rendezvous handler names
+    its events through that module-level function, whose name for a caller is the stand-in's."""
+    import inspect
+
+    import torch.distributed.launcher.api as launcher
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as rendezvous
+
+    from tasks.train_torch import train_torch
+
+    for handler in (rendezvous._BackendRendezvousStateHolder, rendezvous._DistributedRendezvousOpExecutor,
+                    rendezvous.DynamicRendezvousHandler):  # fmt: skip
+        assert "{get_method_name()}" in inspect.getsource(handler._record), handler
+
+    def _record():  # as the handlers call it: the name wanted is _record's caller's
+        return rendezvous.get_method_name()
+
+    def next_rendezvous():
+        return _record()
+
+    by_stack_walk = next_rendezvous()
+    with rendezvous_events_named_without_stack_walks():
+        assert rendezvous.get_method_name.__name__ != "get_method_name"
+        assert next_rendezvous() == by_stack_walk == "next_rendezvous"
+        assert rendezvous.get_method_name(depth=10_000) == "no_method_name"
+    assert rendezvous.get_method_name.__name__ == "get_method_name"  # put back
+
+    names_in_launch = []
+
+    def elastic_launch(config, entrypoint):
+        def launch(*args):
+            names_in_launch.append(rendezvous.get_method_name.__name__)
+            raise LaunchCaptured()
+
+        return launch
+
+    monkeypatch.setattr(launcher, "elastic_launch", elastic_launch)
+    with pytest.raises(LaunchCaptured):
+        train_torch.execute(**TASK_INPUTS)
+    assert names_in_launch == ["calling_method_name"]
