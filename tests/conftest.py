@@ -42,7 +42,7 @@ SHARED_RUNS = {
 # The groups and tests that take longest, longest first: a parallel session hands out work in
 # collection order, so these start first and the short tests fill in around them instead of trailing
 # one of them.
-LONGEST_FIRST = ["pods", "readme-0", "readme-1", "test_smoke_orchestration_prints_every_figure_with_a_ratio",
+LONGEST_FIRST = ["readme", "pods", "test_smoke_orchestration_prints_every_figure_with_a_ratio",
                  "digits", "comparison", "scheduled", "ddp"]  # fmt: skip
 
 

@@ -19,7 +19,6 @@ import re
 import shlex
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -98,37 +97,20 @@ def run_the_commands(commands: list[str], root: Path) -> dict:
     }
 
 
-# Two driver runs, each its own xdist group, so that the two workers of `make test` share the commands.
-HALVES = 2
-
-
-def half_of(command: str) -> int:
-    return COMMANDS.index(command) % HALVES
-
-
-def selected_commands(items: list[pytest.Item], half: int) -> list[str]:
-    """The README commands of this half whose tests the session runs: all of them, unless -k or node
-    ids pick."""
+def selected_commands(items: list[pytest.Item]) -> list[str]:
+    """The README commands whose tests the session runs: all of them, unless -k or node ids pick."""
     picked = {
         item.callspec.params.get("command")
         for item in items
         if getattr(item, "originalname", None) == "test_a_readme_command_runs_as_written"
     }
-    return [command for command in COMMANDS if command in picked and half_of(command) == half]
+    return [command for command in COMMANDS if command in picked]
 
 
 @pytest.fixture(scope="module")
-def readme_runs(request, tmp_path_factory) -> Callable[[int], dict]:
-    """Each half's one run, made when its first test asks for it (a half's tests share a worker)."""
-    runs: dict[int, dict] = {}
-
-    def run_half(half: int) -> dict:
-        if half not in runs:
-            commands = selected_commands(request.session.items, half)
-            runs[half] = run_the_commands(commands, tmp_path_factory.mktemp(f"readme-{half}"))
-        return runs[half]
-
-    return run_half
+def readme_run(request, tmp_path_factory) -> dict:
+    """The one driver run of the session's README commands (their tests share a worker: one group)."""
+    return run_the_commands(selected_commands(request.session.items), tmp_path_factory.mktemp("readme"))
 
 
 def test_the_readme_shows_the_local_commands():
@@ -136,14 +118,12 @@ def test_the_readme_shows_the_local_commands():
     assert any("--dataset" in c for c in COMMANDS) and any("--hyperparameters" in c for c in COMMANDS)
 
 
-@pytest.mark.parametrize(
-    "command", [pytest.param(c, marks=pytest.mark.xdist_group(f"readme-{half_of(c)}")) for c in COMMANDS]
-)
-def test_a_readme_command_runs_as_written(command, readme_runs):
-    runs = readme_runs(half_of(command))
-    result = runs["results"].get(command)
+@pytest.mark.xdist_group("readme")
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_readme_command_runs_as_written(command, readme_run):
+    result = readme_run["results"].get(command)
     if result is None:
-        driver = runs["driver"]
+        driver = readme_run["driver"]
         pytest.fail(f"no result, the driver exited {driver['exit']}:\n{driver['output']}")
     assert result["returncode"] == 0, result["stderr"][-3000:]
     assert "used more than once" not in result["stderr"]  # the bool flags parse cleanly
