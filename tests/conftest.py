@@ -42,8 +42,11 @@ SHARED_RUNS = {
 # The groups and tests that take longest, longest first: a parallel session hands out work in
 # collection order, so these start first and the short tests fill in around them instead of trailing
 # one of them.
-LONGEST_FIRST = ["readme", "pods", "test_smoke_orchestration_prints_every_figure_with_a_ratio",
-                 "digits", "comparison", "scheduled", "ddp"]  # fmt: skip
+LONGEST_FIRST = ["readme", "pods", "test_smoke_orchestration_prints_every_figure_with_a_ratio", "digits",
+                 "comparison", "test_killed_and_resumed_run_matches_an_uninterrupted_run",
+                 "test_smoke_loops_print_every_figure_with_a_ratio",
+                 "test_sigterm_saves_the_step_reached_and_the_retry_trains_the_rest",
+                 "test_mirrored_strategy_with_two_logical_cpu_devices", "scheduled", "ddp"]  # fmt: skip
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks (test_parallel_groups)

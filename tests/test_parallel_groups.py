@@ -9,11 +9,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from tests.conftest import SHARED_RUNS, start_rank
+from tests.conftest import LONGEST_FIRST, SHARED_RUNS, start_rank
 from tests.dependencies import REPO
 
 pytestmark = pytest.mark.slow
@@ -71,3 +72,13 @@ def test_the_longest_groups_and_tests_are_handed_out_first():
         fake_item("pods", "t"),
     )
     assert sorted([quick, digits, smoke, pods], key=start_rank) == [pods, smoke, digits, quick]
+
+
+def test_every_name_in_the_start_order_is_a_group_or_a_test():
+    """A renamed test or group would silently lose its early start."""
+    sources = " ".join(path.read_text() for path in Path(__file__).parent.glob("test_*.py"))
+    for name in LONGEST_FIRST:
+        named = (
+            name in SHARED_RUNS.values() or f'xdist_group("{name}")' in sources or f"def {name}(" in sources
+        )
+        assert named, name
