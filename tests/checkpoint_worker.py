@@ -32,19 +32,24 @@ def slow_down() -> None:
     torch_training.optimizer_step = step
 
 
-def main(splits_json: str, checkpoint_dir: str, out: str, slow: str, model_json: str) -> None:
-    config = TrainConfig(epochs=3, batch_size=16, seed=7, model=ModelSpec(**json.loads(model_json)))
-    if slow == "1":
-        slow_down()
+def train_and_save(splits: SplitPaths, checkpoint_dir: str, out: str, model: ModelSpec) -> None:
+    config = TrainConfig(epochs=3, batch_size=16, seed=7, model=model)
     checkpoint = TrainingCheckpoint(checkpoint_dir, every_steps=2) if checkpoint_dir else None
     if checkpoint is not None and (state := checkpoint.load()) is not None:
         print(f"RESUMING epoch={state['epoch']} step={state['step']}", flush=True)
-    outcome = torch_training.train(config, SplitPaths(**json.loads(splits_json)), checkpoint=checkpoint)
+    outcome = torch_training.train(config, splits, checkpoint=checkpoint)
     torch.save(
         {"parameters": dict(outcome.model.state_dict()), "history": [asdict(e) for e in outcome.run.history],
          "optimizer_steps": outcome.optimizer_steps},
         out,
     )  # fmt: skip
+
+
+def main(splits_json: str, checkpoint_dir: str, out: str, slow: str, model_json: str) -> None:
+    if slow == "1":
+        slow_down()
+    splits, model = SplitPaths(**json.loads(splits_json)), ModelSpec(**json.loads(model_json))
+    train_and_save(splits, checkpoint_dir, out, model)
 
 
 if __name__ == "__main__":

@@ -43,9 +43,8 @@ class BatchLog(keras.callbacks.Callback):
         time.sleep(self.pause_s)
 
 
-def main(splits_json: str, checkpoint_dir: str, out: str, slow: str) -> None:
-    batch_log = BatchLog(pause_s=0.05 if slow == "1" else 0.0)
-    splits = SplitPaths(**json.loads(splits_json))
+def train_and_record(splits: SplitPaths, checkpoint_dir: str, out: str, pause_s: float) -> None:
+    batch_log = BatchLog(pause_s)
     try:
         with PreemptionNotice(grace_s=GRACE_S) as notice:
             outcome = train_keras(CONFIG, splits, env=Environment(), checkpoint_dir=checkpoint_dir,
@@ -56,6 +55,10 @@ def main(splits_json: str, checkpoint_dir: str, out: str, slow: str) -> None:
     Path(out).write_text(
         json.dumps({"trained": batch_log.trained, "history": [asdict(e) for e in outcome.run.history]})
     )
+
+
+def main(splits_json: str, checkpoint_dir: str, out: str, slow: str) -> None:
+    train_and_record(SplitPaths(**json.loads(splits_json)), checkpoint_dir, out, 0.05 if slow == "1" else 0.0)
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ def uninterrupted_here(splits, out: Path, model: ModelSpec) -> None:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        checkpoint_worker.main(json.dumps(asdict(splits)), "", str(out), "0", json.dumps(asdict(model)))
+        checkpoint_worker.train_and_save(splits, "", str(out), model)
     finally:
         torch.set_num_threads(threads)
 

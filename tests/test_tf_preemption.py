@@ -18,8 +18,7 @@ import pytest
 from tasks.core.data import read_split
 from tasks.core.preemption import PREEMPTED_EXIT_CODE
 from tasks.core.tf_training import STATE_FILE, batches, epoch_order
-from tests.keras_preemption_worker import CONFIG, GRACE_S
-from tests.keras_preemption_worker import main as resume_from_the_checkpoint
+from tests.keras_preemption_worker import CONFIG, GRACE_S, train_and_record
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -37,9 +36,10 @@ def test_an_epochs_order_is_a_function_of_the_seed_and_the_epoch():
     np.testing.assert_array_equal(np.concatenate([y for _, y in rest]), order(3, 2)[20:])
 
 
-def worker(splits, checkpoint_dir: Path, out: Path, slow: bool) -> list[str]:
+def slow_worker(splits, checkpoint_dir: Path, out: Path) -> list[str]:
+    """The worker pausing after each batch, so that it can be signalled mid-epoch."""
     return [sys.executable, "-m", "tests.keras_preemption_worker", json.dumps(asdict(splits)),
-            str(checkpoint_dir), str(out), "1" if slow else "0"]  # fmt: skip
+            str(checkpoint_dir), str(out), "1"]  # fmt: skip
 
 
 def wait_for_the_first_epoch_end(state: Path, process: subprocess.Popen, timeout_s: float = 120) -> None:
@@ -74,7 +74,7 @@ def test_sigterm_saves_the_step_reached_and_the_retry_trains_the_rest(blob_split
     labels = read_split(blob_splits.train, blob_splits.feature_names, blob_splits.label_column)[1]
     steps = len(labels) // CONFIG.batch_size
     checkpoint, log = tmp_path / "checkpoint", tmp_path / "interrupted.log"
-    command = worker(blob_splits, checkpoint, tmp_path / "interrupted.json", slow=True)
+    command = slow_worker(blob_splits, checkpoint, tmp_path / "interrupted.json")
     code, seconds = signal_mid_epoch(command, checkpoint / STATE_FILE, log)
     assert code == PREEMPTED_EXIT_CODE, log.read_text()[-3000:]
     assert seconds < GRACE_S and "grace budget ran out" not in log.read_text()  # not the watchdog's exit
@@ -85,9 +85,7 @@ def test_sigterm_saves_the_step_reached_and_the_retry_trains_the_rest(blob_split
 
     # The retry reads nothing of the interrupted process but its checkpoint files, so it runs here,
     # where TensorFlow is loaded already.
-    resume_from_the_checkpoint(
-        json.dumps(asdict(blob_splits)), str(checkpoint), str(tmp_path / "resumed.json"), "0"
-    )
+    train_and_record(blob_splits, str(checkpoint), str(tmp_path / "resumed.json"), pause_s=0.0)
     resumed = json.loads((tmp_path / "resumed.json").read_text())
     later_epochs = [[epoch, steps] for epoch in range(saved["epoch"] + 1, CONFIG.epochs)]
     assert resumed["trained"] == [[saved["epoch"], steps - saved["step"]], *later_epochs]
