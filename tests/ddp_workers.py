@@ -44,9 +44,15 @@ def launch_local(entrypoint, *args, nproc: int = 2, run_id: str = "test") -> dic
 
 
 def train_with_failing_rank(config, splits, failing_rank: int, how: str) -> dict[str, Any]:
-    """Train, but on `failing_rank` fail at the third optimizer step: raise, or die by SIGKILL."""
+    """Train, but on `failing_rank` fail at the third optimizer step: raise, or die by SIGKILL.
+
+    The other ranks wait 2 s before that step's all-reduce. Without it, the connection reset that the
+    failure causes ends them within milliseconds, and when the agent's next poll finds two dead
+    workers, torch reports the first it lists (`ProcessContext.join` in torch/multiprocessing/spawn.py),
+    which may be a rank that only lost its peer."""
     import os
     import signal
+    import time
 
     from tasks.core import torch_training
 
@@ -54,10 +60,13 @@ def train_with_failing_rank(config, splits, failing_rank: int, how: str) -> dict
 
     def step(*args, **kwargs):
         calls.append(1)
-        if int(os.environ["RANK"]) == failing_rank and len(calls) == 3:
-            if how == "die":
+        if len(calls) == 3:
+            if int(os.environ["RANK"]) != failing_rank:
+                time.sleep(2)
+            elif how == "die":
                 os.kill(os.getpid(), signal.SIGKILL)
-            raise ValueError(f"bad data on the shard of rank {failing_rank}")
+            else:
+                raise ValueError(f"bad data on the shard of rank {failing_rank}")
         return real_step(*args, **kwargs)
 
     torch_training.optimizer_step = step
