@@ -1,6 +1,9 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+from dataclasses import dataclass
 
 # Two test workers share the cores with the processes they start (pipelines, DDP workers, pods): one
 # OpenMP thread per process keeps their thread pools from spinning against each other, which cost
@@ -14,6 +17,55 @@ import pytest
 
 from tasks.core.config import TrainConfig
 from tasks.core.models import ModelSpec, mlp_spec
+
+
+def pytest_configure(config):
+    """One temporary root per session, which every process the tests start inherits through TMPDIR.
+
+    flytekit makes a sandbox folder in the temporary root for each process that imports it and leaves
+    the folder behind, as torch elastic does for each launch, and a local workflow run keeps its outputs
+    there: a full session left about a thousand folders and gigabytes behind, enough to fill a disk over
+    a few runs. The root goes when the session passes and stays, named, for a look when it fails.
+    """
+    if hasattr(config, "workerinput"):  # a parallel session's worker: its controller set the root
+        return
+    outer = os.environ.get("TMPDIR")
+    root = os.environ["TMPDIR"] = tempfile.mkdtemp(prefix="mixedml-tests-")
+    tempfile.tempdir = None  # read TMPDIR again
+    config.stash[SESSION_TMPDIR] = SessionTmpdir(root, outer)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if SESSION_TMPDIR in session.config.stash:
+        session.config.stash[SESSION_TMPDIR].failed = exitstatus not in (
+            0,
+            pytest.ExitCode.NO_TESTS_COLLECTED,
+        )
+
+
+def pytest_unconfigure(config):
+    if SESSION_TMPDIR not in config.stash:
+        return
+    tmpdir = config.stash[SESSION_TMPDIR]
+    if tmpdir.failed:
+        print(f"\nThe failed session's temporary files are kept in {tmpdir.root}")
+    else:
+        shutil.rmtree(tmpdir.root, ignore_errors=True)
+    if tmpdir.outer is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = tmpdir.outer
+    tempfile.tempdir = None
+
+
+@dataclass
+class SessionTmpdir:
+    root: str
+    outer: str | None  # TMPDIR before the session
+    failed: bool = False
+
+
+SESSION_TMPDIR = pytest.StashKey[SessionTmpdir]()
 
 
 def blobs_frame(n_rows: int = 300, n_features: int = 4, n_classes: int = 3, seed: int = 0) -> pd.DataFrame:
