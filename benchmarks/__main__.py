@@ -246,6 +246,11 @@ def main() -> None:
     sizes = (SMOKE if args.smoke else FULL) | {key: value for key, value in overrides.items() if value}
     with tempfile.TemporaryDirectory(prefix="mixedml-bench-") as tmp:
         work = Path(tmp)
+        # The runs leave flytekit's sandboxes (a workflow's outputs among them, hundreds of MB at full
+        # size), torch elastic's logs and torch.compile's cache in the temporary folder: make it this one.
+        (work / "processes").mkdir()
+        os.environ["TMPDIR"] = str(work / "processes")
+        tempfile.tempdir = None  # this process reads TMPDIR again too
         groups = {
             "orchestration": lambda: orchestration(
                 work,

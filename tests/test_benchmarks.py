@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -29,11 +30,13 @@ GROUP_TOPICS = {
 
 
 def smoke_figures(tmp_path: Path, group: str, *extra: str) -> tuple[list[dict], str]:
-    out = tmp_path / "figures.json"
+    out, temporary = tmp_path / "figures.json", tmp_path / "temporary"
+    temporary.mkdir()
     result = subprocess.run([sys.executable, "-m", "benchmarks", "--smoke", "--only", group, "--rows", "3000",
-                             "--epochs", "2", *extra, "--json", str(out)],
-                            cwd=REPO, capture_output=True, text=True, timeout=900)  # fmt: skip
+                             "--epochs", "2", *extra, "--json", str(out)], cwd=REPO, capture_output=True,
+                            text=True, timeout=900, env={**os.environ, "TMPDIR": str(temporary)})  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
+    assert not list(temporary.iterdir()), "the benchmark's runs left files in the temporary folder"
     figures = json.loads(out.read_text())
     names = " ".join(f["name"] for f in figures)
     for topic in GROUP_TOPICS[group]:
