@@ -248,8 +248,7 @@ def main() -> None:
         work = Path(tmp)
         # The runs leave flytekit's sandboxes (a workflow's outputs among them, hundreds of MB at full
         # size), torch elastic's logs and torch.compile's cache in the temporary folder: make it this one.
-        (work / "processes").mkdir()
-        os.environ["TMPDIR"] = str(work / "processes")
+        os.environ["TMPDIR"] = tmp
         tempfile.tempdir = None  # this process reads TMPDIR again too
         groups = {
             "orchestration": lambda: orchestration(

@@ -37,10 +37,10 @@ def pytest_configure(config):
 
 def pytest_sessionfinish(session, exitstatus):
     if SESSION_TMPDIR in session.config.stash:
-        session.config.stash[SESSION_TMPDIR].failed = exitstatus not in (
-            0,
-            pytest.ExitCode.NO_TESTS_COLLECTED,
-        )
+        session.config.stash[SESSION_TMPDIR].failed = exitstatus not in PASSED
+
+
+PASSED = (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED)
 
 
 def pytest_unconfigure(config):

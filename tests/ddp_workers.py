@@ -6,6 +6,8 @@ from typing import Any
 
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+from tasks.core.launch import rendezvous_events_named_without_stack_walks
+
 
 def train_and_report(config, splits) -> dict[str, Any]:
     from tasks.core.torch_training import shutdown_distributed, train
@@ -26,8 +28,6 @@ def train_and_report(config, splits) -> dict[str, Any]:
 
 def launch_local(entrypoint, *args, nproc: int = 2, run_id: str = "test") -> dict[int, Any]:
     """Start `nproc` workers on this machine the way torchrun does and return each rank's result."""
-    from tasks.core.launch import rendezvous_events_named_without_stack_walks
-
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
