@@ -62,7 +62,9 @@ def evaluate(
     prepared: PreparedData, trained: TrainedModel, plan: ResourcePlan | None = None
 ) -> EvaluationReport:
     setup_logging()
-    features, labels = read_split(local_path(prepared.test), prepared.feature_names, prepared.label_column)
+    features, labels = read_split(
+        local_path(prepared.test, "test split"), prepared.feature_names, prepared.label_column
+    )
     metrics = classification_metrics(labels, predict_test_split(trained, features), prepared.class_labels)
     billed, notes = billed_hardware(trained, plan)
     report = EvaluationReport(

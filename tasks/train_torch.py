@@ -37,6 +37,7 @@ from tasks.hardware import (
     GpuTrainingProfile,
     guaranteed,
 )
+from tasks.storage import require_local_copies
 from tasks.types import PreparedData, TrainedModel
 
 log = logging.getLogger(__name__)
@@ -101,10 +102,12 @@ class MachineFittedElasticTask(PytorchElasticFunctionTask):
         )
         for note in launch.notes:
             log.warning(note)
-        # A configuration error fails every worker the same way: refuse it here, before any worker
-        # starts, rather than let elastic restart the group for it.
+        # A configuration error or a missing input fails every worker the same way: refuse it here,
+        # before any worker starts, rather than let elastic restart the group for it.
         world_size = launch.nproc_per_node * launch.max_nodes
-        raise_for(batch_problems(kwargs["hyperparameters"], world_size, kwargs["prepared"].rows["train"]))
+        prepared = kwargs["prepared"]
+        raise_for(batch_problems(kwargs["hyperparameters"], world_size, prepared.rows["train"]))
+        require_local_copies({"train split": prepared.train, "val split": prepared.val})
         # The agent waits this long for the workers' preemption save before it kills them (default 30 s).
         grace = self.task_config.preemption_grace_s + LAUNCHER_EXIT_MARGIN_S
         os.environ.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(grace))

@@ -35,8 +35,8 @@ class PreparedData:
     def local_splits(self) -> SplitPaths:
         """The train/val splits on this machine's disk, as the training loops read them."""
         return SplitPaths(
-            train=local_path(self.train),
-            val=local_path(self.val),
+            train=local_path(self.train, "train split"),
+            val=local_path(self.val, "val split"),
             feature_names=self.feature_names,
             label_column=self.label_column,
             n_classes=len(self.class_labels),

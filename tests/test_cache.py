@@ -7,11 +7,15 @@ data through it (test_package checks the wiring).
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
+from flytekit.types.structured import StructuredDataset
 
 from tasks import preprocess as preprocess_module
 from tasks.core.config import TrainConfig
 from tasks.planner import prepare_data
+from tasks.storage import dataset_uri, require_local_copies
 from tests.conftest import blobs_frame
 
 pytestmark = pytest.mark.slow
@@ -68,3 +72,35 @@ def test_cache_version_follows_the_preprocessing_code():
     assert preprocess.metadata.cache and preprocess.metadata.cache_version == PREPROCESS_CODE_VERSION
     assert code_version("tasks.core.data", "tasks.preprocess") == PREPROCESS_CODE_VERSION
     assert code_version("tasks.core.data") != PREPROCESS_CODE_VERSION
+
+
+def test_a_cached_split_whose_files_were_removed_fails_before_any_worker_starts(
+    tmp_path, preprocess_calls, monkeypatch
+):
+    """A cached preparation outlives the temporary folder holding its splits (a reboot, a cleaner):
+    training refuses it at the launcher, naming the split and the way out, instead of every rank
+    failing on a missing file and elastic restarting the group."""
+    import torch.distributed.launcher.api as launcher
+
+    from tasks.train_torch import train_torch
+
+    path = tmp_path / "blobs.parquet"
+    blobs_frame(n_rows=240, seed=4).to_parquet(path, index=False)
+    train_split = dataset_uri(prepare(path).train)
+    shutil.rmtree(train_split)
+    stale = prepare(path)
+    assert len(preprocess_calls) == 1 and dataset_uri(stale.train) == train_split  # served from the cache
+
+    launches = []
+    monkeypatch.setattr(launcher, "elastic_launch", lambda config, entrypoint: launches.append(config))
+    with pytest.raises(FileNotFoundError) as gone:
+        train_torch.execute(prepared=stale, hyperparameters=TrainConfig(batch_size=32))
+    assert launches == []
+    assert f"the train split at {train_split} is gone" in str(gone.value)
+    assert "--overwrite-cache" in str(gone.value)
+    with pytest.raises(FileNotFoundError, match="the train split at .* is gone"):
+        stale.local_splits()  # what a worker or the TensorFlow task reads
+
+
+def test_remote_splits_are_not_checked_or_fetched_before_the_launch():
+    require_local_copies({"train split": StructuredDataset(uri="s3://no-such-bucket/prepared/train")})

@@ -1,12 +1,19 @@
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from flytekit.types.structured import StructuredDataset
 
 from tasks.core.config import TrainConfig
 from tasks.core.launch import MissingPyTorchJob, plan_launch, rendezvous_events_named_without_stack_walks
 
-# What the launcher reads of its inputs before any worker starts: the batch against the training rows.
-TASK_INPUTS = {"prepared": SimpleNamespace(rows={"train": 1_000}), "hyperparameters": TrainConfig()}
+# What the launcher reads of its inputs before any worker starts: the batch against the training rows,
+# and that the local splits' files are there (this folder stands in for them).
+SPLIT = StructuredDataset(uri=str(Path(__file__).parent))
+TASK_INPUTS = {
+    "prepared": SimpleNamespace(rows={"train": 1_000}, train=SPLIT, val=SPLIT),
+    "hyperparameters": TrainConfig(),
+}
 
 
 def launch(**overrides):
