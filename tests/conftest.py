@@ -19,6 +19,18 @@ from tasks.core.config import TrainConfig
 from tasks.core.models import ModelSpec, mlp_spec
 
 
+@dataclass
+class SessionTmpdir:
+    root: str
+    outer: str | None  # TMPDIR before the session
+    failed: bool = False
+
+
+SESSION_TMPDIR = pytest.StashKey[SessionTmpdir]()
+
+PASSED = (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED)
+
+
 def pytest_configure(config):
     """One temporary root per session, which every process the tests start inherits through TMPDIR.
 
@@ -40,9 +52,6 @@ def pytest_sessionfinish(session, exitstatus):
         session.config.stash[SESSION_TMPDIR].failed = exitstatus not in PASSED
 
 
-PASSED = (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED)
-
-
 def pytest_unconfigure(config):
     if SESSION_TMPDIR not in config.stash:
         return
@@ -56,16 +65,6 @@ def pytest_unconfigure(config):
     else:
         os.environ["TMPDIR"] = tmpdir.outer
     tempfile.tempdir = None
-
-
-@dataclass
-class SessionTmpdir:
-    root: str
-    outer: str | None  # TMPDIR before the session
-    failed: bool = False
-
-
-SESSION_TMPDIR = pytest.StashKey[SessionTmpdir]()
 
 
 def blobs_frame(n_rows: int = 300, n_features: int = 4, n_classes: int = 3, seed: int = 0) -> pd.DataFrame:

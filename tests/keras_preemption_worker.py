@@ -1,7 +1,7 @@
-"""A Keras training process for the preemption test: `python -m tests.keras_preemption_worker SPLITS CKPT OUT SLOW`.
+"""A Keras training process for the preemption test: `python -m tests.keras_preemption_worker SPLITS CKPT OUT`.
 
 SPLITS is the JSON of a SplitPaths, CKPT the checkpoint directory, OUT where to write the batches
-trained per epoch and the history, SLOW "1" to pause after each batch so the test can signal it
+trained per epoch and the history. It pauses after each batch so the test can signal it
 mid-epoch. Exits with PREEMPTED_EXIT_CODE when training stops on SIGTERM.
 """
 
@@ -57,9 +57,9 @@ def train_and_record(splits: SplitPaths, checkpoint_dir: str, out: str, pause_s:
     )
 
 
-def main(splits_json: str, checkpoint_dir: str, out: str, slow: str) -> None:
-    train_and_record(SplitPaths(**json.loads(splits_json)), checkpoint_dir, out, 0.05 if slow == "1" else 0.0)
+def main(splits_json: str, checkpoint_dir: str, out: str) -> None:
+    train_and_record(SplitPaths(**json.loads(splits_json)), checkpoint_dir, out, pause_s=0.05)
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:5])
+    main(*sys.argv[1:4])

@@ -39,7 +39,7 @@ def test_an_epochs_order_is_a_function_of_the_seed_and_the_epoch():
 def slow_worker(splits, checkpoint_dir: Path, out: Path) -> list[str]:
     """The worker pausing after each batch, so that it can be signalled mid-epoch."""
     return [sys.executable, "-m", "tests.keras_preemption_worker", json.dumps(asdict(splits)),
-            str(checkpoint_dir), str(out), "1"]  # fmt: skip
+            str(checkpoint_dir), str(out)]  # fmt: skip
 
 
 def wait_for_the_first_epoch_end(state: Path, process: subprocess.Popen, timeout_s: float = 120) -> None:
