@@ -17,11 +17,16 @@ PACKAGE := dist/mixedml-flyte-package.tgz
 
 install: $(STAMP)
 
+# uv installs and byte-compiles in parallel (pip takes minutes for torch and TensorFlow). It reads no
+# pip configuration, so a local wheel folder pip is pointed at (PIP_FIND_LINKS) is passed on.
+FIND_LINKS ?= $(PIP_FIND_LINKS)
+
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
 	# constraints.txt pins every package (torch==2.13.0 is the CPU build here) so installs are reproducible.
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[$(EXTRAS)]"
+	$(BIN)/python -m pip install --quiet --upgrade -c constraints.txt pip uv
+	$(BIN)/uv pip install --quiet --compile-bytecode --python $(BIN)/python \
+		$(addprefix --find-links ,$(FIND_LINKS)) -c constraints.txt -e ".[$(EXTRAS)]"
 	touch $(STAMP)
 
 run: install

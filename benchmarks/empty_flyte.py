@@ -1,8 +1,8 @@
 """`python -m benchmarks.empty_flyte`: a workflow of the pipeline's shape whose tasks do nothing.
 
-A task, a dynamic that runs a two-worker Elastic task, and a last task, run locally. Its wall time
-over `benchmarks.empty_plain`'s is what flytekit and its PyTorch plugin cost any pipeline of this
-shape, whatever its tasks do: the floor under the orchestration overhead.
+A task, a dynamic that runs an Elastic task on the pipeline's local workers, and a last task, run
+locally. Its wall time over `benchmarks.empty_plain`'s is what flytekit and its PyTorch plugin cost
+any pipeline of this shape, whatever its tasks do: the floor under the orchestration overhead.
 """
 
 from __future__ import annotations
@@ -12,13 +12,19 @@ import json
 from flytekit import dynamic, task, workflow
 from flytekitplugins.kfpytorch import Elastic
 
+from benchmarks.local_launch import LOCAL_WORKERS
+
 
 @task
 def prepare(rows: int) -> int:
     return rows
 
 
-@task(task_config=Elastic(nnodes=1, nproc_per_node=2, monitor_interval=0.1, increase_shared_mem=False))
+@task(
+    task_config=Elastic(
+        nnodes=1, nproc_per_node=LOCAL_WORKERS, monitor_interval=0.1, increase_shared_mem=False
+    )
+)
 def train(rows: int) -> int:
     return rows
 

@@ -1,4 +1,4 @@
-"""`python -m benchmarks.empty_plain`: two workers that do nothing, launched as the pipeline's are
+"""`python -m benchmarks.empty_plain`: workers that do nothing, launched as the pipeline's are
 (torch elastic, spawn, one thread each): the baseline of `benchmarks.empty_flyte`."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 
-from benchmarks.local_launch import two_local_workers
+from benchmarks.local_launch import local_workers
 
 
 def worker(rows: int) -> int:
@@ -15,4 +15,4 @@ def worker(rows: int) -> int:
 
 if __name__ == "__main__":
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    print(json.dumps({"rows": two_local_workers(worker, "empty")(1)[0], "phases": {}}))
+    print(json.dumps({"rows": local_workers(worker, "empty")(1)[0], "phases": {}}))

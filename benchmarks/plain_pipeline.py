@@ -1,4 +1,4 @@
-"""The same preprocess -> 2-worker DDP training -> evaluation as the workflow, without Flyte.
+"""The same preprocess -> DDP training on the local workers -> evaluation as the workflow, without Flyte.
 
 `python -m benchmarks.plain_pipeline DATA WORKDIR EPOCHS BATCH` prints the test accuracy.
 """
@@ -14,7 +14,7 @@ import os  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from benchmarks.local_launch import two_local_workers  # noqa: E402
+from benchmarks.local_launch import local_workers  # noqa: E402
 from tasks.core.config import SplitPaths, TrainConfig  # noqa: E402
 from tasks.core.data import SplitConfig, prepare_dataset, read_split  # noqa: E402
 from tasks.core.metrics import classification_metrics  # noqa: E402
@@ -40,7 +40,7 @@ def main(data: str, workdir: str, epochs: str, batch: str) -> None:
                         len(prepared.class_labels))  # fmt: skip
     artifact = str(Path(workdir) / "model.pt")
     CLOCK.mark("preprocess")
-    two_local_workers(train_worker, "plain")(
+    local_workers(train_worker, "plain")(
         TrainConfig(epochs=int(epochs), batch_size=int(batch)), splits, artifact
     )
     CLOCK.mark("train")

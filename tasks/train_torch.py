@@ -23,7 +23,7 @@ from flytekitplugins.kfpytorch.task import PytorchElasticFunctionTask
 
 import tasks.literal_types  # noqa: F401 - each boundary dataclass's Flyte type built once, before the tasks below
 from tasks.core.config import TrainConfig
-from tasks.core.launch import plan_launch, rendezvous_events_named_without_stack_walks
+from tasks.core.launch import local_cpu_workers, plan_launch, rendezvous_events_named_without_stack_walks
 from tasks.core.preemption import DEFAULT_GRACE_S
 from tasks.core.telemetry import UtilisationSampler
 from tasks.core.validation import batch_problems, raise_for
@@ -97,7 +97,7 @@ class MachineFittedElasticTask(PytorchElasticFunctionTask):
             self.task_config.nproc_per_node,
             in_pytorch_job="PET_NNODES" in os.environ,
             gpu_count=torch.cuda.device_count(),
-            local_cpu_workers=self.task_config.local_cpu_workers,
+            local_cpu_workers=local_cpu_workers(self.task_config.local_cpu_workers, os.environ),
             on_cluster=on_flyte_cluster(),
         )
         for note in launch.notes:

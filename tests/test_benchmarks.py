@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tasks.core.launch import LOCAL_CPU_WORKERS_VARIABLE
+
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 
@@ -30,11 +32,13 @@ GROUP_TOPICS = {
 
 
 def smoke_figures(tmp_path: Path, group: str, *extra: str) -> tuple[list[dict], str]:
+    """The group's figures at smoke sizes, each side of a comparison training on one CPU worker."""
     out, temporary = tmp_path / "figures.json", tmp_path / "temporary"
     temporary.mkdir()
+    environment = {**os.environ, "TMPDIR": str(temporary), LOCAL_CPU_WORKERS_VARIABLE: "1"}
     result = subprocess.run([sys.executable, "-m", "benchmarks", "--smoke", "--only", group, "--rows", "3000",
                              "--epochs", "2", *extra, "--json", str(out)], cwd=REPO, capture_output=True,
-                            text=True, timeout=900, env={**os.environ, "TMPDIR": str(temporary)})  # fmt: skip
+                            text=True, timeout=900, env=environment)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert not list(temporary.iterdir()), "the benchmark's runs left files in the temporary folder"
     figures = json.loads(out.read_text())

@@ -5,7 +5,13 @@ import pytest
 from flytekit.types.structured import StructuredDataset
 
 from tasks.core.config import TrainConfig
-from tasks.core.launch import MissingPyTorchJob, plan_launch, rendezvous_events_named_without_stack_walks
+from tasks.core.launch import (
+    LOCAL_CPU_WORKERS_VARIABLE,
+    MissingPyTorchJob,
+    local_cpu_workers,
+    plan_launch,
+    rendezvous_events_named_without_stack_walks,
+)
 
 # What the launcher reads of its inputs before any worker starts: the batch against the training rows,
 # and that the local splits' files are there (this folder stands in for them).
@@ -39,6 +45,19 @@ def test_cpu_only_machine_uses_local_cpu_workers():
     plan = launch(gpu_count=0, local_cpu_workers=2)
     assert (plan.max_nodes, plan.nproc_per_node) == (1, 2)
     assert "no GPU" in plan.notes[0]
+
+
+def test_the_local_cpu_worker_count_comes_from_the_environment_when_set():
+    assert local_cpu_workers(2, {}) == 2
+    assert local_cpu_workers(2, {LOCAL_CPU_WORKERS_VARIABLE: ""}) == 2
+    assert local_cpu_workers(2, {LOCAL_CPU_WORKERS_VARIABLE: "1"}) == 1
+    assert local_cpu_workers(2, {LOCAL_CPU_WORKERS_VARIABLE: " 6 "}) == 6
+
+
+@pytest.mark.parametrize("value", ["0", "two", "-1", "1.5"])
+def test_a_local_cpu_worker_count_that_is_no_positive_number_is_refused_naming_it(value):
+    with pytest.raises(ValueError, match=f"MIXEDML_LOCAL_CPU_WORKERS='{value}'"):
+        local_cpu_workers(2, {LOCAL_CPU_WORKERS_VARIABLE: value})
 
 
 def test_fewer_gpus_than_asked_uses_those_present():
@@ -108,6 +127,7 @@ def test_the_plugin_launches_with_the_fitted_config_and_the_task_keeps_its_decla
     monkeypatch.delenv("FLYTE_INTERNAL_EXECUTION_ID", raising=False)
     monkeypatch.delenv("PET_NNODES", raising=False)
     monkeypatch.delenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", raising=False)
+    monkeypatch.delenv(LOCAL_CPU_WORKERS_VARIABLE, raising=False)
     with pytest.raises(LaunchCaptured):
         train_torch_multinode.execute(**TASK_INPUTS)
     (config,) = captured
@@ -115,6 +135,26 @@ def test_the_plugin_launches_with_the_fitted_config_and_the_task_keeps_its_decla
     assert config.shutdown_timeout == TRAIN_GPU_MULTINODE.attempts.preemption_grace_s + LAUNCHER_EXIT_MARGIN_S
     declared = train_torch_multinode
     assert (declared.min_nodes, declared.max_nodes, declared.task_config.nproc_per_node) == (2, 2, 8)
+
+
+def test_the_environment_s_local_cpu_worker_count_reaches_the_launch_and_a_bad_one_launches_nothing(
+    monkeypatch,
+):
+    import torch.distributed.launcher.api as launcher
+
+    from tasks.train_torch import train_torch
+
+    captured = []
+    monkeypatch.setattr(launcher, "elastic_launch", fake_elastic_launch(captured))
+    monkeypatch.delenv("FLYTE_INTERNAL_EXECUTION_ID", raising=False)
+    monkeypatch.setenv(LOCAL_CPU_WORKERS_VARIABLE, "1")
+    with pytest.raises(LaunchCaptured):
+        train_torch.execute(**TASK_INPUTS)
+    assert [config.nproc_per_node for config in captured] == [1]
+    monkeypatch.setenv(LOCAL_CPU_WORKERS_VARIABLE, "none")
+    with pytest.raises(ValueError, match="MIXEDML_LOCAL_CPU_WORKERS='none'"):
+        train_torch.execute(**TASK_INPUTS)
+    assert len(captured) == 1
 
 
 def test_a_signalled_agent_makes_the_attempt_exit_with_the_signal(monkeypatch):

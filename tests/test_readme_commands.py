@@ -9,6 +9,9 @@ The commands share one process (tests/readme_driver.py): each goes through pyfly
 line parsing and runs, and its exit status, stdout and stderr are kept apart, so one test per
 command reads its own result, while the process start-up and the flytekit/torch imports are paid
 once.
+
+Each PyTorch training starts one CPU worker (MIXEDML_LOCAL_CPU_WORKERS=1): what a command adds is its
+inputs, and the two-rank runs are tests/test_ddp.py's and tests/test_pipeline.py's.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from tasks.core.launch import LOCAL_CPU_WORKERS_VARIABLE
 from tests.conftest import blobs_frame
 from tests.dependencies import REPO
 
@@ -85,7 +89,7 @@ def run_the_commands(commands: list[str], root: Path) -> dict:
             capture_output=True,
             text=True,
             timeout=600 * max(1, len(commands)),  # 600 s a command, as when each had its own process
-            env=os.environ.copy(),
+            env={**os.environ, LOCAL_CPU_WORKERS_VARIABLE: "1"},
         )
         exit_status, out, err = driver.returncode, driver.stdout, driver.stderr
     except subprocess.TimeoutExpired as late:  # the commands that finished still have their results

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 
@@ -18,6 +19,22 @@ class LaunchPlan:
 
 class MissingPyTorchJob(RuntimeError):
     """A multi-node launch on a cluster that ran the task as a single pod."""
+
+
+LOCAL_CPU_WORKERS_VARIABLE = "MIXEDML_LOCAL_CPU_WORKERS"
+
+
+def local_cpu_workers(configured: int, environ: Mapping[str, str]) -> int:
+    """The CPU worker count for a run without GPUs: `MIXEDML_LOCAL_CPU_WORKERS` when set (one to debug
+    a single rank, more on a many-core machine), else the task's configured count."""
+    value = environ.get(LOCAL_CPU_WORKERS_VARIABLE, "").strip()
+    if not value:
+        return configured
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(
+            f"{LOCAL_CPU_WORKERS_VARIABLE}={value!r}: expected a whole number of worker processes, 1 or more"
+        )
+    return int(value)
 
 
 def plan_launch(
