@@ -44,7 +44,8 @@ def test_multi_node_outside_a_pytorch_job_is_clamped_with_a_note():
 def test_cpu_only_machine_uses_local_cpu_workers():
     plan = launch(gpu_count=0, local_cpu_workers=2)
     assert (plan.max_nodes, plan.nproc_per_node) == (1, 2)
-    assert "no GPU" in plan.notes[0]
+    assert "no GPU found; training with 2 CPU worker processes" in plan.notes[0]
+    assert "with 1 CPU worker process (gloo)" in launch(gpu_count=0, local_cpu_workers=1).notes[0]
 
 
 def test_the_local_cpu_worker_count_comes_from_the_environment_when_set():

@@ -70,7 +70,8 @@ def plan_launch(
             "clamping to 1 node (multi-node training needs the cluster)"
         )
     if gpu_count == 0:
-        notes.append(f"no GPU found; training with {local_cpu_workers} CPU worker processes (gloo)")
+        processes = "process" if local_cpu_workers == 1 else "processes"
+        notes.append(f"no GPU found; training with {local_cpu_workers} CPU worker {processes} (gloo)")
         return LaunchPlan(1, 1, local_cpu_workers, notes)
     if gpu_count < nproc_per_node:
         notes.append(f"{nproc_per_node} GPUs per node requested but {gpu_count} present; using {gpu_count}")
