@@ -12,7 +12,7 @@ import json
 from flytekit import dynamic, task, workflow
 from flytekitplugins.kfpytorch import Elastic
 
-from benchmarks.local_launch import LOCAL_WORKERS
+from tasks.core.launch import local_cpu_workers
 
 
 @task
@@ -22,7 +22,7 @@ def prepare(rows: int) -> int:
 
 @task(
     task_config=Elastic(
-        nnodes=1, nproc_per_node=LOCAL_WORKERS, monitor_interval=0.1, increase_shared_mem=False
+        nnodes=1, nproc_per_node=local_cpu_workers(), monitor_interval=0.1, increase_shared_mem=False
     )
 )
 def train(rows: int) -> int:

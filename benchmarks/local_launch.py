@@ -4,19 +4,14 @@ MIXEDML_LOCAL_CPU_WORKERS says otherwise."""
 
 from __future__ import annotations
 
-import os
-
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from tasks.core.launch import local_cpu_workers
 
-# The training task's default `local_cpu_workers` (tasks/hardware.py), which these scripts do not import.
-LOCAL_WORKERS = local_cpu_workers(2, os.environ)
-
 
 def local_workers(entrypoint, run_id: str):
     """`entrypoint` run by the spawned workers; call the result with its arguments."""
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=LOCAL_WORKERS, run_id=run_id,
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=local_cpu_workers(), run_id=run_id,
                           rdzv_backend="c10d", rdzv_endpoint="localhost:0", start_method="spawn",
                           monitor_interval=0.1)  # fmt: skip
     return elastic_launch(config, entrypoint)

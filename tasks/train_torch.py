@@ -23,7 +23,12 @@ from flytekitplugins.kfpytorch.task import PytorchElasticFunctionTask
 
 import tasks.literal_types  # noqa: F401 - each boundary dataclass's Flyte type built once, before the tasks below
 from tasks.core.config import TrainConfig
-from tasks.core.launch import local_cpu_workers, plan_launch, rendezvous_events_named_without_stack_walks
+from tasks.core.launch import (
+    DEFAULT_LOCAL_CPU_WORKERS,
+    local_cpu_workers,
+    plan_launch,
+    rendezvous_events_named_without_stack_walks,
+)
 from tasks.core.preemption import DEFAULT_GRACE_S
 from tasks.core.telemetry import UtilisationSampler
 from tasks.core.validation import batch_problems, raise_for
@@ -47,7 +52,7 @@ log = logging.getLogger(__name__)
 class MachineFittedElastic(Elastic):
     """`Elastic` whose launch is fitted to the machine when it runs outside a PyTorchJob."""
 
-    local_cpu_workers: int = 2
+    local_cpu_workers: int = DEFAULT_LOCAL_CPU_WORKERS
     preemption_grace_s: int = DEFAULT_GRACE_S
 
 

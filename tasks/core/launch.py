@@ -4,6 +4,7 @@ cheaper way for torch elastic to name its rendezvous events during the launch.""
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -22,9 +23,12 @@ class MissingPyTorchJob(RuntimeError):
 
 
 LOCAL_CPU_WORKERS_VARIABLE = "MIXEDML_LOCAL_CPU_WORKERS"
+DEFAULT_LOCAL_CPU_WORKERS = 2
 
 
-def local_cpu_workers(configured: int, environ: Mapping[str, str]) -> int:
+def local_cpu_workers(
+    configured: int = DEFAULT_LOCAL_CPU_WORKERS, environ: Mapping[str, str] = os.environ
+) -> int:
     """The CPU worker count for a run without GPUs: `MIXEDML_LOCAL_CPU_WORKERS` when set (one to debug
     a single rank, more on a many-core machine), else the task's configured count."""
     value = environ.get(LOCAL_CPU_WORKERS_VARIABLE, "").strip()
