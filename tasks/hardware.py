@@ -23,6 +23,7 @@ from flytekit.extras.accelerators import (
 )
 from kubernetes.client import V1Container, V1PodSpec, V1ResourceRequirements, V1Toleration
 
+from tasks.core.launch import DEFAULT_LOCAL_CPU_WORKERS
 from tasks.core.machines import MachineType
 from tasks.core.planner import CatalogEntry
 from tasks.core.preemption import DEFAULT_GRACE_S
@@ -132,7 +133,7 @@ class GpuTrainingProfile:
     shared_memory: str
     machine: MachineType  # the node type it is sized for: cpu and mem fit its allocatable
     # Worker processes when the task runs where there is no GPU (a laptop, CI): DDP over gloo.
-    local_cpu_workers: int = 2
+    local_cpu_workers: int = DEFAULT_LOCAL_CPU_WORKERS
     # Seconds to wait for every node to join; multi-node runs wait for node scale-up and image pulls.
     rendezvous_timeout_s: int = 900
     # Worker-group restarts torch elastic makes after a worker dies, before the attempt fails.

@@ -10,8 +10,8 @@ from tasks.core.launch import (
     MissingPyTorchJob,
     local_cpu_workers,
     plan_launch,
-    rendezvous_events_named_without_stack_walks,
 )
+from tasks.core.rendezvous import rendezvous_events_named_without_stack_walks
 
 # What the launcher reads of its inputs before any worker starts: the batch against the training rows,
 # and that the local splits' files are there (this folder stands in for them).
