@@ -101,3 +101,23 @@ def running(processes: list[psutil.Process]) -> list[int]:
         except psutil.NoSuchProcess:
             pass
     return alive
+
+
+def refused_like_a_pod(
+    spec, inputs: literals_pb2.LiteralMap, workdir: Path, **environment: str
+) -> tuple[str, str]:
+    """Runs the task's command as a cluster pod would (propeller's execution id set) and expects it to
+    fail: returns (what the command printed, the message of the error.pb it wrote)."""
+    from flyteidl.core import errors_pb2
+
+    command = pod_command(spec, inputs, workdir)
+    cluster = {"FLYTE_INTERNAL_EXECUTION_ID": "f00ba4", **environment}
+    result = subprocess.run(
+        command, cwd=REPO, env=pod_environment(**cluster), capture_output=True, text=True, timeout=600
+    )
+    printed = result.stdout + result.stderr
+    error = workdir / "outputs" / "error.pb"
+    assert result.returncode != 0 or error.exists(), f"the pod did not fail:\n{printed[-3000:]}"
+    assert not (workdir / "outputs" / "outputs.pb").exists(), "a refused pod wrote outputs"
+    assert error.exists(), f"the pod wrote no error.pb:\n{printed[-3000:]}"
+    return printed, errors_pb2.ErrorDocument.FromString(error.read_bytes()).error.message

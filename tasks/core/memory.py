@@ -20,6 +20,8 @@ FP32, HALF, MASK = 4, 2, 1
 CUDA_CONTEXT_BYTES = 600 * 2**20
 ALLOCATOR_SLACK = 0.10
 TF_RUNTIME_BYTES = 1024 * 2**20
+# Under DDP the torch loop all-reduces gradients itself, in flat buckets of at most this size.
+GRADIENT_REDUCE_BUCKET_BYTES = 25 * 2**20
 
 
 @dataclass
