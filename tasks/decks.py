@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import math
 
 from flytekit import Deck
 from flytekit.deck import DeckField
@@ -102,12 +103,21 @@ def utilisation_section(samples: list) -> str:
         return section("Utilisation", "<p>no samples</p>")
     seconds = [s.seconds for s in samples]
     series = {"CPU %": (seconds, [s.cpu_percent for s in samples])}
-    for gpu in range(len(samples[0].gpu_percent)):
-        series[f"GPU {gpu} %"] = (seconds, [s.gpu_percent[gpu] for s in samples])
     memory = {"RAM GiB": (seconds, [s.ram_gib for s in samples])}
-    for gpu in range(len(samples[0].gpu_memory_gib)):
-        memory[f"GPU {gpu} GiB"] = (seconds, [s.gpu_memory_gib[gpu] for s in samples])
+    unreported = []
+    for gpu in range(len(samples[0].gpu_percent)):
+        for name, values, chart in (
+            (f"GPU {gpu} %", [s.gpu_percent[gpu] for s in samples], series),
+            (f"GPU {gpu} GiB", [s.gpu_memory_gib[gpu] for s in samples], memory),
+        ):
+            points = [(t, v) for t, v in zip(seconds, values, strict=True) if math.isfinite(v)]
+            if points:
+                chart[name] = tuple(map(list, zip(*points, strict=True)))
+            else:
+                unreported.append(name)
     note = "" if samples[0].gpu_percent else "<p>No GPU was visible (NVML); CPU and RAM only.</p>"
+    if unreported:
+        note += f"<p>Not reported by NVML (as on MIG devices): {html.escape(', '.join(unreported))}.</p>"
     return section(
         "Utilisation",
         note,

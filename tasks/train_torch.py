@@ -15,14 +15,18 @@ import signal
 import time
 from dataclasses import dataclass, replace
 
+import flytekit
 from flytekit import task
 from flytekit.core.base_task import IgnoreOutputs
 from flytekit.core.task import TaskPlugins
+from flytekit.exceptions.user import FlyteRecoverableException
 from flytekitplugins.kfpytorch import CleanPodPolicy, Elastic, RunPolicy
 from flytekitplugins.kfpytorch.task import PytorchElasticFunctionTask
 
 import tasks.literal_types  # noqa: F401 - each boundary dataclass's Flyte type built once, before the tasks below
+from tasks.core.accelerators import on_flyte_cluster
 from tasks.core.config import TrainConfig
+from tasks.core.job_completion import wait_for_rank_zero
 from tasks.core.launch import DEFAULT_LOCAL_CPU_WORKERS, local_cpu_workers, plan_launch
 from tasks.core.preemption import DEFAULT_GRACE_S
 from tasks.core.rendezvous import rendezvous_events_named_without_stack_walks
@@ -50,12 +54,8 @@ class MachineFittedElastic(Elastic):
 
     local_cpu_workers: int = DEFAULT_LOCAL_CPU_WORKERS
     preemption_grace_s: int = DEFAULT_GRACE_S
-
-
-def on_flyte_cluster() -> bool:
-    """Propeller sets the execution id in every task pod (flyteplugins/go/tasks/pluginmachinery/
-    flytek8s/k8s_resource_adds.go); local runs and the tests have none."""
-    return "FLYTE_INTERNAL_EXECUTION_ID" in os.environ
+    # How long a PyTorchJob pod without rank 0 waits, once its workers are done, for rank 0's outputs.
+    rank_zero_outputs_timeout_s: int = 900
 
 
 class MachineFittedElasticTask(PytorchElasticFunctionTask):
@@ -64,10 +64,21 @@ class MachineFittedElasticTask(PytorchElasticFunctionTask):
     spends time on charts between its last step and its exit."""
 
     def _execute(self, **kwargs):
+        if on_flyte_cluster():
+            self.require_declared_gpus()
         with UtilisationSampler() as sampler:
             trained = self._launch_fitted(**kwargs)  # only the launcher that holds rank 0 returns
         training_deck(trained, sampler.samples)
         return trained
+
+    def require_declared_gpus(self) -> None:
+        """On a cluster, refuse to start unless the GPUs the task declared are usable: the local CPU
+        fallback there would be a silent wrong result."""
+        from tasks.core.cuda_check import require_cuda
+
+        gpus = self.task_config.nproc_per_node
+        device = self.accelerator.to_flyte_idl().device if self.accelerator else "NVIDIA"
+        require_cuda(f"{gpus} x {device} GPU (its pod requests nvidia.com/gpu)", gpus)
 
     def _launch_stopping_on_signal(self, **kwargs):
         """On SIGTERM (the preemption notice) torch elastic passes the signal to the workers, waits for
@@ -77,16 +88,35 @@ class MachineFittedElasticTask(PytorchElasticFunctionTask):
         system error and retries it (flyteplugins/go/tasks/pluginmachinery/flytek8s/pod_helper.go,
         `DemystifyFailure`)."""
         from torch.distributed.elastic.multiprocessing.api import SignalException
+        from torch.distributed.elastic.rendezvous import RendezvousError
 
         try:
             return super()._execute(**kwargs)
+        except RendezvousError as error:
+            # A node that never joined (scale-up, image pull, quota): retryable, unlike the
+            # non-recoverable user error the plugin would make of it (it catches only ChildFailedError
+            # and SignalException).
+            raise FlyteRecoverableException(
+                f"torch elastic rendezvous failed ({type(error).__name__}: {error or 'timed out'}): "
+                f"{self.min_nodes} node(s) were to join within {self.task_config.rdzv_configs.get('join_timeout')} s"
+            ) from error
         except IgnoreOutputs as ignored:
+            if ignored.__context__ is None:  # this node's workers finished, and rank 0 is elsewhere
+                self.wait_for_rank_zero_outputs()
+                raise
             if isinstance(ignored.__context__, SignalException):
                 stop_remaining_workers(ignored.__context__.sigval, self.task_config.preemption_grace_s)
                 log.warning("training stopped by %s; a retried attempt resumes from the checkpoint",
                             ignored.__context__.sigval.name)  # fmt: skip
                 raise SystemExit(128 + ignored.__context__.sigval) from ignored.__context__
             raise
+
+    def wait_for_rank_zero_outputs(self) -> None:
+        """Keeps this pod from succeeding, and so the PyTorchJob from completing, before rank 0's pod
+        has written the task's outputs (tasks/core/job_completion.py says why)."""
+        prefix = flytekit.current_context().output_metadata_prefix
+        if prefix:
+            wait_for_rank_zero(prefix, self.task_config.rank_zero_outputs_timeout_s)
 
     def _launch_fitted(self, **kwargs):
         import torch
@@ -191,10 +221,11 @@ def elastic(profile: GpuTrainingProfile) -> MachineFittedElastic:
         # and the task returns this soon after the last rank finishes. Polling is cheap; torchrun's default.
         monitor_interval=0.1,
         preemption_grace_s=profile.attempts.preemption_grace_s,
-        # Used only by a PyTorchJob (nnodes > 1): the operator ends the job at the attempt's timeout and
-        # deletes pods still running when it ends, so a failed job frees its GPU nodes.
+        # Used only by a PyTorchJob (nnodes > 1). The operator ends the job at the attempt's timeout,
+        # deleting its pods. On completion it deletes none: with `Running` it would delete the pod
+        # holding rank 0 while that pod still writes the task's outputs (docs/reliability.md).
         run_policy=RunPolicy(
-            clean_pod_policy=CleanPodPolicy.RUNNING,
+            clean_pod_policy=CleanPodPolicy.NONE,
             active_deadline_seconds=int(profile.attempts.timeout.total_seconds()),
         ),
     )

@@ -88,8 +88,9 @@ def test_single_node_on_a_cluster_is_unaffected():
 def test_the_multinode_task_fails_at_once_on_a_cluster_without_the_pytorch_plugin(monkeypatch):
     """A Flyte execution id in the environment (as propeller sets in every pod) and no PET_NNODES (no
     PyTorchJob): the task fails before it starts any worker."""
-    from tasks.train_torch import train_torch_multinode
+    from tasks.train_torch import MachineFittedElasticTask, train_torch_multinode
 
+    monkeypatch.setattr(MachineFittedElasticTask, "require_declared_gpus", lambda self: None)  # a GPU node
     monkeypatch.setenv("FLYTE_INTERNAL_EXECUTION_ID", "a1b2c3")
     monkeypatch.delenv("PET_NNODES", raising=False)
     with pytest.raises(MissingPyTorchJob, match="'pytorch' plugin in propeller's enabled-plugins"):

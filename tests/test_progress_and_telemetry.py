@@ -2,10 +2,14 @@ from __future__ import annotations
 
 import io
 import logging
+import math
 import time
+from types import SimpleNamespace
 
+from tasks.core import telemetry
 from tasks.core.progress import ProgressReporter
 from tasks.core.telemetry import UtilisationSampler
+from tasks.decks import utilisation_section
 
 
 class Terminal(io.StringIO):
@@ -65,3 +69,38 @@ def test_sampler_records_cpu_and_memory():
     assert len(sampler.samples) >= 2
     assert all(0 <= s.cpu_percent <= 100 * 64 and s.ram_gib > 0 for s in sampler.samples)
     assert sampler.samples[-1].seconds > sampler.samples[0].seconds
+
+
+class NotSupported(Exception):
+    """Stands in for pynvml.NVMLError_NotSupported."""
+
+
+class MigNvml:
+    """NVML as a MIG device answers it: memory is reported, utilisation is not."""
+
+    @staticmethod
+    def nvmlDeviceGetUtilizationRates(handle):
+        raise NotSupported("Not Supported")
+
+    @staticmethod
+    def nvmlDeviceGetMemoryInfo(handle):
+        return SimpleNamespace(used=3 * 2**30)
+
+
+def test_a_reading_nvml_does_not_support_is_nan_and_sampling_goes_on(monkeypatch):
+    monkeypatch.setattr(telemetry, "nvml_devices", lambda: (MigNvml, ["mig-0"]))
+    with UtilisationSampler(interval_s=0.02) as sampler:
+        time.sleep(0.15)
+    assert len(sampler.samples) >= 3  # the thread kept sampling after the first failed reading
+    assert all(math.isnan(s.gpu_percent[0]) and s.gpu_memory_gib == [3.0] for s in sampler.samples)
+    page = utilisation_section(sampler.samples)
+    assert "Not reported by NVML (as on MIG devices): GPU 0 %" in page
+    assert "GPU 0 GiB" in page
+
+
+def test_a_failing_sample_never_fails_the_task(monkeypatch):
+    monkeypatch.setattr(telemetry, "nvml_devices", lambda: (MigNvml, ["mig-0"]))
+    monkeypatch.setattr(telemetry.psutil, "virtual_memory", lambda: 1 / 0)
+    with UtilisationSampler(interval_s=0.02) as sampler:  # __exit__ samples once more: it must not raise
+        time.sleep(0.06)
+    assert sampler.samples == []

@@ -110,7 +110,9 @@ def test_multinode_pytorchjob_carries_a_run_policy():
     spec = template(train_torch_multinode)
     assert spec.type == "pytorch"
     policy = MessageToDict(spec.custom)["runPolicy"]
-    assert policy["cleanPodPolicy"] == "CLEANPOD_POLICY_RUNNING"
+    # None: on completion the operator deletes no pod, so rank 0's finishes writing the outputs. It is
+    # the enum's zero, which protobuf leaves out and flyteplugins' ParseCleanPodPolicy reads as None.
+    assert policy.get("cleanPodPolicy", "CLEANPOD_POLICY_NONE") == "CLEANPOD_POLICY_NONE"
     assert policy["activeDeadlineSeconds"] == TRAIN_GPU_MULTINODE.attempts.timeout.total_seconds()
 
 

@@ -1,12 +1,22 @@
-"""Hardware utilisation sampled in the background while training runs."""
+"""Hardware utilisation sampled in the background while training runs.
+
+Telemetry never fails a task: a reading the device does not support (NVML reports no utilisation for
+MIG devices, `nvmlDeviceGetUtilizationRates` raises NVMLError_NotSupported there) is recorded as NaN,
+and any other error is logged once and sampling goes on.
+"""
 
 from __future__ import annotations
 
+import logging
+import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import psutil
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -40,6 +50,7 @@ class UtilisationSampler:
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._nvml, self._gpus = nvml_devices()
         self._start = time.monotonic()
+        self._failed = False
 
     def __enter__(self) -> UtilisationSampler:
         psutil.cpu_percent()  # the first reading is meaningless; prime it
@@ -49,17 +60,27 @@ class UtilisationSampler:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
-        self.sample()
+        self._sample_logging_errors()
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
+            self._sample_logging_errors()
+
+    def _sample_logging_errors(self) -> None:
+        try:
             self.sample()
+        except Exception as error:
+            if not self._failed:
+                log.warning(
+                    "utilisation sampling failed (%s: %s); training goes on", type(error).__name__, error
+                )
+            self._failed = True
 
     def sample(self) -> None:
         gpu_percent, gpu_memory = [], []
         for handle in self._gpus:
-            gpu_percent.append(float(self._nvml.nvmlDeviceGetUtilizationRates(handle).gpu))
-            gpu_memory.append(self._nvml.nvmlDeviceGetMemoryInfo(handle).used / 2**30)
+            gpu_percent.append(reading(lambda h=handle: self._nvml.nvmlDeviceGetUtilizationRates(h).gpu))
+            gpu_memory.append(reading(lambda h=handle: self._nvml.nvmlDeviceGetMemoryInfo(h).used / 2**30))
         self.samples.append(
             Sample(
                 seconds=time.monotonic() - self._start,
@@ -69,3 +90,11 @@ class UtilisationSampler:
                 gpu_memory_gib=gpu_memory,
             )
         )
+
+
+def reading(read: Callable[[], float]) -> float:
+    """One NVML reading, NaN where the device does not support it (or it fails)."""
+    try:
+        return float(read())
+    except Exception:
+        return math.nan
