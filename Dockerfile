@@ -60,6 +60,8 @@ RUN pip install --no-deps . && chown -R mixedml /home/mixedml
 USER mixedml
 
 # ---- tf-gpu: TensorFlow with its CUDA libraries (the and-cuda extra); no torch ----------------
+# The and-cuda extra accepts any CUDA 12 release from the one TensorFlow was built and tested with;
+# constraints.txt pins the nvidia-*-cu12 wheels to exactly that one (CUDA 12.5, cuDNN 9.3).
 FROM base AS tf-gpu
 RUN TENSORFLOW=$(sed -n 's/^tensorflow[-_]cpu==//p' constraints.txt) \
     && pip install -c constraints.txt ".[gpu]" "tensorflow[and-cuda]==${TENSORFLOW:?}"
@@ -70,10 +72,19 @@ RUN pip install --no-deps . && chown -R mixedml /home/mixedml
 USER mixedml
 
 # ---- tpu: TensorFlow with the TPU runtime (libtpu); no torch ----------------------------------
+# TensorFlow reaches TPU v5e, v5p and v6e only through libtpu's PJRT plugin, which it loads when it is
+# imported and these are set (Cloud TPU, "Run TensorFlow on Cloud TPU VM"; TensorFlow's
+# NextPluggableDevice). Without them TensorFlow sees no TPU. The plugin is linked to a fixed path, so
+# the variable names no Python version; the build fails if libtpu ships no libtpu.so.
 FROM base AS tpu
 RUN TENSORFLOW=$(sed -n 's/^tensorflow[-_]cpu==//p' constraints.txt) \
     && pip install -c constraints.txt . "tensorflow-tpu==${TENSORFLOW:?}" \
        -f https://storage.googleapis.com/libtpu-tf-releases/index.html
+RUN ln -s "$(find /opt/venv -path '*/site-packages/libtpu/libtpu.so' | head -n 1)" /usr/local/lib/libtpu.so \
+    && test -e /usr/local/lib/libtpu.so
+ENV PJRT_DEVICE=TPU \
+    NEXT_PLUGGABLE_DEVICE_USE_C_API=true \
+    TF_PLUGGABLE_DEVICE_LIBRARY_PATH=/usr/local/lib/libtpu.so
 COPY tasks ./tasks
 COPY workflows ./workflows
 COPY examples ./examples

@@ -285,3 +285,45 @@ def test_dockerignore_sends_only_what_the_images_need():
 def test_the_images_that_build_models_have_the_example_model_so_a_run_can_name_it():
     with_examples = {name for name, steps in stages().items() if ("COPY", "examples ./examples") in steps}
     assert {"ml-cpu", "torch-gpu", "tf-gpu", "tpu"} <= with_examples
+
+
+def environment(stage: str) -> dict[str, str]:
+    """The ENV variables the stage and its bases set (KEY=value form)."""
+    found = {}
+    for name in stage_chain(stage):
+        for instruction, arguments in stages()[name]:
+            if instruction == "ENV":
+                found.update(word.split("=", 1) for word in shlex.split(arguments))
+    return found
+
+
+def test_the_tpu_image_loads_libtpu_s_pjrt_plugin_before_tensorflow_starts():
+    """Set in the image, so they are there before any import of TensorFlow; the library path is the
+    link a RUN makes to the libtpu.so the tensorflow-tpu install brought, or the build fails."""
+    variables = environment("tpu")
+    assert variables["PJRT_DEVICE"] == "TPU"
+    assert variables["NEXT_PLUGGABLE_DEVICE_USE_C_API"] == "true"
+    library = variables["TF_PLUGGABLE_DEVICE_LIBRARY_PATH"]
+    links = [
+        arguments
+        for instruction, arguments in stages()["tpu"]
+        if instruction == "RUN" and library in arguments
+    ]
+    assert links and "libtpu/libtpu.so" in links[0] and f"test -e {library}" in links[0]
+    assert not {"PJRT_DEVICE", "TF_PLUGGABLE_DEVICE_LIBRARY_PATH"} & environment("tf-gpu").keys()
+
+
+def test_the_tf_gpu_image_gets_the_cuda_release_tensorflow_was_tested_with():
+    """TensorFlow 2.20's and-cuda extra accepts any CUDA 12 wheel from 12.5 on; the image takes the
+    tested CUDA 12.5 / cuDNN 9.3 build (tensorflow.org/install/source, tested build configurations)."""
+    assert constraint_pins()["tensorflow-cpu"].startswith("2.20.")
+    cuda12 = {name: version for name, version in constraint_pins().items() if name.endswith("-cu12")}
+    assert cuda12["nvidia-cudnn-cu12"].startswith("9.3.")
+    assert cuda12["nvidia-cuda-runtime-cu12"].startswith("12.5.")
+    assert all(version.startswith(("12.5.", "9.3.", "11.", "10.", "2.")) for version in cuda12.values()), (
+        cuda12
+    )
+    tensorflow_installs = [
+        words for words in pip_commands("tf-gpu") if any("and-cuda" in word for word in words)
+    ]
+    assert tensorflow_installs and all("constraints.txt" in words for words in tensorflow_installs)
