@@ -7,10 +7,20 @@ EXTRAS ?= torch,tf-cpu,gpu,dev
 
 # Images: the demo cluster (`flytectl demo start`) serves a registry on localhost:30000.
 REGISTRY ?= localhost:30000
-TAG ?= latest
+# The registration version. flyteadmin refuses a changed entity under a version it already has, so it
+# names the tree: the commit's short hash, and with uncommitted changes (tracked, or untracked and not
+# ignored) "-dirty-" and a hash of them, so the same changes give the same version and others a new one.
+VERSION ?= $(shell commit=$$(git rev-parse --short=12 HEAD 2>/dev/null) && \
+	changes=$$({ git diff --no-ext-diff --no-textconv --no-color --binary HEAD; \
+	git ls-files --others --exclude-standard; \
+	git ls-files -z --others --exclude-standard | xargs -0 -r git hash-object --; }) && \
+	echo "$$commit$${changes:+-dirty-$$(printf %s "$$changes" | git hash-object --stdin | cut -c1-8)}")
+# Images are tagged with the version too, so what `make register` registers runs the images `make push`
+# built from the same tree.
+TAG ?= $(VERSION)
 # One per Dockerfile stage; tasks name theirs in tasks/hardware.py.
 IMAGES := cpu ml-cpu torch-gpu tf-gpu tpu
-IMAGE_FLAGS := $(foreach t,$(IMAGES),--image $(t)=$(REGISTRY)/mixedml-$(t):$(TAG))
+IMAGE_FLAGS = $(foreach t,$(IMAGES),--image $(t)=$(REGISTRY)/mixedml-$(t):$(TAG))
 PACKAGE := dist/mixedml-flyte-package.tgz
 
 .PHONY: install run test test-fast lint format clean images images-check push package register browser bench gpu-check
@@ -84,7 +94,8 @@ package: install
 	$(BIN)/pyflyte --pkgs workflows package $(IMAGE_FLAGS) --output $(PACKAGE) --force
 
 register: install
-	$(BIN)/pyflyte --config flyte.config.yaml register workflows $(IMAGE_FLAGS) --version $(TAG) --activate-launchplans
+	@test -n "$(VERSION)" || { echo "make register: no git commit to name the version after; pass VERSION=..." >&2; exit 1; }
+	$(BIN)/pyflyte --config flyte.config.yaml register workflows $(IMAGE_FLAGS) --version $(VERSION) --activate-launchplans
 
 clean:
 	rm -rf $(VENV) dist .pytest_cache

@@ -67,13 +67,15 @@ class H200_141GB(MultiInstanceGPUAccelerator):
 
 H100, H200 = H100_80GB().unpartitioned, H200_141GB().unpartitioned
 
-# Compute Engine machine types (vCPUs, memory) that the profiles and catalogs are sized for.
-G2_STANDARD_8 = MachineType("g2-standard-8", 8, 32)  # 1 x L4
-A2_HIGHGPU_1G = MachineType("a2-highgpu-1g", 12, 85)  # 1 x A100 40GB
-A2_ULTRAGPU_1G = MachineType("a2-ultragpu-1g", 12, 170)  # 1 x A100 80GB
-A3_HIGHGPU_8G = MachineType("a3-highgpu-8g", 208, 1872)  # 8 x H100 80GB
-A3_ULTRAGPU_8G = MachineType("a3-ultragpu-8g", 224, 2952)  # 8 x H200 141GB
-# The node type each GPU model comes on, for the planner's options (one pod per option).
+# Compute Engine machine types (vCPUs, memory, GPUs) that the profiles and catalogs are sized for.
+G2_STANDARD_8 = MachineType("g2-standard-8", 8, 32, gpus=1)  # L4
+A2_HIGHGPU_1G = MachineType("a2-highgpu-1g", 12, 85, gpus=1)  # A100 40GB
+A2_ULTRAGPU_1G = MachineType("a2-ultragpu-1g", 12, 170, gpus=1)  # A100 80GB
+A3_HIGHGPU_8G = MachineType("a3-highgpu-8g", 208, 1872, gpus=8)  # H100 80GB
+A3_ULTRAGPU_8G = MachineType("a3-ultragpu-8g", 224, 2952, gpus=8)  # H200 141GB
+# The largest CPU node: deploy/gke-node-pools.sh's `cpu` pool. Preprocessing is planned within it.
+CPU_NODE = MachineType("n2-standard-8", 8, 32)
+# The node type each GPU model comes on, for the planner's options.
 MACHINE_FOR_GPU = {
     L4.to_flyte_idl().device: G2_STANDARD_8,
     "nvidia-tesla-a100": A2_HIGHGPU_1G,
@@ -108,19 +110,21 @@ class Attempts:
     node for good at twice this since it was first queued, whatever retries are left.
     `preemption_grace_s` is the budget from SIGTERM to a saved checkpoint; the pod's
     terminationGracePeriodSeconds is this plus LAUNCHER_EXIT_MARGIN_S.
+    `interruptible` lets the task run on spot capacity, where the cluster maps it there.
     """
 
     retries: int = 2
     timeout: timedelta = timedelta(hours=12)
     preemption_grace_s: int = DEFAULT_GRACE_S
+    interruptible: bool = True
 
     @property
     def termination_grace_s(self) -> int:
         return self.preemption_grace_s + LAUNCHER_EXIT_MARGIN_S
 
     def task_options(self) -> dict:
-        """@task arguments: interruptible (spot capacity, where the cluster maps it), retries, timeout."""
-        return {"interruptible": True, "retries": self.retries, "timeout": self.timeout}
+        """@task arguments: interruptible, retries, timeout."""
+        return {"interruptible": self.interruptible, "retries": self.retries, "timeout": self.timeout}
 
 
 @dataclass(frozen=True)
@@ -179,9 +183,11 @@ TRAIN_GPU_MULTINODE = GpuTrainingProfile(
     shared_memory="64Gi",
     machine=A3_HIGHGPU_8G,
     rendezvous_timeout_s=1800,
-    # A reclaimed node fails the whole PyTorchJob, which propeller reports as a retryable *user*
-    # error: here preemptions spend the task's retries, so it gets more of them.
-    attempts=Attempts(retries=4),
+    # On demand, not spot: a reclaimed node fails the whole PyTorchJob, which propeller reports as a
+    # user error, and only system failures move a retry off spot, so every retry would land on spot
+    # again. A lost node (GPU VMs stop for host maintenance) still fails the job as a user error and
+    # spends `retries`, so it gets more of them (docs/reliability.md).
+    attempts=Attempts(retries=4, interruptible=False),
 )
 
 
@@ -286,7 +292,13 @@ DEFAULT_PRICES_PER_HOUR = {
     "tpu-v5p-slice": 4.20,
     "tpu-v6e-slice": 2.70,
 }
-MIG_COMPUTE_SLICES = 7  # a MIG slice is priced by its share of the card's compute slices
+MIG_COMPUTE_SLICES = 7  # a GPU's MIG compute slices; a MIG slice is priced and sized by its share
+
+
+def gpu_share(partition: str) -> float:
+    """The part of one GPU an option uses: a MIG partition ("<compute slices>g.<memory>gb", as NVIDIA
+    names it) its compute slices' share, a whole GPU ("") all of it."""
+    return int(partition.split("g.")[0]) / MIG_COMPUTE_SLICES if partition else 1.0
 
 
 def whole_gpu(name: str, device: str, memory_gib: float) -> CatalogEntry:
@@ -294,9 +306,7 @@ def whole_gpu(name: str, device: str, memory_gib: float) -> CatalogEntry:
 
 
 def mig_slice(gpu: str, device: str, partition: str, memory_gib: float) -> CatalogEntry:
-    """`partition` as NVIDIA names it, "<compute slices>g.<memory>gb"."""
-    share = int(partition.split("g.")[0]) / MIG_COMPUTE_SLICES
-    price = DEFAULT_PRICES_PER_HOUR[device] * share
+    price = DEFAULT_PRICES_PER_HOUR[device] * gpu_share(partition)
     return CatalogEntry(f"{gpu}-mig-{partition}", "mig", device, partition, memory_gib, 1, price)
 
 
@@ -349,6 +359,18 @@ def accelerator_for(entry: CatalogEntry) -> BaseAccelerator:
     if entry.kind == "mig":
         return base.partitioned(entry.partition)
     return base.unpartitioned if base is not None else GPUAccelerator(entry.device)
+
+
+def node_share(entry: CatalogEntry) -> float:
+    """The part of its node a GPU option's pod occupies: its GPUs' share of the machine's GPUs."""
+    return entry.devices * gpu_share(entry.partition) / MACHINE_FOR_GPU[entry.device].gpus
+
+
+def gpu_option_resources(entry: CatalogEntry) -> Resources:
+    """A GPU option's pod: CPU and memory in proportion to its node share, so that as many such pods
+    fit on one node as the node has slices (or GPUs) of its kind, and none strands the others."""
+    cpu, memory_gib = MACHINE_FOR_GPU[entry.device].share(node_share(entry))
+    return Resources(cpu=f"{cpu:g}", mem=f"{memory_gib}Gi", gpu=str(entry.devices))
 
 
 def tpu_profile_for(entry: CatalogEntry) -> TpuSliceProfile:

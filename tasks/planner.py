@@ -31,10 +31,11 @@ from tasks.core.planner import (
 from tasks.core.validation import batch_problems, problems, raise_for
 from tasks.decks import DECKS
 from tasks.hardware import (
+    CPU_NODE,
     EVALUATE_CPU,
     ML_CPU_IMAGE,
-    TRAIN_GPU,
     accelerator_for,
+    gpu_option_resources,
     guaranteed,
     tpu_profile_for,
 )
@@ -57,9 +58,9 @@ def size_preprocessing(dataset: str, label_column: str) -> PreprocessPlan:
                 f"the embedded digits dataset has label column '{EMBEDDED_DIGITS_LABEL}', not '{label_column}'"
             )
         rows, columns, size = EMBEDDED_DIGITS_SHAPE
-        return plan_preprocessing(size, rows, columns, BATCH_ROWS)
+        return plan_preprocessing(size, rows, columns, BATCH_ROWS, CPU_NODE)
     stats = describe_input(dataset)
-    return plan_preprocessing(stats.bytes, stats.rows, stats.columns, BATCH_ROWS)
+    return plan_preprocessing(stats.bytes, stats.rows, stats.columns, BATCH_ROWS, CPU_NODE)
 
 
 @dynamic(container_image=ML_CPU_IMAGE, **guaranteed(EVALUATE_CPU), **DECKS)
@@ -127,7 +128,7 @@ def overrides_for(plan: TrainingPlan) -> dict:
     accelerator = accelerator_for(choice)
     if choice.kind == "tpu":
         return {"accelerator": accelerator, "pod_template": tpu_profile_for(choice).pod_template()}
-    sized = Resources(cpu=TRAIN_GPU.cpu, mem=TRAIN_GPU.mem, gpu=str(choice.devices))
+    sized = gpu_option_resources(choice)
     return {"accelerator": accelerator, "requests": sized, "limits": sized}
 
 

@@ -20,10 +20,11 @@ import yaml
 from google.protobuf.json_format import MessageToDict
 from kubernetes.utils import parse_quantity
 
+from tasks.core.cuda_check import DRIVER_FLOOR
 from tasks.core.data import BATCH_ROWS
 from tasks.core.machines import MachineType
 from tasks.core.planner import TrainingPlan, plan_preprocessing
-from tasks.hardware import MACHINE_FOR_GPU, TPU_GENERATIONS, Attempts
+from tasks.hardware import CPU_NODE, LAUNCHER_EXIT_MARGIN_S, MACHINE_FOR_GPU, TPU_GENERATIONS, Attempts
 from tasks.planner import overrides_for
 from tasks.targets import TARGETS
 from tests.dependencies import REPO
@@ -42,10 +43,12 @@ CUSTOM_RESOURCES = {"pytorch": ("kubeflow.org", "pytorchjobs")}
 MANAGE = {"create", "delete", "get", "list", "watch"}
 SPOT_LABEL = "cloud.google.com/gke-spot"  # GKE puts it on --spot nodes, value "true"
 TPU_ACCELERATOR, TPU_TOPOLOGY = "cloud.google.com/gke-tpu-accelerator", "cloud.google.com/gke-tpu-topology"
-# The largest input the CPU pool is sized for (its comment in gke-node-pools.sh says so).
-LARGEST_TABLE = {"input_bytes": 100 * 2**30, "rows": 10**9, "columns": 100}
-# CPU machine types a CPU pool may use: (vCPUs, GiB) from Compute Engine's machine type list.
-CPU_MACHINES = {m.name: m for m in (MachineType("n2-standard-8", 8, 32),)}
+# A table near the largest the preprocessing plan accepts on CPU_NODE (tests/test_planner.py).
+LARGEST_TABLE = {"input_bytes": 100 * 2**30, "rows": 1_500_000_000, "columns": 100}
+# GKE's default share of a spot VM's 30 s notice for ordinary pods (graceful node shutdown; GKE's
+# "Spot VMs" page). Node pools extend it only through a node system configuration, GKE >= 1.35.
+SPOT_POD_SHUTDOWN_S = 15
+INTERRUPTIBLE_TRAINING = ("train_torch.train_torch", "train_tf.train_tf_gpu", "train_tf.train_tf_tpu")
 
 
 @cache
@@ -149,7 +152,7 @@ def planner_demands(package) -> list[Demand]:
             source = f"planner option {entry.name} (target {name})"
             demands.append(override_demand(source, overrides_for(chosen(entry)), interruptible))
     plan = plan_preprocessing(
-        LARGEST_TABLE["input_bytes"], LARGEST_TABLE["rows"], LARGEST_TABLE["columns"], BATCH_ROWS
+        LARGEST_TABLE["input_bytes"], LARGEST_TABLE["rows"], LARGEST_TABLE["columns"], BATCH_ROWS, CPU_NODE
     )
     sized = {"cpu": plan.cpu, "memory": plan.mem}
     interruptible = package.tasks["tasks.preprocess.preprocess"].template.metadata.interruptible
@@ -204,10 +207,18 @@ def flags(words: list[str]) -> dict[str, str]:
     }
 
 
+def expanded_script() -> str:
+    """The script with its continuation lines joined and its plain assignments (`DRIVER=...`) expanded."""
+    text = POOLS.read_text().replace("\\\n", " ")
+    for name, value in re.findall(r"^([A-Z_]+)=([^\s$]+)", text, re.MULTILINE):
+        text = text.replace(f"${name}", value)
+    return text
+
+
 @cache
 def node_pools() -> tuple[Pool, ...]:
     pools = []
-    for line in POOLS.read_text().replace("\\\n", " ").splitlines():
+    for line in expanded_script().splitlines():
         if not re.match(rf"({'|'.join(POOL_FUNCTIONS)}) [a-z]", line):
             continue
         function, name, *rest = shlex.split(line, comments=True)
@@ -231,7 +242,7 @@ def max_nodes() -> int:
 
 
 def machine(pool: Pool) -> MachineType | None:
-    known = [*MACHINE_FOR_GPU.values(), *CPU_MACHINES.values()]
+    known = [*MACHINE_FOR_GPU.values(), CPU_NODE]
     known += [m for _, topologies in TPU_GENERATIONS.values() for m in topologies.values()]
     return next((m for m in known if m.name == pool.machine), None)
 
@@ -389,13 +400,33 @@ def test_pools_use_the_machine_types_the_profiles_are_sized_for():
             wrong.append(
                 f"{pool.name}: {pool.gpu[0]} on {pool.machine}, not {MACHINE_FOR_GPU[pool.gpu[0]].name}"
             )
-        elif pool.tpu_topology and (pool.tpu is None or pool.tpu[1] != pool.tpu_topology):
-            wrong.append(f"{pool.name}: --tpu-topology {pool.tpu_topology} does not match {pool.machine}")
+        elif pool.gpu and int(pool.accelerator["count"]) != MACHINE_FOR_GPU[pool.gpu[0]].gpus:
+            wrong.append(f"{pool.name}: {pool.accelerator['count']} GPUs, not all of {pool.machine}'s")
         elif machine(pool) is None:
-            wrong.append(
-                f"{pool.name}: machine type {pool.machine} unknown to tasks/hardware.py or CPU_MACHINES"
-            )
+            wrong.append(f"{pool.name}: machine type {pool.machine} unknown to tasks/hardware.py")
     assert not wrong, wrong
+
+
+def test_the_cpu_pool_is_the_node_preprocessing_is_planned_within():
+    (cpu,) = [pool for pool in node_pools() if pool.name == "cpu"]
+    assert cpu.machine == CPU_NODE.name
+    assert f"this machine's allocatable memory, {int(CPU_NODE.allocatable_memory_gib)}Gi" in POOLS.read_text()
+
+
+def test_single_host_tpu_pools_pass_no_topology_and_gke_labels_it_from_the_machine_type():
+    """GKE refuses --tpu-topology on single-host TPU pools; every slice tasks/hardware.py offers is one."""
+    tpu_pools = [pool for pool in node_pools() if pool.tpu]
+    assert tpu_pools and not [pool.name for pool in tpu_pools if pool.tpu_topology]
+    assert "--tpu-topology" not in POOLS.read_text().split("set -euo pipefail")[1]
+
+
+def test_gpu_pools_install_a_driver_new_enough_for_the_torch_gpu_image():
+    gpu_pools = [pool for pool in node_pools() if pool.gpu]
+    assert gpu_pools and {pool.accelerator.get("gpu-driver-version") for pool in gpu_pools} == {"latest"}
+    cuda, floor = re.search(
+        r"CUDA (\d+\.\d+) build, which\n# needs driver >= ([\d.]+)", POOLS.read_text()
+    ).groups()
+    assert DRIVER_FLOOR[cuda] == floor, "the floor the script states is the one the training task checks"
 
 
 @pytest.mark.slow
@@ -403,6 +434,37 @@ def test_every_task_has_a_default_node_pool(demands):
     default_pools = tuple(pool for pool in node_pools() if not pool.optional)
     problems = [p for demand in demands["task"] if (p := unscheduled(demand, default_pools))]
     assert not problems, f"{POOLS.name}:\n" + "\n".join(problems)
+
+
+@pytest.mark.slow
+def test_the_multinode_pytorchjob_runs_on_demand(flyte_package, demands):
+    """Not interruptible: a reclaimed node fails the whole PyTorchJob as a user error, and only system
+    failures move a retry off spot, so every retry of an interruptible job would land on spot again."""
+    interruptible = {
+        name.rsplit(".", 1)[1]: spec.template.metadata.interruptible
+        for name, spec in flyte_package.tasks.items()
+    }
+    assert interruptible["train_torch_multinode"] is False
+    assert all(interruptible[name.split(".")[1]] for name in INTERRUPTIBLE_TRAINING)
+    (job,) = [demand for demand in demands["task"] if demand.nodes > 1]
+    assert unscheduled(job, tuple(pool for pool in node_pools() if not pool.spot)) is None
+
+
+@pytest.mark.slow
+def test_training_pods_save_within_the_share_of_the_spot_notice_gke_gives_them(flyte_package):
+    """The kubelet kills a spot node's ordinary pods SPOT_POD_SHUTDOWN_S after the notice, whatever
+    their terminationGracePeriodSeconds: the checkpoint budget and the launcher's exit fit in it."""
+    assert "--system-config-from-file" not in POOLS.read_text(), (
+        "the pools extend the shutdown grace: read it here"
+    )
+    grace = {
+        name: MessageToDict(spec.template.k8s_pod.pod_spec).get("terminationGracePeriodSeconds")
+        for name, spec in flyte_package.tasks.items()
+        if spec.template.metadata.interruptible
+    }
+    assert set(grace) == {f"tasks.{name}" for name in INTERRUPTIBLE_TRAINING}, grace
+    assert all(seconds and seconds <= SPOT_POD_SHUTDOWN_S for seconds in grace.values()), grace
+    assert Attempts().preemption_grace_s + LAUNCHER_EXIT_MARGIN_S <= SPOT_POD_SHUTDOWN_S
 
 
 @pytest.mark.slow

@@ -6,6 +6,7 @@ import pytest
 
 from tasks.core.machines import DAEMONSET_ALLOWANCE, MachineType
 from tasks.hardware import (
+    DEFAULT_PRICES_PER_HOUR,
     GPU_CATALOG,
     MACHINE_FOR_GPU,
     TPU_CATALOG,
@@ -13,8 +14,11 @@ from tasks.hardware import (
     TRAIN_GPU_MULTINODE,
     TRAIN_TPU,
     accelerator_for,
+    node_share,
     tpu_profile_for,
 )
+from tasks.planner import overrides_for
+from tests.test_deploy import chosen
 
 
 def quantity(value: str) -> float:
@@ -48,10 +52,40 @@ def test_each_training_profile_fits_the_machine_it_is_meant_for(profile):
     assert profile.machine.misfit(quantity(profile.cpu), quantity(profile.mem)) is None
 
 
+def planned_pod(entry) -> tuple[float, float]:
+    """(CPU, GiB) the planner's overrides request for a GPU option."""
+    sized = overrides_for(chosen(entry))["requests"]
+    return float(sized.cpu), quantity(sized.mem)
+
+
 @pytest.mark.parametrize("entry", GPU_CATALOG, ids=lambda e: e.name)
-def test_every_gpu_option_the_planner_may_choose_fits_its_node(entry):
-    """The planner sizes every GPU option with TRAIN_GPU's cpu and memory (tasks/planner.py)."""
-    assert MACHINE_FOR_GPU[entry.device].misfit(quantity(TRAIN_GPU.cpu), quantity(TRAIN_GPU.mem)) is None
+def test_as_many_pods_of_a_gpu_option_fit_on_its_node_as_the_node_has_slices(entry):
+    """A pod sized for its share leaves the node's other slices (or GPUs) room for their pods."""
+    cpu, memory_gib = planned_pod(entry)
+    machine, share = MACHINE_FOR_GPU[entry.device], node_share(entry)
+    assert machine.misfit(cpu / share, memory_gib / share) is None
+    assert cpu >= 1 and memory_gib >= 8  # room for the launcher and its worker after rounding down
+
+
+def test_a_mig_slice_takes_its_share_of_the_node_not_the_whole_node():
+    by_name = {entry.name: entry for entry in GPU_CATALOG}
+    slice_cpu, slice_memory = planned_pod(by_name["a100-mig-1g.5gb"])
+    whole_cpu, whole_memory = planned_pod(by_name["a100-40gb"])  # the same a2-highgpu-1g node
+    assert slice_cpu <= whole_cpu / 7 and slice_memory <= whole_memory / 7
+
+
+def test_the_cheapest_option_is_the_cheapest_to_run():
+    """The price ranking the planner picks by is the ranking by what each option's pod takes of its
+    node: its share of the node times the node's accelerators' price."""
+
+    def cost_of_occupied_node(entry) -> float:
+        machine = MACHINE_FOR_GPU[entry.device]
+        return node_share(entry) * machine.gpus * DEFAULT_PRICES_PER_HOUR[entry.device]
+
+    for entry in GPU_CATALOG:
+        assert entry.price_per_hour == pytest.approx(cost_of_occupied_node(entry)), entry.name
+    by_price = sorted(GPU_CATALOG, key=lambda entry: entry.price_per_hour)
+    assert by_price == sorted(GPU_CATALOG, key=cost_of_occupied_node)
 
 
 @pytest.mark.parametrize("entry", TPU_CATALOG, ids=lambda e: e.name)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
 import warnings
 from collections import OrderedDict
+from dataclasses import replace
 
 import pytest
 import torch
@@ -14,16 +16,24 @@ from flytekit.configuration import ImageConfig, SerializationSettings
 from flytekit.tools.translator import get_serializable
 
 from tasks.core.config import ModelConfig, TrainConfig
-from tasks.core.memory import estimate_training_memory, mlp_footprint, parameter_count
+from tasks.core.memory import (
+    GRADIENT_REDUCE_BUCKET_BYTES,
+    NCCL_BYTES,
+    ModelFootprint,
+    estimate_training_memory,
+    mlp_footprint,
+    parameter_count,
+)
 from tasks.core.model import build_mlp
-from tasks.core.planner import PlanError, Workload, plan_preprocessing, plan_training
-from tasks.hardware import GPU_CATALOG, TPU_CATALOG
+from tasks.core.planner import PlanError, Workload, estimate_for, plan_preprocessing, plan_training
+from tasks.hardware import CPU_NODE, GPU_CATALOG, TPU_CATALOG
 
 # The estimate may be up to 35% high (it picks hardware: erring high is the safe side; it counts
 # two parameter-sized optimizer temporaries that foreach AdamW does not always hold at the peak)
 # and at most 10% low, against the allocator's peak over parameters, gradients, optimizer state,
 # activations and temporaries.
 LOW, HIGH = 0.90, 1.35
+MIB = 2**20
 
 
 def measured_peak_bytes(make_model, n_features: int, n_classes: int, micro_batch: int, tmp_path) -> int:
@@ -90,6 +100,50 @@ def test_estimate_matches_cuda_max_memory_allocated():
     assert LOW * measured <= estimate.tensor_bytes <= HIGH * measured, (estimate.tensor_bytes, measured)
 
 
+def footprint(trainable_mib: float, activation_bytes_per_row: float) -> ModelFootprint:
+    trainable = int(trainable_mib * MIB)
+    return ModelFootprint(trainable, trainable, trainable // 4, activation_bytes_per_row, 16, False)
+
+
+def test_activations_optimizer_temporaries_and_the_reduce_bucket_never_add_up():
+    """The activations are freed by the backward that the bucket reduce and the optimizer step follow."""
+    for per_row, peak in ((64 * 1024, "optimizer_temporaries"), (MIB, "activations")):
+        estimate = footprint(64, per_row).estimate(micro_batch=512, world_size=2)
+        held = estimate.parameters + estimate.gradients + estimate.optimizer_state
+        assert estimate.tensor_bytes == held + getattr(estimate, peak)
+        assert estimate.gradient_reduce_bucket and estimate.activations and estimate.optimizer_temporaries
+
+
+def test_ddp_adds_a_reduce_bucket_and_nccls_buffers_not_a_second_copy_of_the_gradients():
+    model = footprint(64, 1024.0)
+    alone, ranked = model.estimate(256), model.estimate(256, world_size=8)
+    assert ranked.gradients == alone.gradients == model.trainable_bytes  # gradient_as_bucket_view
+    assert (alone.gradient_reduce_bucket, alone.communication_bytes) == (0, 0)
+    assert ranked.gradient_reduce_bucket == GRADIENT_REDUCE_BUCKET_BYTES < model.trainable_bytes
+    assert footprint(4, 1024.0).estimate(256, world_size=8).gradient_reduce_bucket == 4 * MIB
+    # NCCL allocates its buffers itself: beyond the allocator's peak, within the device's memory.
+    assert ranked.tensor_bytes == alone.tensor_bytes
+    assert ranked.total_bytes - ranked.communication_bytes == alone.total_bytes
+    assert ranked.communication_bytes == NCCL_BYTES
+    assert 512 * MIB <= NCCL_BYTES <= 1024 * MIB  # 32 channels x 2 peers x ~9.2 MiB, and the communicator
+
+
+def test_ddp_terms_apply_to_torch_on_accelerators_only():
+    model = footprint(64, 1024.0)
+    gloo = model.estimate(256, on_accelerator=False, world_size=2)
+    assert gloo.gradient_reduce_bucket and not gloo.communication_bytes  # the loop's bucket, no NCCL
+    replicas = model.estimate(256, framework="tensorflow", world_size=4)
+    assert (replicas.gradient_reduce_bucket, replicas.communication_bytes) == (0, 0)
+
+
+def test_the_planner_estimates_an_option_with_its_world_size():
+    work = workload([256, 128])
+    (whole_l4,) = [entry for entry in GPU_CATALOG if entry.name == "l4"]
+    two_l4 = replace(whole_l4, name="2x-l4", devices=2)
+    assert estimate_for(work, whole_l4, 1).communication_bytes == 0
+    assert estimate_for(work, two_l4, 1).communication_bytes == NCCL_BYTES
+
+
 def test_parameter_count_matches_torch():
     config = ModelConfig(37, 5, [64, 32], 0.0)
     assert parameter_count(config) == sum(p.numel() for p in build_mlp(config).parameters())
@@ -137,10 +191,25 @@ def test_tpu_plan_uses_the_tpu_catalog():
 
 
 def test_preprocessing_is_sized_from_the_data():
-    small = plan_preprocessing(600_000, 1797, 65, 65_536)
-    large = plan_preprocessing(8 * 2**30, 100_000_000, 65, 65_536)
+    small = plan_preprocessing(600_000, 1797, 65, 65_536, CPU_NODE)
+    large = plan_preprocessing(8 * 2**30, 100_000_000, 65, 65_536, CPU_NODE)
     assert (small.cpu, small.mem) == ("1", "1Gi")
     assert large.cpu == "4" and int(large.mem.removesuffix("Gi")) > 2
+
+
+def test_preprocessing_memory_is_capped_at_the_largest_cpu_node():
+    largest = int(CPU_NODE.allocatable_memory_gib)
+    near_the_cap = plan_preprocessing(100 * 2**30, 1_500_000_000, 100, 65_536, CPU_NODE)
+    assert near_the_cap.mem == f"{largest}Gi"  # without the cap, 1.25 x its need: over the node
+    with pytest.raises(PlanError) as refused:
+        plan_preprocessing(200 * 2**30, 2_000_000_000, 100, 65_536, CPU_NODE)
+    message = str(refused.value)
+    assert "2,000,000,000 rows x 100 columns (200.0 GiB)" in message
+    needed = float(re.search(r"needs about (\d+\.\d) GiB of memory", message).group(1))
+    assert (
+        needed > largest
+        and f"the largest CPU node, n2-standard-8, gives a pod at most {largest} GiB" in message
+    )
 
 
 def test_planned_overrides_reach_the_serialized_node():

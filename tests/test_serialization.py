@@ -93,10 +93,10 @@ def test_training_tasks_carry_timeout_retries_and_the_preemption_grace_period(na
     spec = template(task)
     assert spec.metadata.timeout.ToTimedelta() == profile.attempts.timeout
     assert spec.metadata.retries.retries == profile.attempts.retries
-    assert spec.metadata.interruptible
+    assert spec.metadata.interruptible == profile.attempts.interruptible == (name != "torch-multinode")
     pod = MessageToDict(spec.k8s_pod.pod_spec)
     expected = profile.attempts.preemption_grace_s + LAUNCHER_EXIT_MARGIN_S
-    assert pod["terminationGracePeriodSeconds"] == expected == 30
+    assert pod["terminationGracePeriodSeconds"] == expected == profile.attempts.termination_grace_s
 
 
 def test_training_timeout_becomes_the_nodes_deadline():
@@ -116,7 +116,7 @@ def test_multinode_pytorchjob_carries_a_run_policy():
     assert policy["activeDeadlineSeconds"] == TRAIN_GPU_MULTINODE.attempts.timeout.total_seconds()
 
 
-def test_preemptions_of_a_pytorchjob_spend_user_retries_so_it_gets_more():
+def test_a_lost_node_of_a_pytorchjob_spends_user_retries_so_it_gets_more():
     assert TRAIN_GPU_MULTINODE.attempts.retries > TRAIN_GPU.attempts.retries
 
 

@@ -10,6 +10,7 @@ device plugin, kube-proxy) take some of what is left, hence DAEMONSET_ALLOWANCE.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 # (cores or GiB up to which a rate applies, the rate); the last rate applies to the rest.
@@ -18,6 +19,8 @@ MEMORY_RESERVED = ((4, 0.25), (8, 0.20), (16, 0.10), (128, 0.06), (float("inf"),
 EVICTION_THRESHOLD_GIB = 100 / 1024
 # What system DaemonSets are assumed to request on every node: vCPU, GiB.
 DAEMONSET_ALLOWANCE = (0.5, 1.0)
+# A share of a node is requested in tenths of a vCPU and whole GiB.
+CPU_STEP = 0.1
 
 
 def reserved(amount: float, tiers: tuple[tuple[float, float], ...]) -> float:
@@ -30,11 +33,12 @@ def reserved(amount: float, tiers: tuple[tuple[float, float], ...]) -> float:
 
 @dataclass(frozen=True)
 class MachineType:
-    """A Compute Engine machine type: vCPUs and memory as its documentation lists them."""
+    """A Compute Engine machine type: vCPUs, memory and GPUs as its documentation lists them."""
 
     name: str
     vcpus: int
     memory_gib: float
+    gpus: int = 0  # GPUs attached to each VM of this type
 
     @property
     def allocatable_cpu(self) -> float:
@@ -55,3 +59,9 @@ class MachineType:
         if memory_gib > self.allocatable_memory_gib:
             problems.append(f"{memory_gib:g} GiB > {self.allocatable_memory_gib:.1f} GiB allocatable")
         return f"{self.name}: {', '.join(problems)}" if problems else None
+
+    def share(self, fraction: float) -> tuple[float, int]:
+        """(vCPUs, GiB) of allocatable for a pod that occupies `fraction` of the node, rounded down so
+        that 1 / `fraction` such pods fit on one node."""
+        steps = math.floor(self.allocatable_cpu * fraction / CPU_STEP)
+        return round(steps * CPU_STEP, 1), math.floor(self.allocatable_memory_gib * fraction)

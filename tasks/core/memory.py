@@ -2,12 +2,16 @@
 
 A `ModelFootprint` is what a model costs per worker: its parameter side counted from the built
 model and its activations per row (probed on CPU for any torch model by `tasks.core.probe`, or, for
-the built-in MLP, the formula here). The estimate counts what the training loop keeps on the device: fp32 parameters, gradients
-and AdamW's two moment buffers, the optimizer step's temporaries, the activations autograd
-saves per sample times the micro-batch, the training/validation shard (the loop moves its shard
-to the device once), and, under mixed precision, the autocast copies of the weights. On top of
-that, `overhead_bytes` covers what the framework holds outside tensors (CUDA context, allocator
-slack); it is not part of what `torch.cuda.max_memory_allocated` reports.
+the built-in MLP, the formula here). The estimate counts what the training loop keeps on the device:
+fp32 parameters, gradients and AdamW's two moment buffers, the training/validation shard (the loop
+moves its shard to the device once) and, under mixed precision, the autocast copies of the weights;
+and the largest of three things that are never live together: the activations autograd saves per
+sample times the micro-batch (forward and backward), the optimizer step's temporaries (after the
+backward has freed the activations), and under DDP the flat bucket the loop all-reduces gradients in
+(between the two). DDP's wrapper views the gradients in its buckets (`gradient_as_bucket_view`), so
+they are held once. On top of that, `overhead_bytes` covers what the framework holds outside tensors
+(CUDA context, allocator slack) and `communication_bytes` NCCL's buffers; neither is part of what
+`torch.cuda.max_memory_allocated` reports.
 """
 
 from __future__ import annotations
@@ -22,6 +26,15 @@ ALLOCATOR_SLACK = 0.10
 TF_RUNTIME_BYTES = 1024 * 2**20
 # Under DDP the torch loop all-reduces gradients itself, in flat buckets of at most this size.
 GRADIENT_REDUCE_BUCKET_BYTES = 25 * 2**20
+# NCCL's device memory per rank, which it allocates itself (outside torch's allocator). Per channel
+# and peer NCCL keeps one buffer per protocol: Simple (NCCL_BUFFSIZE, 4 MiB by default), LL128 (120
+# elements x 640 threads x 8 steps x 8 bytes) and LL (8 lines x 512 threads x 8 steps x 16 bytes)
+# (NCCL's src/init.cc, DEFAULT_*BUFFSIZE). Counted for NCCL's most channels (MAXCHANNELS, 32) and the
+# two ring neighbours, plus an allowance for the communicator's own device structures and work queues.
+NCCL_PROTOCOL_BUFFERS_BYTES = 4 * 2**20 + 120 * 640 * 8 * 8 + 8 * 512 * 8 * 16
+NCCL_CHANNELS, NCCL_PEERS = 32, 2
+NCCL_COMMUNICATOR_BYTES = 64 * 2**20
+NCCL_BYTES = NCCL_CHANNELS * NCCL_PEERS * NCCL_PROTOCOL_BUFFERS_BYTES + NCCL_COMMUNICATOR_BYTES
 
 
 @dataclass
@@ -36,18 +49,21 @@ class MemoryEstimate:
     data: int
     autocast_weights: int
     overhead_bytes: int
+    gradient_reduce_bucket: int = 0  # DDP only
+    communication_bytes: int = 0  # NCCL's buffers, with more than one rank on CUDA
 
     @property
     def tensor_bytes(self) -> int:
         """Comparable with the allocator's own peak (e.g. `torch.cuda.max_memory_allocated`)."""
+        transient = max(self.activations, self.optimizer_temporaries, self.gradient_reduce_bucket)
         return (
-            self.parameters + self.gradients + self.optimizer_state + self.optimizer_temporaries
-            + self.activations + self.data + self.autocast_weights
+            self.parameters + self.gradients + self.optimizer_state + transient + self.data
+            + self.autocast_weights
         )  # fmt: skip
 
     @property
     def total_bytes(self) -> int:
-        return self.tensor_bytes + self.overhead_bytes
+        return self.tensor_bytes + self.overhead_bytes + self.communication_bytes
 
     @property
     def total_gib(self) -> float:
@@ -80,14 +96,21 @@ class ModelFootprint:
     mixed_precision: bool
 
     def estimate(
-        self, micro_batch: int, resident_rows: int = 0, framework: str = "torch", on_accelerator: bool = True
+        self,
+        micro_batch: int,
+        resident_rows: int = 0,
+        framework: str = "torch",
+        on_accelerator: bool = True,
+        world_size: int = 1,
     ) -> MemoryEstimate:
         """Peak memory of one worker/replica training with `micro_batch` rows per step.
 
-        `resident_rows` are the dataset rows kept on the device (this worker's train + val shard)."""
+        `resident_rows` are the dataset rows kept on the device (this worker's train + val shard);
+        `world_size` the data-parallel workers (torch DDP ranks, or TensorFlow replicas)."""
         overhead = 0
         if on_accelerator:
             overhead = CUDA_CONTEXT_BYTES if framework == "torch" else TF_RUNTIME_BYTES
+        ddp = framework == "torch" and world_size > 1
         estimate = MemoryEstimate(
             parameters=self.state_bytes,
             gradients=self.trainable_bytes,
@@ -98,6 +121,8 @@ class ModelFootprint:
             data=resident_rows * (self.n_features * FP32 + 8),
             autocast_weights=self.trainable_count * HALF if self.mixed_precision else 0,
             overhead_bytes=overhead,
+            gradient_reduce_bucket=min(GRADIENT_REDUCE_BUCKET_BYTES, self.trainable_bytes) if ddp else 0,
+            communication_bytes=NCCL_BYTES if ddp and on_accelerator else 0,
         )
         estimate.overhead_bytes += int(ALLOCATOR_SLACK * estimate.tensor_bytes) if on_accelerator else 0
         return estimate
@@ -124,8 +149,9 @@ def estimate_training_memory(
     mixed_precision: bool = False,
     framework: str = "torch",
     on_accelerator: bool = True,
+    world_size: int = 1,
 ) -> MemoryEstimate:
     """Peak memory of one worker/replica training the MLP `model` with `micro_batch` rows per step."""
     return mlp_footprint(model, mixed_precision).estimate(
-        micro_batch, resident_rows, framework, on_accelerator
+        micro_batch, resident_rows, framework, on_accelerator, world_size
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from tasks.core.machines import MachineType
 from tasks.core.memory import MemoryEstimate, ModelFootprint
 
 MIN_MICRO_BATCH = 8
@@ -78,7 +79,9 @@ def estimate_for(workload: Workload, entry: CatalogEntry, accum: int) -> MemoryE
         return None
     micro = workload.batch_size // (entry.devices * accum)
     resident = math.ceil(workload.train_rows / entry.devices) + math.ceil(workload.val_rows / entry.devices)
-    return workload.footprint.estimate(micro, resident, workload.framework, on_accelerator=True)
+    return workload.footprint.estimate(
+        micro, resident, workload.framework, on_accelerator=True, world_size=entry.devices
+    )
 
 
 def fits(estimate: MemoryEstimate | None, entry: CatalogEntry) -> bool:
@@ -150,12 +153,25 @@ def too_large_message(workload: Workload, catalog: list[CatalogEntry]) -> str:
     )
 
 
-def plan_preprocessing(input_bytes: int, rows: int, columns: int, batch_rows: int) -> PreprocessPlan:
+def plan_preprocessing(
+    input_bytes: int, rows: int, columns: int, batch_rows: int, node: MachineType
+) -> PreprocessPlan:
     """CPU/memory for the streaming preprocess: labels and split assignment for every row, a few
-    copies of one record batch, and the interpreter with pandas/pyarrow/scikit-learn loaded."""
+    copies of one record batch, and the interpreter with pandas/pyarrow/scikit-learn loaded.
+
+    The memory is capped at what `node`, the largest CPU node, can give a pod; a table that would
+    need more raises PlanError."""
     per_row = 16 + 1  # label value (numeric or short string) + one byte of split assignment
     batch = 6 * min(rows, batch_rows) * columns * 8
-    needed = 768 * 2**20 + rows * per_row + batch
-    mem_gib = max(1, math.ceil(needed * 1.25 / 2**30))
+    needed_gib = (768 * 2**20 + rows * per_row + batch) / 2**30
+    largest_gib = math.floor(node.allocatable_memory_gib)
+    if needed_gib > largest_gib:
+        raise PlanError(
+            f"preprocessing {rows:,} rows x {columns} columns ({input_bytes / 2**30:.1f} GiB) needs about "
+            f"{needed_gib:.1f} GiB of memory, but the largest CPU node, {node.name}, gives a pod at most "
+            f"{largest_gib} GiB: split the input into smaller tables, or add a larger CPU node pool and "
+            "name it as CPU_NODE in tasks/hardware.py"
+        )
+    mem_gib = min(max(1, math.ceil(needed_gib * 1.25)), largest_gib)
     cpu = "1" if input_bytes < 256 * 2**20 else "2" if input_bytes < 4 * 2**30 else "4"
     return PreprocessPlan(input_bytes, rows, columns, cpu, f"{mem_gib}Gi")

@@ -1,11 +1,15 @@
 """The preemption notice: SIGTERM some seconds before a node is taken away, and a bounded save.
 
 A reclaimed spot node first terminates its pods: the kubelet sends SIGTERM to each container's
-main process, waits the pod's `terminationGracePeriodSeconds`, then sends SIGKILL (GKE spot: about
-30 s of notice in all; AWS spot: 120 s). The signal handler here only records the notice. The
-training loop checks it after each optimizer step, saves a checkpoint of the step it reached and
-raises `Preempted`; a watchdog ends the process if that has not happened within the grace budget,
-so an attempt never outlives its pod's grace period with a half-finished save.
+main process, waits the pod's `terminationGracePeriodSeconds`, then sends SIGKILL (GKE spot: 30 s of
+notice for the node, of which ordinary pods get the first 15 s by default; AWS spot: 120 s). The
+signal handler here only records the notice. The training loop checks it after each optimizer step,
+saves a checkpoint of the step it reached and raises `Preempted`; a watchdog ends the process if
+that has not happened within the grace budget, so an attempt never outlives its pod's grace period
+with a half-finished save.
+
+DEFAULT_GRACE_S leaves room, within GKE's default 15 s for ordinary pods, for the launcher's exit
+margin (tasks/hardware.py, LAUNCHER_EXIT_MARGIN_S); docs/reliability.md says why.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import time
 
 log = logging.getLogger(__name__)
 
-DEFAULT_GRACE_S = 25
+DEFAULT_GRACE_S = 10
 # What a shell reports for a process ended by SIGTERM: a preempted attempt exits with it.
 PREEMPTED_EXIT_CODE = 128 + signal.SIGTERM
 
