@@ -272,7 +272,7 @@ def autocast_precision() -> str:
     require_cuda()
     cuda = torch.device("cuda")
     auto = torch_training.autocast_dtype(cuda, "auto")
-    expected = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    expected = torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
     expect(auto == expected, f"precision 'auto' autocasts to {auto}, expected {expected}")
     expect(torch_training.autocast_dtype(cuda, "fp16") == torch.float16, "precision 'fp16' is not float16")
     expect(torch_training.autocast_dtype(cuda, "fp32") is None, "precision 'fp32' still autocasts")

@@ -7,7 +7,14 @@ from tasks.core import torch_training
 from tasks.core.config import TrainConfig
 from tasks.core.models import mlp_spec
 from tasks.core.torch_models import load_torch_artifact
-from tasks.core.torch_training import autocast_dtype, train
+from tasks.core.torch_training import (
+    DistributedContext,
+    Totals,
+    autocast_dtype,
+    build_optimizer,
+    evaluate_shard,
+    train,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -98,9 +105,69 @@ def test_cpu_always_trains_in_full_precision():
         assert autocast_dtype(torch.device("cpu"), precision) is None
 
 
+def test_a_gpu_that_only_emulates_bf16_trains_in_fp16(monkeypatch):
+    # A pre-Ampere GPU: bf16 "supported" only through emulation.
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla V100-SXM2-16GB")
+    cuda = torch.device("cuda")
+    assert autocast_dtype(cuda, "auto") == torch.float16
+    with pytest.raises(ValueError, match="Tesla V100-SXM2-16GB has no native bf16 support"):
+        autocast_dtype(cuda, "bf16")
+
+
+def test_adamw_is_not_fused_on_cpu():
+    optimizer = build_optimizer(torch.nn.Linear(2, 2), TrainConfig(), torch.device("cpu"))
+    assert not optimizer.defaults["fused"]
+
+
+def test_totals_count_exactly_past_what_float32_can():
+    assert torch.tensor(2.0**24) + 1 == 2.0**24  # what a float32 counter would do
+    totals = Totals(torch.device("cpu"), loss_sum=2.0**24, correct=2**24)
+    logits, labels = torch.tensor([[0.0, 1.0], [1.0, 0.0]]), torch.tensor([1, 1])  # one right, one wrong
+    totals.add(torch.tensor(0.25), logits, labels)
+    totals.add_totals(totals)
+    single = DistributedContext(rank=0, world_size=1, device=torch.device("cpu"), backend="none")
+    assert totals.all_reduced(rows=2**25 + 3, ctx=single) == (2.0**25 + 0.5, 2**25 + 2, 2**25 + 3)
+
+
+def test_evaluation_reads_its_totals_back_once(monkeypatch):
+    torch.manual_seed(0)
+    model, x, y = torch.nn.Linear(4, 3), torch.randn(50, 4), torch.randint(0, 3, (50,))
+    with torch.no_grad():
+        logits = model(x)
+    expected = (
+        torch.nn.functional.cross_entropy(logits, y).item(),
+        (logits.argmax(1) == y).float().mean().item(),
+    )
+    transfers = []
+    real_tolist = torch.Tensor.tolist
+
+    def no_item(self):
+        raise AssertionError("a per-batch .item() syncs the host with the device")
+
+    def counted_tolist(self):
+        transfers.append(self.shape)
+        return real_tolist(self)
+
+    monkeypatch.setattr(torch.Tensor, "item", no_item)
+    monkeypatch.setattr(torch.Tensor, "tolist", counted_tolist)
+    single = DistributedContext(rank=0, world_size=1, device=torch.device("cpu"), backend="none")
+    loss, accuracy = evaluate_shard(model, x, y, single, dtype=None, batch=8)  # 7 batches
+    monkeypatch.undo()
+    assert transfers == [torch.Size([3])]
+    assert (loss, accuracy) == pytest.approx(expected)
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_cuda_auto_precision_prefers_bf16():
-    expected = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+def test_cuda_auto_precision_prefers_native_bf16():
+    expected = torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
     assert autocast_dtype(torch.device("cuda"), "auto") == expected
     assert autocast_dtype(torch.device("cuda"), "fp32") is None
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_adamw_is_fused_on_cuda():
+    optimizer = build_optimizer(torch.nn.Linear(2, 2).cuda(), TrainConfig(), torch.device("cuda"))
+    assert optimizer.defaults["fused"] is True

@@ -6,6 +6,7 @@ process group: NCCL on CUDA, gloo on CPU. Run as a plain process it trains alone
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import sys
@@ -25,6 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tasks.core.checkpoint import TrainingCheckpoint
 from tasks.core.config import EpochMetrics, SplitPaths, TrainConfig, TrainingRun
 from tasks.core.data import read_shard
+from tasks.core.memory import GRADIENT_REDUCE_BUCKET_BYTES
 from tasks.core.models import build, input_spec_for
 from tasks.core.preemption import PreemptionNotice
 from tasks.core.progress import ProgressReporter
@@ -52,6 +54,9 @@ class DistributedContext:
     world_size: int
     device: torch.device
     backend: str
+    # A gloo group of its own for the ranks' small votes (stop, out of memory): CPU tensors, so a
+    # vote never waits on a CUDA stream. None where there is no one to vote with.
+    votes: dist.ProcessGroup | None = None
 
     @property
     def is_distributed(self) -> bool:
@@ -69,9 +74,11 @@ def init_distributed(timeout_s: int) -> DistributedContext:
         backend = "nccl"
     else:
         device, backend = torch.device("cpu"), "gloo"
-    if world_size > 1 and not dist.is_initialized():
+    if world_size == 1:
+        return DistributedContext(rank, world_size, device, "none")
+    if not dist.is_initialized():
         dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
-    return DistributedContext(rank, world_size, device, backend if world_size > 1 else "none")
+    return DistributedContext(rank, world_size, device, backend, votes=dist.new_group(backend="gloo"))
 
 
 def autocast_dtype(device: torch.device, precision: str) -> torch.dtype | None:
@@ -80,18 +87,55 @@ def autocast_dtype(device: torch.device, precision: str) -> torch.dtype | None:
         return None
     if precision == "fp16":
         return torch.float16
-    if precision == "bf16" and not torch.cuda.is_bf16_supported():
+    # Pre-Ampere GPUs only emulate bf16, slower than fp16 with the gradient scaler.
+    native_bf16 = torch.cuda.is_bf16_supported(including_emulation=False)
+    if precision == "bf16" and not native_bf16:
         raise ValueError(
-            f"precision='bf16' asked for but {torch.cuda.get_device_name(device)} has no bf16 support"
+            f"precision='bf16' asked for but {torch.cuda.get_device_name(device)} has no native bf16 support"
         )
-    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.bfloat16 if native_bf16 else torch.float16
 
 
-def all_reduce_sums(values: list[float], ctx: DistributedContext) -> list[float]:
-    tensor = torch.tensor(values, dtype=torch.float64, device=ctx.device)
-    if ctx.is_distributed:
-        dist.all_reduce(tensor)
-    return tensor.tolist()
+def build_optimizer(model: nn.Module, config: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+    # Fused on CUDA: one kernel for the whole update, and with the fp16 scaler no host sync per step.
+    return torch.optim.AdamW(
+        model.parameters(),
+        lr=config.learning_rate,
+        weight_decay=config.weight_decay,
+        fused=device.type == "cuda",
+    )
+
+
+class Totals:
+    """A running loss sum and count of correct predictions, kept on the device.
+
+    float32 stops counting at 2**24 rows (2**24 + 1 rounds to 2**24), so the count is int64 and the
+    loss sum float64. Adding never syncs with the host; `all_reduced` reads both back at once.
+    """
+
+    def __init__(self, device: torch.device, loss_sum: float = 0.0, correct: int = 0):
+        # `full`, not `tensor`: a fill on the device rather than a copy from the host.
+        self.loss_sum = torch.full((), loss_sum, dtype=torch.float64, device=device)
+        self.correct = torch.full((), correct, dtype=torch.int64, device=device)
+
+    def add(self, loss_sum: torch.Tensor, logits: torch.Tensor, y: torch.Tensor) -> None:
+        """Add a batch: its summed loss, and its predictions checked against the labels `y`."""
+        self.loss_sum += loss_sum.detach()
+        self.correct += (logits.argmax(1) == y).sum()
+
+    def add_totals(self, other: Totals) -> None:
+        self.loss_sum += other.loss_sum
+        self.correct += other.correct
+
+    def all_reduced(self, rows: int, ctx: DistributedContext) -> tuple[float, float, int]:
+        """(loss sum, correct, rows) over all ranks: one all-reduce, one transfer to the host."""
+        # float64 holds integers exactly up to 2**53, so the counts survive the conversion.
+        rows_here = torch.full((), rows, dtype=torch.float64, device=self.loss_sum.device)
+        sums = torch.stack([self.loss_sum, self.correct.double(), rows_here])
+        if ctx.is_distributed:
+            dist.all_reduce(sums)
+        loss_sum, correct, seen = sums.tolist()
+        return loss_sum, correct, int(seen)
 
 
 @torch.no_grad()
@@ -99,13 +143,12 @@ def evaluate_shard(
     model: nn.Module, x: torch.Tensor, y: torch.Tensor, ctx, dtype, batch: int
 ) -> tuple[float, float]:
     model.eval()
-    loss_sum, correct = 0.0, 0.0
+    totals = Totals(x.device)
     for xb, yb in zip(x.split(batch), y.split(batch), strict=True):
         with torch.autocast(ctx.device.type, dtype=dtype, enabled=dtype is not None):
             logits = model(xb)
-        loss_sum += F.cross_entropy(logits.float(), yb, reduction="sum").item()
-        correct += (logits.argmax(1) == yb).sum().item()
-    loss_sum, correct, count = all_reduce_sums([loss_sum, correct, float(len(y))], ctx)
+        totals.add(F.cross_entropy(logits.float(), yb, reduction="sum"), logits, yb)
+    loss_sum, correct, count = totals.all_reduced(len(y), ctx)
     return loss_sum / count, correct / count
 
 
@@ -116,12 +159,12 @@ class Progress:
     epoch: int = 0
     step: int = 0  # optimizer steps done in `epoch`
     loss_sum: float = 0.0  # this rank's running sums over those steps
-    correct: float = 0.0
+    correct: int = 0
     optimizer_steps: int = 0
     history: list[EpochMetrics] = field(default_factory=list)
 
     def next_epoch(self) -> None:
-        self.epoch, self.step, self.loss_sum, self.correct = self.epoch + 1, 0, 0.0, 0.0
+        self.epoch, self.step, self.loss_sum, self.correct = self.epoch + 1, 0, 0.0, 0
 
 
 def gather(value, ctx: DistributedContext) -> list:
@@ -185,38 +228,60 @@ def restore(state: dict | None, model, optimizer, scaler, micro: MicroBatch, pro
 
 
 class MicroBatch:
-    """The micro-batch size, halved on CUDA out-of-memory while the effective batch stays fixed."""
+    """The micro-batch size, halved on CUDA out-of-memory while the effective batch stays fixed.
+
+    Under DDP every rank halves at the same step, so all ranks keep the same size."""
 
     def __init__(self, size: int, minimum: int):
         self.size, self.minimum = size, minimum
 
-    def halve(self, error: Exception, step: int, per_step: int) -> None:
+    def halve(self, error: Exception | None, step: int, per_step: int) -> None:
+        """Halve after the step ran out of memory: on this rank (`error`) or on another (None)."""
+        where = "" if error is not None else " on another rank"
         if self.size // 2 < self.minimum:
             raise RuntimeError(
                 f"CUDA out of memory at step {step} even with micro-batch {self.size} "
-                f"(minimum {self.minimum}); use a larger accelerator or a smaller model"
+                f"(minimum {self.minimum}){where}; use a larger accelerator or a smaller model"
             ) from error
         before = self.size
         self.size //= 2
         log.warning(
-            "CUDA out of memory at step %d: micro-batch %d -> %d, accumulation %d -> %d steps "
-            "(effective batch unchanged); retrying the step",
-            step, before, self.size, -(-per_step // before), -(-per_step // self.size),
+            "CUDA out of memory at step %d%s: micro-batch %d -> %d, accumulation %d -> %d steps "
+            "(effective batch unchanged); every rank retries the step",
+            step, where, before, self.size, -(-per_step // before), -(-per_step // self.size),
         )  # fmt: skip
+
+
+class StepOutOfMemory(Exception):
+    """A rank ran out of memory in this step, and every rank dropped it; `error` is this rank's own
+    out-of-memory error, None when only other ranks ran out."""
+
+    def __init__(self, error: torch.OutOfMemoryError | None):
+        super().__init__(str(error) if error is not None else "out of memory on another rank")
+        self.error = error
+
+
+def any_rank(flag: bool, ctx: DistributedContext) -> bool:
+    """Whether `flag` is set on any rank: a synchronous 4-byte all-reduce on the CPU vote group."""
+    if ctx.votes is None:
+        return flag
+    vote = torch.tensor([int(flag)], dtype=torch.int32)
+    dist.all_reduce(vote, op=dist.ReduceOp.MAX, group=ctx.votes)
+    return bool(vote.item())
 
 
 class StopVote:
     """Whether every rank stops after this step, on the preemption notice of any of them.
 
     A notice may reach only some ranks (one node of several is reclaimed), so the ranks vote: one
-    4-byte all-reduce per step on a gloo group of its own, read one step later so that it overlaps
+    4-byte all-reduce per step on the gloo vote group, read one step later so that it overlaps
     the next step instead of stalling it (and never syncs a CUDA stream). Every rank reads the same
     result after the same step, so no rank is left waiting in a collective.
     """
 
     def __init__(self, notice: PreemptionNotice, ctx: DistributedContext):
         self.notice = notice
-        self.group = dist.new_group(backend="gloo") if ctx.is_distributed else None
+        self.group = ctx.votes
         self.pending: tuple | None = None
 
     def stop_now(self) -> bool:
@@ -237,31 +302,135 @@ class StopVote:
             self.pending = None
 
 
-def optimizer_step(model, optimizer, scaler, x, y, rows, micro: int, ctx, dtype):
-    """One optimizer step over `rows`, in micro-batches of `micro`, gradients synced on the last.
+def wrap_in_ddp(model: nn.Module) -> DistributedDataParallel:
+    """DDP for its start-up broadcast of parameters and buffers and its flat gradient buckets; the
+    loop reduces the gradients itself (`optimizer_step`), so DDP never communicates after that.
 
-    Returns (summed loss, correct predictions) as device tensors: no host sync per step.
+    Forward syncs no buffers: a rank that ran out of memory leaves the step at another micro-batch
+    than its peers, and a collective in forward would then go unmatched (`share_rank0_buffers`
+    instead, between epochs).
+    """
+    # DDP turns only gradients that exist when it is built into views of its buckets; later ones
+    # become views in a synced backward, which this loop never runs, and would be a second copy.
+    for parameter in model.parameters():
+        if parameter.requires_grad:
+            parameter.grad = torch.zeros_like(parameter)
+    return DistributedDataParallel(model, gradient_as_bucket_view=True, **no_forward_buffer_sync())
+
+
+def no_forward_buffer_sync() -> dict:
+    """torch 2.13 renamed DDP's `broadcast_buffers` to `forward_sync_buffers` (the old name warns);
+    earlier releases, as on GPU images built on them, know only the old one."""
+    if "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters:
+        return {"forward_sync_buffers": False}
+    return {"broadcast_buffers": False}
+
+
+def accumulate_gradients(model, scaler, x, y, rows, micro: int, ctx, dtype) -> Totals:
+    """Forward and backward over `rows` in micro-batches of `micro`, gradients summed on this rank.
+
+    Under DDP no backward communicates (`no_sync`): a rank that runs out of memory mid-step would
+    leave the bucket all-reduces it had started unmatched on its peers.
     """
     chunks = rows.split(micro)
-    loss_sum = correct = 0
-    # Per-step Python and small-op overhead shows on fast devices: no autocast context, sync
-    # context or loss rescaling unless they do something.
+    totals = Totals(x.device)
+    # Per-step Python and small-op overhead shows on fast devices: no autocast context or loss
+    # rescaling unless they do something.
     autocast = torch.autocast(ctx.device.type, dtype=dtype) if dtype is not None else nullcontext()
-    for index, chunk in enumerate(chunks):
-        last = index == len(chunks) - 1
-        sync = nullcontext() if last or not ctx.is_distributed else model.no_sync()
-        with sync:
+    local = model.no_sync() if isinstance(model, DistributedDataParallel) else nullcontext()
+    with local:
+        for chunk in chunks:
             with autocast:
                 logits = model(x[chunk])
                 loss = F.cross_entropy(logits.float(), y[chunk])
             share = loss if len(chunks) == 1 else loss * (len(chunk) / len(rows))
             scaler.scale(share).backward()
-        loss_sum = loss_sum + loss.detach() * len(chunk)
-        correct = correct + (logits.argmax(1) == y[chunk]).sum()
+            totals.add(loss.detach() * len(chunk), logits, y[chunk])
+    return totals
+
+
+def optimizer_step(model, optimizer, scaler, x, y, rows, micro: int, ctx, dtype) -> Totals:
+    """One optimizer step over `rows`, in micro-batches of `micro`; returns its loss and accuracy
+    sums as device tensors (no host sync per step).
+
+    Every rank votes on whether any of them ran out of memory. If one did, every rank drops the
+    step (gradients zeroed) and raises `StepOutOfMemory`, so that all retry it together; otherwise
+    the gradients are averaged over the ranks and the optimizer steps.
+    """
+    error = None
+    try:
+        totals = accumulate_gradients(model, scaler, x, y, rows, micro, ctx, dtype)
+    except torch.OutOfMemoryError as caught:
+        # Kept without its traceback, whose frames hold the failed attempt's activations.
+        error = caught.with_traceback(None)
+    if any_rank(error is not None, ctx):
+        zero_gradients(optimizer, ctx)
+        if ctx.device.type == "cuda":
+            torch.cuda.empty_cache()
+        raise StepOutOfMemory(error)
+    if ctx.is_distributed:
+        average_gradients(model, ctx.world_size)
     scaler.step(optimizer)
     scaler.update()
-    optimizer.zero_grad(set_to_none=True)
-    return loss_sum, correct
+    zero_gradients(optimizer, ctx)
+    return totals
+
+
+def zero_gradients(optimizer, ctx: DistributedContext) -> None:
+    # Under DDP the gradients are views of its buckets: zeroed in place, never freed (`wrap_in_ddp`).
+    optimizer.zero_grad(set_to_none=not ctx.is_distributed)
+
+
+def gradient_buckets(tensors: list[torch.Tensor], limit: int) -> list[list[torch.Tensor]]:
+    """Consecutive tensors grouped by dtype and device, at most `limit` bytes a group (a larger
+    tensor forms a group of its own)."""
+    buckets: list[list[torch.Tensor]] = []
+    size, kind = 0, None
+    for tensor in tensors:
+        nbytes = tensor.numel() * tensor.element_size()
+        if (tensor.dtype, tensor.device) == kind and size + nbytes <= limit:
+            buckets[-1].append(tensor)
+            size += nbytes
+        else:
+            buckets.append([tensor])
+            size, kind = nbytes, (tensor.dtype, tensor.device)
+    return buckets
+
+
+def average_gradients(model: nn.Module, world_size: int) -> None:
+    """Average every gradient over the ranks: one all-reduce per flat bucket of at most
+    GRADIENT_REDUCE_BUCKET_BYTES, so the copies never cost more than one bucket of memory."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    for bucket in gradient_buckets(grads, GRADIENT_REDUCE_BUCKET_BYTES):
+        alone = len(bucket) == 1 and bucket[0].is_contiguous()
+        flat = bucket[0] if alone else torch.cat([grad.reshape(-1) for grad in bucket])
+        dist.all_reduce(flat)
+        flat.div_(world_size)
+        if not alone:
+            for grad, reduced in zip(bucket, flat.split([grad.numel() for grad in bucket]), strict=True):
+                grad.copy_(reduced.view_as(grad))
+
+
+def share_rank0_buffers(model: nn.Module, ctx: DistributedContext) -> None:
+    """Every rank takes rank 0's buffers (batch-norm statistics, say), which are what rank 0 saves.
+
+    Called between epochs, where every rank is sure to take part. Rank 0's buffers follow its own
+    batches alone, as they do under DDP's default broadcast before each forward.
+    """
+    if ctx.is_distributed:
+        for buffer in model.buffers():
+            dist.broadcast(buffer, src=0)
+
+
+def step_with_oom_guard(
+    model, optimizer, scaler, x, y, rows, micro: MicroBatch, ctx, dtype, step: int
+) -> Totals:
+    """The optimizer step, retried with half the micro-batch on every rank while any runs out of memory."""
+    while True:
+        try:
+            return optimizer_step(model, optimizer, scaler, x, y, rows, micro.size, ctx, dtype)
+        except StepOutOfMemory as dropped:
+            micro.halve(dropped.error, step, len(rows))
 
 
 def train_epoch(
@@ -287,30 +456,16 @@ def train_epoch(
     steps = len(y) // per_step
     order = torch.randperm(len(y), generator=torch.Generator().manual_seed(config.seed * 1_000 + epoch))
     order = order.to(x.device)
-    loss_sum = torch.tensor(progress.loss_sum, device=x.device)
-    correct = torch.tensor(progress.correct, device=x.device)
+    totals = Totals(x.device, progress.loss_sum, progress.correct)
     for step in range(progress.step, steps):
         rows = order[step * per_step : (step + 1) * per_step]
         for group in optimizer.param_groups:
             group["lr"] = config.learning_rate_at(epoch * steps + step, config.epochs * steps)
-        while True:
-            try:
-                step_loss, step_correct = optimizer_step(
-                    model, optimizer, scaler, x, y, rows, micro.size, ctx, dtype
-                )
-                break
-            except torch.cuda.OutOfMemoryError as error:
-                optimizer.zero_grad(set_to_none=True)
-                if torch.cuda.is_available():
-                    torch.cuda.empty_cache()
-                micro.halve(error, step, per_step)
-        loss_sum += step_loss
-        correct += step_correct
+        totals.add_totals(step_with_oom_guard(model, optimizer, scaler, x, y, rows, micro, ctx, dtype, step))
         progress.step, progress.optimizer_steps = step + 1, progress.optimizer_steps + 1
-        on_step(epoch, steps, loss_sum, correct)
-    seen = float(steps * per_step)
-    loss_total, correct_total, seen = all_reduce_sums([loss_sum.item(), correct.item(), seen], ctx)
-    return loss_total / seen, correct_total / seen, int(seen)
+        on_step(epoch, steps, totals)
+    loss_total, correct_total, seen = totals.all_reduced(steps * per_step, ctx)
+    return loss_total / seen, correct_total / seen, seen
 
 
 def load_shards(splits: SplitPaths, ctx: DistributedContext):
@@ -369,10 +524,8 @@ def train(
 
     n_features = len(splits.feature_names)
     model = build(config.model, n_features, splits.n_classes, "pytorch").to(ctx.device)
-    ddp_model = DistributedDataParallel(model) if ctx.is_distributed else model
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay
-    )
+    ddp_model = wrap_in_ddp(model) if ctx.is_distributed else model
+    optimizer = build_optimizer(model, config, ctx.device)
     dtype = autocast_dtype(ctx.device, config.precision)
     scaler = torch.amp.GradScaler(ctx.device.type, enabled=dtype == torch.float16)
 
@@ -381,8 +534,8 @@ def train(
     if checkpoint is not None:
         restore(checkpoint.load(), model, optimizer, scaler, micro_batch, progress, ctx)
 
-    def save(loss_sum=None, correct=None) -> None:
-        partial = (loss_sum.item(), correct.item()) if loss_sum is not None else (0.0, 0.0)
+    def save(totals: Totals | None = None) -> None:
+        partial = (totals.loss_sum.item(), totals.correct.item()) if totals is not None else (0.0, 0)
         state = training_state(model, optimizer, scaler, micro_batch, progress, partial, ctx)
         if state is not None:
             checkpoint.save(state)
@@ -393,16 +546,18 @@ def train(
 
     vote = StopVote(preemption, ctx) if preemption is not None else None
 
-    def on_step(epoch, steps, loss_sum, correct) -> None:
-        reporter.step(epoch, progress.step, steps, lambda: loss_sum.item() / (progress.step * per_step))
+    def on_step(epoch, steps, totals: Totals) -> None:
+        reporter.step(
+            epoch, progress.step, steps, lambda: totals.loss_sum.item() / (progress.step * per_step)
+        )
         if vote is not None and vote.stop_now():
-            stop_on_notice(loss_sum, correct)
+            stop_on_notice(totals)
         if checkpoint is not None and checkpoint.due(progress.step):
-            save(loss_sum, correct)
+            save(totals)
 
-    def stop_on_notice(loss_sum, correct) -> None:
+    def stop_on_notice(totals: Totals) -> None:
         if checkpoint is not None:
-            save(loss_sum, correct)
+            save(totals)
         else:
             log.warning("preemption notice without a checkpoint: the steps done so far are lost")
         vote.close()
@@ -417,6 +572,7 @@ def train(
             ddp_model, optimizer, scaler, x, y, config, ctx, dtype, epoch, micro_batch, progress, on_step
         )
         training_seconds += time.perf_counter() - epoch_start  # the loop alone: no validation, no saving
+        share_rank0_buffers(model, ctx)
         val_loss, val_acc = evaluate_shard(ddp_model, vx, vy, ctx, dtype, batch=max(micro, 1024))
         samples += seen
         progress.history.append(EpochMetrics(epoch + 1, train_loss, train_acc, val_loss, val_acc))
