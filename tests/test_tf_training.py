@@ -108,6 +108,14 @@ def test_batches_pair_features_with_their_labels_and_keep_the_remainder_when_ask
     np.testing.assert_array_equal(np.concatenate([y for _, y in in_order]), np.arange(103))
 
 
+def test_full_batches_have_the_static_shape_a_tpu_compiles_once():
+    features = np.zeros((103, 2), dtype="float32")
+    full = batches(features, np.arange(103), 10, seed=0, shuffle=True, drop_remainder=True, skip=3)
+    assert [spec.shape.as_list() for spec in full.element_spec] == [[10, 2], [10]]
+    with_remainder = batches(features, np.arange(103), 10, seed=0, shuffle=False, drop_remainder=False)
+    assert [spec.shape.as_list() for spec in with_remainder.element_spec] == [[None, 2], [None]]
+
+
 @pytest.mark.parametrize(
     "kind, gpus, precision, expected",
     [

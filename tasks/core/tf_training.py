@@ -71,15 +71,15 @@ def batches(
     Shuffling permutes row indices once per epoch rather than passing every row through a
     full-size `shuffle` buffer (per-row host work every epoch). The permutation is a pure function
     of (seed, epoch): orders differ between epochs, a run is reproducible from its seed, and a
-    resumed run skips exactly the batches the interrupted one trained.
+    resumed run skips exactly the batches the interrupted one trained. With `drop_remainder` the
+    batch dimension is static, which a TPU needs to run each step without padding it.
     """
     count = len(labels)
     with tf.device("/cpu:0"):
         features, labels = tf.constant(features), tf.constant(labels)
         order = epoch_order(count, seed, epoch) if shuffle else tf.range(count, dtype=tf.int64)
-    stop = count - count % batch if drop_remainder else count
-    starts = tf.data.Dataset.range(skip * batch, stop, batch)
-    rows = starts.map(lambda start: order[start : start + batch])
+        remaining = order[skip * batch :]
+    rows = tf.data.Dataset.from_tensor_slices(remaining).batch(batch, drop_remainder=drop_remainder)
     gather = lambda rows: (tf.gather(features, rows), tf.gather(labels, rows))  # noqa: E731
     return rows.map(gather, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
 
