@@ -176,3 +176,11 @@ def test_the_workflow_fails_before_training_naming_the_input(case, tmp_path, no_
     for fragment in fragments:
         assert fragment in message, message
     assert files_under(tmp_path) == before
+
+
+def test_a_strategy_that_leaves_the_tpu_slice_idle_is_refused_before_any_pod():
+    (problem,) = problems("tpu", TrainConfig(tf_strategy="mirrored"), TARGETS)
+    assert "'hyperparameters.tf_strategy' = 'mirrored': the tpu target trains with TPUStrategy" in problem
+    assert "--target gpu-tf" in problem
+    assert problems("tpu", TrainConfig(tf_strategy="tpu"), TARGETS) == []
+    assert problems("gpu-tf", TrainConfig(tf_strategy="mirrored"), TARGETS) == []

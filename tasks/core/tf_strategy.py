@@ -24,7 +24,7 @@ from pathlib import Path
 
 from tasks.core.accelerators import AcceleratorUnavailable
 from tasks.core.config import TF_STRATEGIES
-from tasks.core.validation import raise_for
+from tasks.core.validation import raise_for, tpu_target_problems
 
 log = logging.getLogger(__name__)
 
@@ -36,9 +36,6 @@ TPU_DEVICE_GLOBS = ("/dev/accel*", "/dev/vfio/[0-9]*")
 PJRT_LIBRARY = "TF_PLUGGABLE_DEVICE_LIBRARY_PATH"
 PJRT_VARIABLES = ("NEXT_PLUGGABLE_DEVICE_USE_C_API", PJRT_LIBRARY, "PJRT_DEVICE")
 # What the TPU target may be asked for: every other strategy would leave the slice idle.
-TPU_TARGET_STRATEGIES = ("auto", "tpu")
-
-
 class StrategyUnavailable(RuntimeError):
     """The requested strategy's hardware or cluster is not there."""
 
@@ -133,15 +130,6 @@ def unavailable_reason(kind: str, env: Environment) -> str:
         "multi_worker": "TF_CONFIG does not describe a cluster of more than one worker",
         "mirrored": "no GPU is visible to TensorFlow (and the CPU is not split into several devices)",
     }[kind]
-
-
-def tpu_target_problems(requested: str) -> list[str]:
-    if requested in TPU_TARGET_STRATEGIES:
-        return []
-    return [
-        f"input 'hyperparameters.tf_strategy' = {requested!r}: the tpu target trains with TPUStrategy on "
-        f"its slice; pass 'auto' or 'tpu', or --target gpu-tf for {requested!r}"
-    ]
 
 
 def tpu_target_strategy(requested: str, on_cluster: bool) -> str:

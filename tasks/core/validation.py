@@ -40,6 +40,19 @@ def batch_problems(config: TrainConfig, world_size: int, train_rows: int) -> lis
     return found
 
 
+# The tpu target trains with TPUStrategy on its slice; any other strategy would leave the slice idle.
+TPU_TARGET_STRATEGIES = ("auto", "tpu")
+
+
+def tpu_target_problems(requested: str) -> list[str]:
+    if requested in TPU_TARGET_STRATEGIES:
+        return []
+    return [
+        f"input 'hyperparameters.tf_strategy' = {requested!r}: the tpu target trains with TPUStrategy on "
+        f"its slice; pass 'auto' or 'tpu', or --target gpu-tf for {requested!r}"
+    ]
+
+
 def split_problems(val_fraction: float, test_fraction: float) -> list[str]:
     return [
         f"input '{name}' = {value!r}: must be between 0 and 0.5; pass e.g. --{name} 0.15"
@@ -61,6 +74,8 @@ def problems(
         found.append(
             f"input 'target' = {target!r}: not one of {', '.join(targets)}; pass --target gpu or --target tpu"
         )
+    if target == "tpu":
+        found += tpu_target_problems(hyperparameters.tf_strategy)
     return found + hyperparameter_problems(hyperparameters) + split_problems(val_fraction, test_fraction)
 
 
