@@ -10,6 +10,7 @@ import torch
 from tasks.core import torch_training
 from tasks.core.config import TrainConfig
 from tasks.core.models import ModelSpec, mlp_spec
+from tests.oom_workers import build_with_oom_in_backward
 
 
 @pytest.fixture(autouse=True)
@@ -39,23 +40,8 @@ def out_of_memory_in_backward(number: int, monkeypatch) -> list[int]:
     """Make the `number`-th backward through the first layer's output raise the OOM error inside
     autograd: after the later layers' gradients, and earlier micro-batches' of the same step, were
     accumulated. Returns the micro-batch size of every such backward."""
-    real_build, backwards = torch_training.build, []
-
-    def raise_on_the_chosen_backward(grad):
-        backwards.append(len(grad))
-        if len(backwards) == number:
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated)")
-        return grad
-
-    def watch_the_output(layer, inputs, output) -> None:
-        if output.requires_grad:  # not in evaluation
-            output.register_hook(raise_on_the_chosen_backward)
-
-    def build(*args):
-        model = real_build(*args)
-        model[0].register_forward_hook(watch_the_output)
-        return model
-
+    backwards: list[int] = []
+    build = build_with_oom_in_backward(torch_training.build, number, backwards)
     monkeypatch.setattr(torch_training, "build", build)
     return backwards
 
