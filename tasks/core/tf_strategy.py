@@ -35,7 +35,8 @@ TPU_DEVICE_GLOBS = ("/dev/accel*", "/dev/vfio/[0-9]*")
 # when these are set.
 PJRT_LIBRARY = "TF_PLUGGABLE_DEVICE_LIBRARY_PATH"
 PJRT_VARIABLES = ("NEXT_PLUGGABLE_DEVICE_USE_C_API", PJRT_LIBRARY, "PJRT_DEVICE")
-# What the TPU target may be asked for: every other strategy would leave the slice idle.
+
+
 class StrategyUnavailable(RuntimeError):
     """The requested strategy's hardware or cluster is not there."""
 
