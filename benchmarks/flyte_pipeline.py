@@ -53,7 +53,7 @@ def main(data: str, epochs: str, batch: str) -> None:
     CLOCK.mark("start-up")
     with timed_tasks(CLOCK):
         hyperparameters = TrainConfig(epochs=int(epochs), batch_size=int(batch))
-        report = training_pipeline(dataset=data, label_column="label", hyperparameters=hyperparameters)
+        report = training_pipeline(dataset=data, label_column="label", hyperparameters=hyperparameters).report
     CLOCK.mark("workflow")
     print(json.dumps({"accuracy": report.metrics.accuracy, "phases": CLOCK.seconds}))
 

@@ -14,12 +14,13 @@ import os  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+import pyarrow.parquet as pq  # noqa: E402
+
 from benchmarks.local_launch import local_workers  # noqa: E402
-from tasks.core.config import SplitPaths, TrainConfig  # noqa: E402
-from tasks.core.data import SplitConfig, prepare_dataset, read_split  # noqa: E402
+from tasks.core.bundle import BundleRecord, load_bundle, write_bundle  # noqa: E402
+from tasks.core.config import Hardware, SplitPaths, TrainConfig, TrainingRun  # noqa: E402
+from tasks.core.data import SplitConfig, prepare_dataset  # noqa: E402
 from tasks.core.metrics import classification_metrics  # noqa: E402
-from tasks.core.model import predict  # noqa: E402
-from tasks.core.torch_models import load_torch_artifact  # noqa: E402
 
 
 def train_worker(config: TrainConfig, splits: SplitPaths, artifact: str) -> None:
@@ -44,11 +45,23 @@ def main(data: str, workdir: str, epochs: str, batch: str) -> None:
         TrainConfig(epochs=int(epochs), batch_size=int(batch)), splits, artifact
     )
     CLOCK.mark("train")
-    model, _ = load_torch_artifact(artifact)
-    features, labels = read_split(prepared.paths["test"], prepared.feature_names, "label")
-    metrics = classification_metrics(labels, predict(model, features), prepared.class_labels)
+    # What the pipeline's evaluate does: write the model bundle, then score the raw test split through it.
+    folder = str(Path(workdir) / "bundle")
+    write_bundle(folder, artifact, plain_record(prepared))
+    test = pq.read_table(prepared.paths["test"])
+    predicted = load_bundle(folder).predict_codes(test)
+    metrics = classification_metrics(test.column("label").to_numpy(), predicted, prepared.class_labels)
     CLOCK.mark("evaluate")
     print(json.dumps({"accuracy": metrics.accuracy, "phases": CLOCK.seconds}))
+
+
+def plain_record(prepared) -> BundleRecord:
+    run = TrainingRun("pytorch", "cpu", 2, "gloo", "float32", "DDP", [], 0.0, 0.0)
+    return BundleRecord(
+        framework="pytorch", feature_names=prepared.feature_names, scaler=prepared.scaler,
+        class_labels=prepared.class_labels, label_kind=prepared.label_kind, label_column="label",
+        source="plain", data_fingerprint="", run=run, billed=Hardware("cpu", 2),
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -1,14 +1,23 @@
-"""Evaluation on CPU: rebuild the trained model and score the held-out test split."""
+"""Evaluation on CPU: write the model bundle, then score the held-out test split through it.
+
+The test split holds the raw feature values, and the bundle's loader standardises them as a user's
+scoring of the same rows later does: the report and that scoring cannot disagree.
+"""
 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
+from typing import NamedTuple
 
-from flytekit import task
+import pyarrow.dataset as ds
+from flytekit import current_context, task
+from flytekit.types.directory import FlyteDirectory
 
 import tasks.literal_types  # noqa: F401 - each boundary dataclass's Flyte type built once, before the tasks below
+from tasks.core.bundle import BundleRecord, add_metrics, load_bundle, write_bundle
 from tasks.core.config import Hardware
-from tasks.core.data import read_split
+from tasks.core.data import parquet_format
 from tasks.core.metrics import classification_metrics
 from tasks.decks import DECKS, evaluation_deck
 from tasks.hardware import EVALUATE_CPU, ML_CPU_IMAGE, guaranteed
@@ -17,25 +26,6 @@ from tasks.storage import local_path
 from tasks.types import EvaluationReport, PreparedData, ResourcePlan, TrainedModel
 
 log = logging.getLogger(__name__)
-
-
-def predict_test_split(trained: TrainedModel, features):
-    """Class predictions from the artifact, rebuilt through the builder it records."""
-    path = trained.artifact.download()
-    if trained.run.framework == "pytorch":
-        from tasks.core.model import predict
-        from tasks.core.torch_models import load_torch_artifact
-
-        model, _ = load_torch_artifact(path)
-        return predict(model, features)
-    if trained.run.framework == "tensorflow":
-        from tasks.core.keras_models import load_keras_artifact, predict_keras
-
-        model, _ = load_keras_artifact(path)
-        return predict_keras(model, features)
-    raise ValueError(
-        f"cannot evaluate a model trained with '{trained.run.framework}': expected pytorch or tensorflow"
-    )
 
 
 def billed_hardware(trained: TrainedModel, plan: ResourcePlan | None) -> tuple[Hardware, list[str]]:
@@ -52,21 +42,44 @@ def billed_hardware(trained: TrainedModel, plan: ResourcePlan | None) -> tuple[H
     ), []
 
 
+# A run's outputs: the report, and the model bundle (tasks/core/bundle.py). The functional form keeps the
+# field types real classes, as flytekit reads them, under postponed annotations.
+Evaluated = NamedTuple("Evaluated", [("report", EvaluationReport), ("model", FlyteDirectory)])  # noqa: UP014
+
+
+def bundle_record(prepared: PreparedData, trained: TrainedModel, billed: Hardware) -> BundleRecord:
+    return BundleRecord(
+        framework=trained.run.framework,
+        feature_names=prepared.feature_names,
+        scaler=prepared.scaler,
+        class_labels=prepared.class_labels,
+        label_kind=prepared.label_kind,
+        label_column=prepared.label_column,
+        source=prepared.source,
+        data_fingerprint=prepared.fingerprint,
+        run=trained.run,
+        billed=billed,
+    )
+
+
 # The ml-cpu image has the CPU builds of both frameworks: a model from either is rebuilt without CUDA.
 @task(
     container_image=ML_CPU_IMAGE,
     **guaranteed(EVALUATE_CPU),
     **DECKS,
 )
-def evaluate(
-    prepared: PreparedData, trained: TrainedModel, plan: ResourcePlan | None = None
-) -> EvaluationReport:
+def evaluate(prepared: PreparedData, trained: TrainedModel, plan: ResourcePlan | None = None) -> Evaluated:
+    """The model bundle of the run, and the test split's metrics as that bundle scores it."""
     setup_logging()
-    features, labels = read_split(
-        local_path(prepared.test, "test split"), prepared.feature_names, prepared.label_column
-    )
-    metrics = classification_metrics(labels, predict_test_split(trained, features), prepared.class_labels)
     billed, notes = billed_hardware(trained, plan)
+    folder = str(Path(current_context().working_directory) / "model")
+    write_bundle(folder, trained.artifact.download(), bundle_record(prepared, trained, billed))
+    bundle = load_bundle(folder)
+    test = ds.dataset(local_path(prepared.test, "test split"), format=parquet_format()).to_table()
+    predicted = bundle.predict_codes(test)
+    labels = test.column(prepared.label_column).to_numpy()
+    metrics = classification_metrics(labels, predicted, prepared.class_labels)
+    add_metrics(folder, metrics)
     report = EvaluationReport(
         metrics=metrics,
         class_labels=prepared.class_labels,
@@ -80,4 +93,4 @@ def evaluate(
     print(report.summary(), flush=True)
     if plan is not None:
         print(plan.summary(), flush=True)
-    return report
+    return Evaluated(report, FlyteDirectory(folder))

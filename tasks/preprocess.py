@@ -91,4 +91,6 @@ def preprocess(
         scaler=prepared.scaler,
         source=dataset or "embedded:sklearn-digits",
         notes=prepared.notes,
+        label_kind=prepared.label_kind,
+        fingerprint=dataset_fingerprint,
     )

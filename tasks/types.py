@@ -18,7 +18,8 @@ from tasks.storage import local_path
 
 @dataclass
 class PreparedData:
-    """Standardised train/val/test splits; the label column holds class codes into `class_labels`."""
+    """Standardised train and val splits and the raw test split (scored through the model bundle, as a
+    user's rows are); the label column holds class codes into `class_labels`."""
 
     train: StructuredDataset
     val: StructuredDataset
@@ -31,6 +32,8 @@ class PreparedData:
     scaler: ScalerStats
     source: str
     notes: list[str] = field(default_factory=list)  # e.g. classes that differ only by case
+    label_kind: str = "string"  # what the class labels were before they became text (tasks/core/data.py)
+    fingerprint: str = ""  # the input data's fingerprint, as the preprocessing cache key had it
 
     def local_splits(self) -> SplitPaths:
         """The train/val splits on this machine's disk, as the training loops read them."""
@@ -104,7 +107,7 @@ def option_line(option: OptionFit, chosen: bool) -> str:
     )
 
 
-@dataclass
+@dataclass(repr=False)
 class EvaluationReport:
     metrics: ClassificationMetrics
     class_labels: list[str]
@@ -131,3 +134,7 @@ class EvaluationReport:
             for c in metrics.per_class
         ]
         return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        """What `pyflyte run` prints of the workflow's outputs: the summary, not every epoch and option."""
+        return f"\n{self.summary()}\n"

@@ -196,8 +196,10 @@ def comparison_run(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(flyte_deck, "_output_deck", capture)
         patch.setenv("FLYTE_LOCAL_CACHE_ENABLED", "false")  # every task runs, so every task writes its Deck
-        comparison = hardware_comparison(hyperparameters=COMPARISON_HYPERPARAMETERS, prices={"cpu": 0.5})
-    return SimpleNamespace(comparison=comparison, decks=written)
+        outputs = hardware_comparison(hyperparameters=COMPARISON_HYPERPARAMETERS, prices={"cpu": 0.5})
+    return SimpleNamespace(
+        comparison=outputs.comparison, gpu_model=outputs.gpu_model, tpu_model=outputs.tpu_model, decks=written
+    )
 
 
 # The serialized chain as pods run it, shared by the pod, retry and launcher tests: one preprocessing

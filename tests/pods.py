@@ -72,10 +72,10 @@ def run_like_a_pod(
     return literals_pb2.LiteralMap.FromString(outputs.read_bytes())
 
 
-def output(literal_map: literals_pb2.LiteralMap, python_type):
+def output(literal_map: literals_pb2.LiteralMap, python_type, name: str = "o0"):
     ctx = FlyteContextManager.current_context()
-    return TypeEngine.literal_map_to_kwargs(ctx, LiteralMap.from_flyte_idl(literal_map), {"o0": python_type})[
-        "o0"
+    return TypeEngine.literal_map_to_kwargs(ctx, LiteralMap.from_flyte_idl(literal_map), {name: python_type})[
+        name
     ]
 
 

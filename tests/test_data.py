@@ -45,13 +45,37 @@ def test_split_is_stratified_and_deterministic(blobs, write_table, tmp_path):
         np.testing.assert_allclose(shares, overall, atol=0.05)
 
 
+def row_ids(prepared: data.PreparedSplits, frame: pd.DataFrame, split: str) -> np.ndarray:
+    """Column f0 back as the row id it was: standardised in the train and val splits, raw in the test split."""
+    ids = frame["f0"].to_numpy()
+    if split != data.RAW_SPLIT:
+        ids = ids * prepared.scaler.scale[0] + prepared.scaler.mean[0]
+    return np.rint(ids).astype(int)
+
+
 def test_splits_partition_the_rows(blobs, write_table, tmp_path):
     blobs = blobs.assign(f0=np.arange(len(blobs), dtype=float))  # a row id that survives scaling
     prepared = prepare(write_table(blobs), tmp_path)
-    mean, scale = prepared.scaler.mean[0], prepared.scaler.scale[0]
-    ids = [np.rint(f["f0"].to_numpy() * scale + mean).astype(int) for f in split_frames(prepared).values()]
-    together = np.concatenate(ids)
+    together = np.concatenate([row_ids(prepared, f, name) for name, f in split_frames(prepared).items()])
     assert len(together) == len(set(together)) == len(blobs)
+
+
+def test_test_split_is_raw_and_the_others_standardised_bit_for_bit(blobs, write_table, tmp_path):
+    blobs = blobs.assign(f0=np.arange(len(blobs)), f3=blobs["f3"] / 3)  # integer ids; f3 not float32-exact
+    prepared = prepare(write_table(blobs), tmp_path)
+    features = prepared.feature_names
+    raw = blobs[features].to_numpy(dtype=np.float64)
+    for name, frame in split_frames(prepared).items():
+        rows = raw[row_ids(prepared, frame, name)]
+        values = frame[features].to_numpy()
+        if name == data.RAW_SPLIT:
+            assert values.dtype == np.float64
+            np.testing.assert_array_equal(values, rows)
+        else:
+            assert values.dtype == np.float32
+            np.testing.assert_array_equal(values, data.standardise(rows, prepared.scaler))
+    test_features, _ = read_split(prepared.paths["test"], features, "species")
+    assert test_features.dtype == np.float32
 
 
 def test_scaler_is_fitted_on_train_only(blobs, write_table, tmp_path):
@@ -108,10 +132,19 @@ def with_inf(frame):
     return frame
 
 
+def with_several_nans(frame):
+    frame.loc[[4, 7, 11, 12, 20, 31, 40], "f0"] = np.nan
+    return frame
+
+
 BAD_TABLES = {
     "missing label column": (lambda f: f.drop(columns="species"), ["label column 'species' not found"]),
     "nan in a feature": (with_nan, ["'f2'", "missing value", "row 5"]),
     "inf in a feature": (with_inf, ["'f1'", "non-finite value inf", "row 9"]),
+    "several nans in a feature": (
+        with_several_nans,
+        ["'f0'", "missing values", "rows 4, 7, 11, 12, 20, ..."],
+    ),
     "single class": (lambda f: f.assign(species="setosa"), ["single class", "'setosa'"]),
     "non-numeric feature": (lambda f: f.assign(colour="red"), ["'colour'", "not a number"]),
     "rare class": (lambda f: pd.concat([f, f.iloc[:1].assign(species="rare")]), ["'rare' (1 rows)"]),
@@ -178,3 +211,31 @@ def test_compressed_csv_and_parquet_directory(blobs, tmp_path):
     for path in (compressed, directory):
         prepared = prepare(str(path), tmp_path / "out" / path.name)
         assert sum(prepared.rows.values()) == len(blobs)
+
+
+# --- label kinds: the class labels are text, and the kind turns them back into the column's values ----
+
+
+LABELS = {
+    "integers": ([3, 10, 7], "data.parquet", "integer", ["3", "7", "10"]),
+    "integers as csv text": ([3, 10, 7], "data.csv", "integer", ["3", "7", "10"]),
+    "floats": ([0.5, 1.25, 1e20], "data.parquet", "float", ["0.5", "1.25", "1e+20"]),
+    "booleans": ([True, False, True], "data.parquet", "boolean", ["False", "True"]),
+    "strings": (["b", "a", "c"], "data.csv", "string", ["a", "b", "c"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LABELS))
+def test_label_kind_turns_the_class_labels_back_into_the_column_values(blobs, write_table, tmp_path, case):
+    values, name, kind, class_labels = LABELS[case]
+    frame = blobs.assign(species=[values[i % len(values)] for i in range(len(blobs))])
+    prepared = prepare(write_table(frame, name), tmp_path)
+    assert (prepared.label_kind, prepared.class_labels) == (kind, class_labels)
+    typed = data.typed_labels(prepared.class_labels, prepared.label_kind)
+    assert sorted(typed) == sorted(set(values))
+    assert all(type(label) is type(values[0]) for label in typed)
+
+
+def test_unknown_label_kind_is_refused():
+    with pytest.raises(ValueError, match="'decimal'"):
+        data.typed_labels(["1"], "decimal")

@@ -23,7 +23,7 @@ def default_digits_run():
 
 
 def test_default_run_on_embedded_digits_reaches_095(default_digits_run):
-    report = default_digits_run
+    report = default_digits_run.report
     metrics = report.metrics
     assert metrics.accuracy >= 0.95
     assert metrics.macro_f1 >= 0.95
@@ -43,10 +43,10 @@ def test_the_cnn_on_the_multinode_target_is_clamped_to_one_node_beats_the_mlp_an
 ):
     """The multinode target run locally: one node of two DDP workers, as for the MLP."""
     cnn = ModelSpec("cnn", "1x8x8")
-    report = training_pipeline(target="gpu-multinode", hyperparameters=TrainConfig(model=cnn))
+    report = training_pipeline(target="gpu-multinode", hyperparameters=TrainConfig(model=cnn)).report
     assert (report.training.framework, report.training.world_size) == ("pytorch", 2)
     assert report.metrics.accuracy >= 0.98
-    assert report.metrics.accuracy > default_digits_run.metrics.accuracy
+    assert report.metrics.accuracy > default_digits_run.report.metrics.accuracy
     assert report.training.model == cnn and "model: cnn 1x8x8" in report.summary()
 
 
@@ -99,13 +99,13 @@ def scheduled_run_on_a_users_csv(tmp_path_factory):
     pages = {}
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(decks, "Deck", lambda name, html: pages.__setitem__(name, html))
-        report = scheduled_training(
+        outputs = scheduled_training(
             kickoff_time=datetime(2026, 11, 22, 2, 0),
             dataset_template=str(root / "dt={yesterday}" / "data.csv"),
             label_column="answer",
             hyperparameters=TrainConfig(epochs=3, batch_size=32),
         )
-    return report, pages, root / "dt=2026-11-21" / "data.csv"
+    return outputs.report, pages, root / "dt=2026-11-21" / "data.csv"
 
 
 def test_scheduled_training_reads_the_partition_of_its_kickoff_day(scheduled_run_on_a_users_csv):

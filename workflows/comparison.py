@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from flytekit import workflow
+from flytekit.types.directory import FlyteDirectory
 
 from tasks.compare import compare
 from tasks.core.compare import HardwareComparison
@@ -10,6 +13,12 @@ from tasks.core.config import TrainConfig
 from tasks.evaluate import evaluate
 from tasks.hardware import DEFAULT_PRICES_PER_HOUR
 from tasks.planner import prepare_data, train_on_target
+
+# The comparison, and the model bundle each run produced (tasks/core/bundle.py).
+Compared = NamedTuple(  # noqa: UP014 - the functional form keeps the field types real classes for flytekit
+    "Compared",
+    [("comparison", HardwareComparison), ("gpu_model", FlyteDirectory), ("tpu_model", FlyteDirectory)],
+)
 
 
 @workflow
@@ -19,7 +28,7 @@ def hardware_comparison(
     hyperparameters: TrainConfig = TrainConfig(),  # noqa: B008 - Flyte needs the literal default
     plan_resources: bool = True,
     prices: dict[str, float] = DEFAULT_PRICES_PER_HOUR,  # noqa: B006
-) -> HardwareComparison:
+) -> Compared:
     """Train the PyTorch model on GPU and the TensorFlow model on TPU from the same prepared data.
 
     Args:
@@ -41,8 +50,6 @@ def hardware_comparison(
                 plan_resources=plan_resources)  # fmt: skip
     on_gpu, gpu_plan = train_on_target(target="gpu", **runs)
     on_tpu, tpu_plan = train_on_target(target="tpu", **runs)
-    return compare(
-        gpu=evaluate(prepared=prepared, trained=on_gpu, plan=gpu_plan),
-        tpu=evaluate(prepared=prepared, trained=on_tpu, plan=tpu_plan),
-        prices=prices,
-    )
+    gpu = evaluate(prepared=prepared, trained=on_gpu, plan=gpu_plan)
+    tpu = evaluate(prepared=prepared, trained=on_tpu, plan=tpu_plan)
+    return compare(gpu=gpu.report, tpu=tpu.report, prices=prices), gpu.model, tpu.model

@@ -7,10 +7,12 @@ from datetime import datetime
 from flytekit import CronSchedule, LaunchPlan, workflow
 
 from tasks.core.config import TrainConfig
+from tasks.evaluate import Evaluated
 from tasks.schedule import dataset_partition
-from tasks.types import EvaluationReport
+from tasks.score import Scored
 from workflows.comparison import hardware_comparison
 from workflows.pipeline import training_pipeline
+from workflows.scoring import batch_predict
 
 
 @workflow
@@ -20,7 +22,7 @@ def scheduled_training(
     label_column: str = "label",
     target: str = "gpu",
     hyperparameters: TrainConfig = TrainConfig(),  # noqa: B008 - Flyte needs the literal default
-) -> EvaluationReport:
+) -> Evaluated:
     """training_pipeline on the partition named by the kickoff time, e.g. s3://bucket/events/dt={yesterday}/."""
     dataset = dataset_partition(template=dataset_template, kickoff_time=kickoff_time)
     return training_pipeline(
@@ -43,4 +45,29 @@ weekly_hardware_comparison = LaunchPlan.get_or_create(
     name="weekly_hardware_comparison",
     schedule=CronSchedule(schedule="0 4 * * 1"),
     default_inputs={"hyperparameters": TrainConfig()},
+)
+
+
+@workflow
+def scheduled_scoring(
+    kickoff_time: datetime,
+    model_prefix: str = "",
+    dataset_template: str = "",
+    label_column: str = "",
+    max_parallel: int = 8,
+) -> Scored:
+    """batch_predict with the bundle last published under `model_prefix` (the one its LATEST names) on
+    the partition named by the kickoff time, e.g. s3://bucket/events/dt={date}/."""
+    dataset = dataset_partition(template=dataset_template, kickoff_time=kickoff_time)
+    return batch_predict(
+        model=model_prefix, dataset=dataset, label_column=label_column, max_parallel=max_parallel
+    )
+
+
+# Every night at 03:00 UTC, after nightly_retrain has had an hour: whichever model is the latest
+# published then scores the day's partition.
+nightly_scoring = LaunchPlan.get_or_create(
+    workflow=scheduled_scoring,
+    name="nightly_scoring",
+    schedule=CronSchedule(schedule="0 3 * * *", kickoff_time_input_arg="kickoff_time"),
 )

@@ -5,9 +5,8 @@ from __future__ import annotations
 from flytekit import workflow
 
 from tasks.core.config import TrainConfig
-from tasks.evaluate import evaluate
+from tasks.evaluate import Evaluated, evaluate
 from tasks.planner import prepare_data, train_on_target
-from tasks.types import EvaluationReport
 
 
 @workflow
@@ -19,8 +18,9 @@ def training_pipeline(
     val_fraction: float = 0.15,
     test_fraction: float = 0.15,
     plan_resources: bool = True,
-) -> EvaluationReport:
-    """Train a classifier on a table and report test accuracy, macro-F1 and per-class counts.
+) -> Evaluated:
+    """Train a classifier on a table; return the model bundle and the test accuracy, macro-F1 and
+    per-class counts it scores.
 
     Args:
         dataset: parquet or CSV file (local path or fsspec URI such as s3://, gs://); empty

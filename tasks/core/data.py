@@ -17,7 +17,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING
 
 import fsspec
 import fsspec.implementations.local
@@ -31,11 +30,11 @@ import pyarrow.parquet as pq
 
 from tasks.core.messages import LINE_CHARS, one_line, preview, shorten
 
-if TYPE_CHECKING:  # scikit-learn (about a second to import) is loaded only where it splits or scales
-    from sklearn.preprocessing import StandardScaler
-
 FORMATS_BY_SUFFIX = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv"}
 SPLITS = ("train", "val", "test")
+# The split kept as raw feature values: evaluation scores it through the model bundle's loader, as a
+# user scores the original rows; the others are standardised for the training loops.
+RAW_SPLIT = "test"
 BATCH_ROWS = 65_536
 # Batches decoded ahead of the one in use: bounds memory (pyarrow reads 16 ahead by default).
 READAHEAD_BATCHES = 2
@@ -43,6 +42,11 @@ EMBEDDED_DIGITS_LABEL = "label"
 CSV_DELIMITERS = ",;\t|"
 HEADER_BYTES = 1 << 20
 CASE_WARNINGS = 5
+FIRST_ROWS = 5  # of a feature's bad values, the rows an error lists
+# A label column's kind, by its numpy dtype's kind (any other is "string"), and how the text of its
+# class labels turns back into its values.
+LABEL_KINDS = {"i": "integer", "u": "integer", "f": "float", "b": "boolean"}
+LABEL_PARSERS = {"string": str, "integer": int, "float": float, "boolean": lambda text: text == "True"}
 # pyarrow's CSV errors number columns from 0 and rows as lines of the file, header included.
 CSV_COLUMN_ERROR = re.compile(r"In CSV column #(\d+): (?:Row #(\d+): )?(.*)", re.DOTALL)
 CSV_NOT_A_NUMBER = re.compile(r"CSV conversion error to \w+: invalid value '(.*)'", re.DOTALL)
@@ -73,6 +77,14 @@ class ScalerStats:
     scale: list[float]
 
 
+def standardise(raw: np.ndarray, scaler: ScalerStats) -> np.ndarray:
+    """Raw float64 features as the model's float32 input: computed in float64, cast once, so the
+    prepared splits and the bundle's loader give the model bit-identical rows."""
+    scaled = raw - np.asarray(scaler.mean, dtype=np.float64)
+    scaled /= np.asarray(scaler.scale, dtype=np.float64)
+    return scaled.astype(np.float32)
+
+
 @dataclass
 class PreparedSplits:
     """Where the prepared splits were written and what is in them."""
@@ -85,6 +97,7 @@ class PreparedSplits:
     class_counts: dict[str, int]
     scaler: ScalerStats
     source: str = ""
+    label_kind: str = "string"  # what the class labels were before they became text: see LABEL_KINDS
     notes: list[str] = field(default_factory=list)
 
 
@@ -338,30 +351,46 @@ def feature_columns(schema: pa.Schema, label_column: str, uri: str) -> list[str]
     features = [name for name in schema.names if name != label_column]
     if not features:
         raise DatasetError(f"{uri}: no feature columns besides the label column '{label_column}'")
-    for name in features:
-        kind = schema.field(name).type
-        if not (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)):
-            raise DatasetError(
-                f"{uri}: feature column '{name}' has type {kind}, not a number; "
-                "encode it numerically or drop it before training"
-            )
+    check_numeric(schema, features, uri, "encode it numerically or drop it before training")
     return features
 
 
-def check_finite(batch: pa.RecordBatch, features: list[str], first_row: int, uri: str) -> None:
+def check_numeric(schema: pa.Schema, features: list[str], uri: str, fix: str) -> None:
+    """Features are integers, floats or booleans; `fix` says what to do about any other type."""
+    for name in features:
+        kind = schema.field(name).type
+        if not (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)):
+            raise DatasetError(f"{uri}: feature column '{name}' has type {kind}, not a number; {fix}")
+
+
+def check_finite(batch: pa.RecordBatch | pa.Table, features: list[str], first_row: int, uri: str) -> None:
+    """No missing or non-finite feature value; an error names the column and its first bad rows."""
     for name in features:
         column = batch.column(name)
         if column.null_count:
-            row = first_row + pc.index(pc.is_null(column), True).as_py()
-            raise DatasetError(f"{uri}: feature column '{name}' has a missing value (NaN/null) at row {row}")
+            rows = first_row + bad_rows(pc.is_null(column))
+            what = "a missing value" if len(rows) == 1 else "missing values"
+            raise DatasetError(f"{uri}: feature column '{name}' has {what} (NaN/null) {at_rows(rows)}")
         if pa.types.is_floating(column.type):
             bad = pc.invert(pc.is_finite(column))
             if pc.any(bad).as_py():
-                row = first_row + pc.index(bad, True).as_py()
-                value = column[row - first_row].as_py()
-                raise DatasetError(
-                    f"{uri}: feature column '{name}' has a non-finite value {value} at row {row}"
+                rows = first_row + bad_rows(bad)
+                value = column[int(rows[0]) - first_row].as_py()
+                what = (
+                    f"a non-finite value {value}" if len(rows) == 1 else f"non-finite values (first {value})"
                 )
+                raise DatasetError(f"{uri}: feature column '{name}' has {what} {at_rows(rows)}")
+
+
+def bad_rows(mask: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    return pc.indices_nonzero(mask).to_numpy().astype(np.int64)
+
+
+def at_rows(rows: np.ndarray) -> str:
+    if len(rows) == 1:
+        return f"at row {rows[0]}"
+    more = ", ..." if len(rows) > FIRST_ROWS else ""
+    return f"at rows {', '.join(map(str, rows[:FIRST_ROWS]))}{more}"
 
 
 def scan_labels(dataset: ds.Dataset, uri: str, label_column: str, features: list[str]) -> pa.ChunkedArray:
@@ -416,6 +445,18 @@ def clean_labels(labels: pa.ChunkedArray, uri: str, label_column: str, from_csv:
             labels = as_numbers(labels)
     refuse_missing_labels(labels, uri, label_column)
     return labels.to_numpy()
+
+
+def label_kind(labels: np.ndarray) -> str:
+    """What the labels are, before they become text: integer, float, boolean, or string for the rest."""
+    return LABEL_KINDS.get(labels.dtype.kind, "string")
+
+
+def typed_labels(class_labels: list[str], kind: str) -> list:
+    """The class labels as the values the label column held: "3" is 3 for integer labels."""
+    if kind not in LABEL_PARSERS:
+        raise ValueError(f"unknown label kind {kind!r}, not one of {', '.join(LABEL_PARSERS)}")
+    return [LABEL_PARSERS[kind](label) for label in class_labels]
 
 
 def encode_labels(labels: np.ndarray, uri: str, label_column: str) -> tuple[np.ndarray, list[str]]:
@@ -499,13 +540,15 @@ def assign_splits(codes: np.ndarray, split: SplitConfig) -> np.ndarray:
     return assignment
 
 
-def batch_features(batch: pa.RecordBatch, features: list[str]) -> np.ndarray:
+def batch_features(
+    batch: pa.RecordBatch | pa.Table, features: list[str], dtype: type = np.float32
+) -> np.ndarray:
     return np.column_stack(
-        [batch.column(name).to_numpy(zero_copy_only=False).astype(np.float32) for name in features]
+        [batch.column(name).to_numpy(zero_copy_only=False).astype(dtype, copy=False) for name in features]
     )
 
 
-def fit_scaler(dataset: ds.Dataset, uri: str, features: list[str], assignment: np.ndarray) -> StandardScaler:
+def fit_scaler(dataset: ds.Dataset, uri: str, features: list[str], assignment: np.ndarray) -> ScalerStats:
     from sklearn.preprocessing import StandardScaler
 
     scaler = StandardScaler()
@@ -514,47 +557,49 @@ def fit_scaler(dataset: ds.Dataset, uri: str, features: list[str], assignment: n
         in_train = assignment[offset : offset + batch.num_rows] == 0
         offset += batch.num_rows
         if in_train.any():
-            scaler.partial_fit(batch_features(batch, features)[in_train])
-    return scaler
+            scaler.partial_fit(batch_features(batch, features, np.float64)[in_train])
+    return ScalerStats(mean=scaler.mean_.tolist(), scale=scaler.scale_.tolist())
 
 
-def split_schema(features: list[str], label_column: str) -> pa.Schema:
-    return pa.schema([(name, pa.float32()) for name in features] + [(label_column, pa.int64())])
+def split_schema(features: list[str], label_column: str, split: str) -> pa.Schema:
+    """Standardised float32 features, or the raw values as float64 in the raw split; class codes."""
+    kind = pa.float64() if split == RAW_SPLIT else pa.float32()
+    return pa.schema([(name, kind) for name in features] + [(label_column, pa.int64())])
 
 
 def write_splits(
-    dataset: ds.Dataset,
-    uri: str,
-    prepared: PreparedSplits,
-    codes: np.ndarray,
-    assignment: np.ndarray,
-    scaler: StandardScaler,
+    dataset: ds.Dataset, uri: str, prepared: PreparedSplits, codes: np.ndarray, assignment: np.ndarray
 ) -> None:
-    """Standardise each batch and append its rows to the split they belong to."""
+    """Append each batch's rows to the split they belong to: standardised, or raw in the raw split."""
     features, label = prepared.feature_names, prepared.label_column
-    schema = split_schema(features, label)
-    # Dictionary encoding never pays off for standardised floats; skipping it halves write time.
-    writers = {name: pq.ParquetWriter(prepared.paths[name], schema, use_dictionary=False) for name in SPLITS}
+    schemas = {name: split_schema(features, label, name) for name in SPLITS}
+    # Dictionary encoding never pays off for float features; skipping it halves write time.
+    writers = {
+        name: pq.ParquetWriter(prepared.paths[name], schemas[name], use_dictionary=False) for name in SPLITS
+    }
     try:
         offset = 0
         for batch in iter_batches(dataset, uri, columns=features):
             rows = slice(offset, offset + batch.num_rows)
             offset += batch.num_rows
-            scaled = scaler.transform(batch_features(batch, features)).astype(np.float32)
+            raw = batch_features(batch, features, np.float64)
+            scaled = standardise(raw, prepared.scaler)
             for index, name in enumerate(SPLITS):
                 keep = assignment[rows] == index
                 if keep.any():
-                    by_column = np.ascontiguousarray(scaled[keep].T)  # one copy; each row is a column
-                    columns = [pa.array(values) for values in by_column]
+                    values = raw if name == RAW_SPLIT else scaled
+                    by_column = np.ascontiguousarray(values[keep].T)  # one copy; each row is a column
+                    columns = [pa.array(column) for column in by_column]
                     columns.append(pa.array(codes[rows][keep]))
-                    writers[name].write_table(pa.Table.from_arrays(columns, schema=schema))
+                    writers[name].write_table(pa.Table.from_arrays(columns, schema=schemas[name]))
     finally:
         for writer in writers.values():
             writer.close()
 
 
 def prepare_dataset(uri: str, label_column: str, out_dir: str, split: SplitConfig) -> PreparedSplits:
-    """Validate `uri` and write standardised train/val/test parquet files under `out_dir`."""
+    """Validate `uri` and write train/val/test parquet files under `out_dir`: standardised train and
+    val splits, and the test split's raw features (`RAW_SPLIT`)."""
     dataset = open_dataset(uri, label_column)
     features = feature_columns(dataset.schema, label_column, uri)
     from_csv = isinstance(dataset.format, ds.CsvFileFormat)
@@ -576,11 +621,12 @@ def prepare_dataset(uri: str, label_column: str, out_dir: str, split: SplitConfi
         label_column=label_column,
         class_labels=class_labels,
         class_counts={c: int(n) for c, n in zip(class_labels, np.bincount(codes), strict=True)},
-        scaler=ScalerStats(mean=scaler.mean_.tolist(), scale=scaler.scale_.tolist()),
+        scaler=scaler,
         source=uri,
+        label_kind=label_kind(labels),
         notes=label_case_warnings(class_labels),
     )
-    write_splits(dataset, uri, prepared, codes, assignment, scaler)
+    write_splits(dataset, uri, prepared, codes, assignment)
     return prepared
 
 
@@ -597,7 +643,8 @@ def write_embedded_digits(directory: str | None = None) -> str:
 
 
 def read_split(path: str, feature_names: list[str], label_column: str) -> tuple[np.ndarray, np.ndarray]:
-    """A whole prepared split (a parquet file or directory) as (features float32, label codes int64)."""
+    """A whole prepared split (a parquet file or directory) as (features float32, label codes int64):
+    the standardised train and val splits the training loops read."""
     table = ds.dataset(path, format=parquet_format()).to_table(columns=[*feature_names, label_column])
     features = np.column_stack([table.column(n).to_numpy() for n in feature_names]).astype(np.float32)
     return features, table.column(label_column).to_numpy().astype(np.int64)
