@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from tasks.core.config import TrainConfig
 from tasks.core.models import ModelSpec, mlp_spec
 from tests.conftest import COMPARISON_HYPERPARAMETERS, blobs_frame
+from tests.run_bundles import assert_scores_as_evaluate_did
 from workflows.comparison import hardware_comparison
 from workflows.pipeline import training_pipeline
 
@@ -36,6 +38,13 @@ def test_default_run_on_embedded_digits_reaches_095(default_digits_run):
     choice = plan.training.choice
     assert plan.applied and choice.name == "a100-mig-1g.5gb" and choice.device == "nvidia-tesla-a100"
     assert plan.training.effective_batch_size == 64 and plan.preprocess.input_rows == 1797
+
+
+def test_the_bundle_scores_the_users_rows_as_evaluate_did(default_digits_run, tmp_path):
+    """Torch: the run's bundle, loaded without flytekit, predicts the raw test rows (columns shuffled,
+    id columns added) exactly as the report counted them."""
+    report = default_digits_run.report
+    assert_scores_as_evaluate_did(default_digits_run.model.path, report.metrics.accuracy, tmp_path)
 
 
 def test_the_cnn_on_the_multinode_target_is_clamped_to_one_node_beats_the_mlp_and_reaches_098(
@@ -71,10 +80,18 @@ def test_hardware_comparison_trains_both_from_the_same_data(comparison_run):
     for row in comparison.rows:
         assert row.run.accuracy >= 0.9
         assert row.price_per_hour == 0.5
+
         assert row.cost_usd == pytest.approx(row.accelerator_hours * 0.5)
     assert comparison.cheapest in names and comparison.fastest in names
     tensorflow = comparison.rows[1].run.training  # the tpu target, run locally on CPU
     assert (tensorflow.strategy, tensorflow.device) == ("default", "cpu")
+
+
+def test_the_tensorflow_run_s_bundle_scores_the_users_rows_as_evaluate_did(comparison_run, tmp_path):
+    accuracy = comparison_run.comparison.rows[1].run.accuracy
+    assert_scores_as_evaluate_did(comparison_run.tpu_model.path, accuracy, tmp_path)
+    files = json.loads(Path(comparison_run.tpu_model.path, "bundle.json").read_text())["files"]
+    assert {"weights", "saved_model"} <= files.keys()
 
 
 def test_comparison_checks_its_inputs_as_the_pipeline_does():
