@@ -28,6 +28,7 @@ from benchmarks.measure import (
     interleave,
     median_phases,
 )
+from benchmarks.scoring_bench import scoring
 from benchmarks.synthetic import write_table
 from tasks.core.config import ModelConfig, SplitPaths, TrainConfig
 from tasks.core.data import SplitConfig, prepare_dataset
@@ -40,6 +41,8 @@ FULL = {
     "epochs": 1,
     "pipeline_rounds": 3,
     "loop_rounds": 5,
+    "scoring_rows": (1_000_000, 10_000_000),
+    "scoring_rounds": 5,
 }
 SMOKE = {
     "pipeline_rows": 4_000,
@@ -48,6 +51,8 @@ SMOKE = {
     "epochs": 1,
     "pipeline_rounds": 1,
     "loop_rounds": 1,
+    "scoring_rows": (4_000, 40_000),
+    "scoring_rounds": 1,
 }
 FEATURES, BATCH = 64, 512
 
@@ -233,7 +238,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, to check the harness")
     parser.add_argument("--json", help="also write the figures to this file")
-    parser.add_argument("--only", choices=["orchestration", "preprocess", "loops"], help="run one group")
+    parser.add_argument(
+        "--only", choices=["orchestration", "preprocess", "loops", "scoring"], help="run one group"
+    )
     parser.add_argument("--rows", type=int, help="rows of the orchestration table (default 1,000,000)")
     parser.add_argument("--epochs", type=int, help="epochs of the pipeline and the loops (default 1)")
     parser.add_argument("--rounds", type=int, help="rounds of the pipeline comparison (default 3)")
@@ -260,6 +267,7 @@ def main() -> None:
             ),
             "preprocess": lambda: preprocessing(work, sizes["preprocess_rows"]),
             "loops": lambda: training_loops(work, sizes["loop_rows"], sizes["epochs"], sizes["loop_rounds"]),
+            "scoring": lambda: scoring(work, sizes["scoring_rows"], sizes["scoring_rounds"]),
         }
         figures = []
         for name, run in groups.items():

@@ -28,6 +28,7 @@ GROUP_TOPICS = {
                       "overhead above the floor in CPU seconds, this checkout vs baseline checkout"),
     "preprocess": ("preprocess: throughput", "peak RSS growth"),
     "loops": ("torch loop", "keras loop"),
+    "scoring": ("scoring: throughput", "scoring: peak RSS growth", "scoring: peak RSS at"),
 }  # fmt: skip
 
 
@@ -124,3 +125,7 @@ def test_best_rates_take_each_sides_fastest_run():
 
     values, baselines = iter([5.0, 9.0, 3.0]), iter([10.0, 30.0, 20.0])
     assert alternating_best_rates(lambda: next(values), lambda: next(baselines), 3) == (9.0, 30.0)
+
+
+def test_smoke_scoring_prints_every_figure_with_a_ratio(tmp_path):
+    smoke_figures(tmp_path, "scoring")

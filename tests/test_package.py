@@ -23,6 +23,12 @@ IMAGE_OF_TASK = {
     "tasks.compare.compare": "cpu",
     "tasks.schedule.dataset_partition": "cpu",
     "tasks.evaluate.evaluate": "ml-cpu",
+    "tasks.score.score": "ml-cpu",
+    "tasks.score.score_piece_cpu": "ml-cpu",
+    "tasks.score.collect_scores": "ml-cpu",
+    "tasks.score.score_piece_torch_gpu": "torch-gpu",
+    "tasks.score.score_piece_tf_gpu": "tf-gpu",
+    "tasks.publish.publish_model": "ml-cpu",
     "tasks.train_torch.train_torch": "torch-gpu",
     "tasks.train_torch.train_torch_multinode": "torch-gpu",
     "tasks.train_tf.train_tf_gpu": "tf-gpu",
@@ -119,16 +125,18 @@ def depends_on(node) -> set[str]:
     return found - {"", "start-node"}  # workflow inputs
 
 
-def test_training_pipeline_wires_plan_preprocess_train_evaluate(package):
+def test_training_pipeline_wires_plan_preprocess_train_evaluate_publish(package):
     nodes = package.workflows["workflows.pipeline.training_pipeline"].template.nodes
     by_task = {node_tasks(node)[0]: node for node in nodes}
     prepare = by_task["tasks.planner.prepare_data"]
     train = by_task["tasks.planner.train_on_target"]
     evaluate = by_task["tasks.evaluate.evaluate"]
-    assert len(nodes) == 3
+    publish = by_task["tasks.publish.publish_model"]
+    assert len(nodes) == 4
     assert depends_on(prepare) == set()
     assert depends_on(train) == {prepare.id}
     assert depends_on(evaluate) == {prepare.id, train.id}
+    assert depends_on(publish) == {evaluate.id}  # it publishes the bundle evaluate wrote
 
 
 def test_planning_tasks_ask_for_no_accelerator(package):

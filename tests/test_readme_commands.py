@@ -2,7 +2,8 @@
 
 Tiny sizes: the hyperparameters JSON gets `epochs: 1` merged in, and a dataset the test cannot
 reach (an object store, a file the reader would bring) is replaced by a small local table in the
-same format (parquet or CSV) with the label column the command names. Remote commands (`--remote`)
+same format (parquet or CSV) with the label column the command names. The folders a command writes
+and a later one reads (`--publish_to`, `--model`, `--output`) are relative to one scratch folder. Remote commands (`--remote`)
 need a cluster and are checked against the project by test_cluster_config.
 
 The commands share one process (tests/readme_driver.py): each goes through pyflyte's own command
@@ -58,6 +59,12 @@ def tiny(command: str, scratch: Path) -> list[str]:
         else:
             frame.to_csv(table, index=False)
         words[index] = str(table)
+    for name in ("--publish_to", "--model", "--output"):  # one folder the commands share, in order
+        if name in options:
+            index = words.index(name) + 1
+            words[index] = str(scratch.parent / "shared" / words[index])
+    if "batch_predict" in words:  # scoring trains nothing
+        return words
     if "--hyperparameters" in options:
         index = words.index("--hyperparameters") + 1
         words[index] = json.dumps({**json.loads(words[index]), "epochs": 1})

@@ -7,11 +7,10 @@ from datetime import datetime
 from flytekit import CronSchedule, LaunchPlan, workflow
 
 from tasks.core.config import TrainConfig
-from tasks.evaluate import Evaluated
 from tasks.schedule import dataset_partition
 from tasks.score import Scored
 from workflows.comparison import hardware_comparison
-from workflows.pipeline import training_pipeline
+from workflows.pipeline import TrainingOutputs, training_pipeline
 from workflows.scoring import batch_predict
 
 
@@ -22,12 +21,15 @@ def scheduled_training(
     label_column: str = "label",
     target: str = "gpu",
     hyperparameters: TrainConfig = TrainConfig(),  # noqa: B008 - Flyte needs the literal default
-) -> Evaluated:
-    """training_pipeline on the partition named by the kickoff time, e.g. s3://bucket/events/dt={yesterday}/."""
+    publish_to: str = "",
+) -> TrainingOutputs:
+    """training_pipeline on the partition named by the kickoff time, e.g. s3://bucket/events/dt={yesterday}/;
+    with `publish_to`, the bundle becomes that prefix's LATEST, which nightly_scoring reads."""
     dataset = dataset_partition(template=dataset_template, kickoff_time=kickoff_time)
     return training_pipeline(
-        dataset=dataset, label_column=label_column, target=target, hyperparameters=hyperparameters
-    )
+        dataset=dataset, label_column=label_column, target=target, hyperparameters=hyperparameters,
+        publish_to=publish_to,
+    )  # fmt: skip
 
 
 # Every night at 02:00 UTC; the schedule passes its fire time in as `kickoff_time`.
@@ -35,7 +37,12 @@ nightly_retrain = LaunchPlan.get_or_create(
     workflow=scheduled_training,
     name="nightly_retrain",
     schedule=CronSchedule(schedule="0 2 * * *", kickoff_time_input_arg="kickoff_time"),
-    default_inputs={"dataset_template": "", "label_column": "label", "hyperparameters": TrainConfig()},
+    default_inputs={
+        "dataset_template": "",
+        "label_column": "label",
+        "hyperparameters": TrainConfig(),
+        "publish_to": "",
+    },
     fixed_inputs={"target": "gpu"},
 )
 
@@ -57,7 +64,7 @@ def scheduled_scoring(
     max_parallel: int = 8,
 ) -> Scored:
     """batch_predict with the bundle last published under `model_prefix` (the one its LATEST names) on
-    the partition named by the kickoff time, e.g. s3://bucket/events/dt={date}/."""
+    the partition named by the kickoff time, e.g. s3://bucket/events/dt={date}.parquet."""
     dataset = dataset_partition(template=dataset_template, kickoff_time=kickoff_time)
     return batch_predict(
         model=model_prefix, dataset=dataset, label_column=label_column, max_parallel=max_parallel

@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from flytekit import workflow
+from flytekit.types.directory import FlyteDirectory
 
 from tasks.core.config import TrainConfig
-from tasks.evaluate import Evaluated, evaluate
+from tasks.evaluate import evaluate
 from tasks.planner import prepare_data, train_on_target
+from tasks.publish import publish_model
+from tasks.types import EvaluationReport
+
+# What a run hands back: the report, the model bundle (tasks/core/bundle.py) and, with publish_to, the
+# URI it was published under.
+TrainingOutputs = NamedTuple(  # noqa: UP014 - the functional form keeps the field types real classes for flytekit
+    "TrainingOutputs", [("report", EvaluationReport), ("model", FlyteDirectory), ("published", str)]
+)
 
 
 @workflow
@@ -18,7 +29,8 @@ def training_pipeline(
     val_fraction: float = 0.15,
     test_fraction: float = 0.15,
     plan_resources: bool = True,
-) -> Evaluated:
+    publish_to: str = "",
+) -> TrainingOutputs:
     """Train a classifier on a table; return the model bundle and the test accuracy, macro-F1 and
     per-class counts it scores.
 
@@ -38,6 +50,9 @@ def training_pipeline(
             preprocessing and training on the cheapest catalog option that holds it (MIG slice, GPU
             or TPU slice); fails before any accelerator is requested if nothing fits. Off: use the
             hardware declared in tasks/hardware.py (the plan is still reported).
+        publish_to: a URI prefix (e.g. s3://bucket/models/digits); the bundle is copied to
+            `<prefix>/<version>/` and `<prefix>/LATEST` then names that version, for batch_predict and
+            the scheduled scoring. Empty: not published.
     """
     prepared, preprocess_plan = prepare_data(
         dataset=dataset, label_column=label_column, val_fraction=val_fraction, test_fraction=test_fraction,
@@ -47,4 +62,6 @@ def training_pipeline(
         prepared=prepared, preprocess_plan=preprocess_plan, target=target, hyperparameters=hyperparameters,
         plan_resources=plan_resources,
     )  # fmt: skip
-    return evaluate(prepared=prepared, trained=trained, plan=plan)
+    evaluated = evaluate(prepared=prepared, trained=trained, plan=plan)
+    published = publish_model(bundle=evaluated.model, prefix=publish_to)
+    return evaluated.report, evaluated.model, published

@@ -1,0 +1,21 @@
+"""Publishing a run's model bundle under a prefix that scoring (and the scheduled scoring) reads."""
+
+from __future__ import annotations
+
+from flytekit import task
+from flytekit.types.directory import FlyteDirectory
+
+from tasks.core.publish import publish_bundle
+from tasks.hardware import EVALUATE_CPU, ML_CPU_IMAGE, guaranteed
+
+
+# ml-cpu: publishing names bundles as tasks.core.bundle does, whose loader imports either framework.
+@task(container_image=ML_CPU_IMAGE, **guaranteed(EVALUATE_CPU))
+def publish_model(bundle: FlyteDirectory, prefix: str) -> str:
+    """Copy the bundle to `<prefix>/<version>/`, then point `<prefix>/LATEST` at it; returns the
+    version's URI. An empty prefix publishes nothing and returns ""."""
+    if not prefix:
+        return ""
+    uri = publish_bundle(bundle.download(), prefix)
+    print(f"published the model bundle as {uri}", flush=True)
+    return uri

@@ -1,0 +1,127 @@
+"""Batch scoring on Flyte: plan on a small CPU pod, score the pieces with a map task, add up the counts.
+
+`score` is `@dynamic`: it checks every input and measures the model's cost on the first rows
+(tasks/core/scoring.py), decides between CPU pods and a GPU, and only then maps the scoring task over
+the pieces, so no accelerator is requested before the plan says so. Every piece writes its own parquet
+part into one output folder, which `collect_scores` returns as one StructuredDataset.
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+from functools import partial
+from typing import NamedTuple
+
+from flytekit import Deck, FlyteContextManager, dynamic, map_task, task
+from flytekit.types.structured import StructuredDataset
+
+import tasks.literal_types  # noqa: F401 - each boundary dataclass's Flyte type built once, before the tasks below
+from tasks.core.scoring import (
+    HardwareChoice,
+    PieceResult,
+    ScoringJob,
+    ScoringPiece,
+    ScoringPlan,
+    ScoringReport,
+    cheapest_whole_gpu,
+    check_hardware,
+    choose_hardware,
+    gpu_bundle,
+    plan_scoring,
+    score_piece,
+    summarise,
+)
+from tasks.decks import DECKS
+from tasks.hardware import (
+    DEFAULT_PRICES_PER_HOUR,
+    EVALUATE_CPU,
+    GPU_CATALOG,
+    ML_CPU_IMAGE,
+    PREPROCESS_CPU,
+    TF_GPU_IMAGE,
+    TORCH_GPU_IMAGE,
+    accelerator_for,
+    gpu_option_resources,
+    guaranteed,
+)
+from tasks.logs import setup_logging
+
+log = logging.getLogger(__name__)
+
+# The predictions (a folder of parquet parts) and what the scoring found. The functional form keeps the
+# field types real classes, as flytekit reads them, under postponed annotations.
+Scored = NamedTuple("Scored", [("predictions", StructuredDataset), ("report", ScoringReport)])  # noqa: UP014
+
+# A piece is idempotent (it rewrites its own part): a lost pod costs only its retry. On demand, as the
+# node pools offer CPU nodes (deploy/gke-node-pools.sh).
+PIECE_ATTEMPTS = {"retries": 2}
+# The GPU tasks declare the cheapest whole GPU; the plan's overrides put them on the option it chose.
+DEFAULT_GPU = cheapest_whole_gpu(GPU_CATALOG)
+GPU_PIECE = {
+    "requests": gpu_option_resources(DEFAULT_GPU),
+    "limits": gpu_option_resources(DEFAULT_GPU),
+    "accelerator": accelerator_for(DEFAULT_GPU),
+}
+
+
+@task(container_image=ML_CPU_IMAGE, **guaranteed(PREPROCESS_CPU), **PIECE_ATTEMPTS)
+def score_piece_cpu(job: ScoringJob, piece: ScoringPiece) -> PieceResult:
+    setup_logging()
+    return score_piece(job, piece)
+
+
+@task(container_image=TORCH_GPU_IMAGE, **GPU_PIECE, **PIECE_ATTEMPTS)
+def score_piece_torch_gpu(job: ScoringJob, piece: ScoringPiece) -> PieceResult:
+    setup_logging()
+    return score_piece(job, piece, gpu_bundle(job.model))
+
+
+@task(container_image=TF_GPU_IMAGE, **GPU_PIECE, **PIECE_ATTEMPTS)
+def score_piece_tf_gpu(job: ScoringJob, piece: ScoringPiece) -> PieceResult:
+    setup_logging()
+    return score_piece(job, piece)
+
+
+# The GPU task for each framework: a GPU image holds one framework.
+GPU_PIECE_TASKS = {"pytorch": score_piece_torch_gpu, "tensorflow": score_piece_tf_gpu}
+
+
+@task(container_image=ML_CPU_IMAGE, **guaranteed(EVALUATE_CPU), **DECKS)
+def collect_scores(plan: ScoringPlan, hardware: HardwareChoice, results: list[PieceResult]) -> Scored:
+    """The parts as one dataset, and the metrics where the input holds the label column."""
+    setup_logging()
+    report = summarise(plan, results, hardware)
+    Deck("Scoring", f"<pre>{html.escape(report.summary())}</pre>")
+    print(report.summary(), flush=True)
+    return Scored(StructuredDataset(uri=plan.job.output, file_format="parquet"), report)
+
+
+@dynamic(container_image=ML_CPU_IMAGE, **guaranteed(EVALUATE_CPU), **DECKS)
+def score(
+    model: str,
+    dataset: str,
+    label_column: str,
+    output: str,
+    max_parallel: int,
+    hardware: str,
+    rows_per_piece: int,
+) -> Scored:
+    """Check every input and plan on CPU, then score the pieces, at most `max_parallel` at a time."""
+    setup_logging()
+    check_hardware(hardware)
+    if max_parallel < 1:
+        raise ValueError(f"max_parallel={max_parallel} must be at least 1")
+    output = output or FlyteContextManager.current_context().file_access.get_random_remote_directory()
+    plan = plan_scoring(model, dataset, output, label_column, rows_per_piece)
+    choice = choose_hardware(plan, DEFAULT_PRICES_PER_HOUR["cpu"], GPU_CATALOG, hardware)
+    log.info("scoring %s with %s: %d pieces on %s (%s)", dataset, plan.job.model, len(plan.pieces),
+             choice.device, choice.reason)  # fmt: skip
+    scorer = score_piece_cpu if choice.device == "cpu" else GPU_PIECE_TASKS[plan.framework]
+    results = map_task(partial(scorer, job=plan.job), concurrency=max_parallel)(piece=plan.pieces)
+    if choice.device != "cpu":
+        sized = gpu_option_resources(choice.gpu)
+        results = results.with_overrides(
+            requests=sized, limits=sized, accelerator=accelerator_for(choice.gpu)
+        )
+    return collect_scores(plan=plan, hardware=choice, results=results)
