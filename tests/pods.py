@@ -73,10 +73,10 @@ def run_like_a_pod(
 
 
 def output(literal_map: literals_pb2.LiteralMap, python_type, name: str = "o0"):
+    """The task output `name` as a Python value."""
     ctx = FlyteContextManager.current_context()
-    return TypeEngine.literal_map_to_kwargs(ctx, LiteralMap.from_flyte_idl(literal_map), {name: python_type})[
-        name
-    ]
+    one = LiteralMap.from_flyte_idl(literal_map).literals[name]
+    return TypeEngine.to_python_value(ctx, one, python_type)
 
 
 def model_parameters(trained) -> dict[str, torch.Tensor]:

@@ -21,6 +21,7 @@ def test_preprocess_train_evaluate_as_pods(flyte_package, prepared_by_a_pod, com
         tmp_path / "evaluate",
     )
     report = output(report_literals, EvaluationReport, "report")
+    assert list((tmp_path / "evaluate" / "raw").rglob("bundle.json")), "the model bundle was not uploaded"
     assert report.metrics.accuracy >= 0.9 and report.metrics.n_test == 270
     assert (report.training.framework, report.training.world_size) == ("pytorch", 2)
     model_files = list((completed_attempt.workdir / "raw").rglob("model.pt"))
