@@ -5,19 +5,27 @@ literal type per field) again wherever an interface names it: for every task and
 and again when a workflow or a dynamic runs. With these dataclasses at every task boundary, that was
 most of the type engine's share of a local run. Task modules import this module before they define
 their tasks; values convert exactly as with flytekit's own dataclass transformer
-(tests/test_literal_types.py pins what this relies on).
+(tests/test_literal_types.py pins what this relies on), except that the hyperparameters are checked
+strictly on the way in and out (tests/test_input_rules.py).
 """
 
 from __future__ import annotations
 
 import copy
+import json
+import typing
 
-from flytekit.core.type_engine import DataclassTransformer, TypeEngine
+import msgpack
+from flytekit.core.context_manager import FlyteContext
+from flytekit.core.type_engine import MESSAGEPACK, DataclassTransformer, DictTransformer, TypeEngine
+from flytekit.models.literals import Literal
 from flytekit.models.types import LiteralType
+from google.protobuf import json_format
 
 from tasks.core.compare import HardwareComparison, RunSummary
 from tasks.core.config import TrainConfig
 from tasks.core.planner import PreprocessPlan
+from tasks.core.validation import hyperparameter_problems, parse_hyperparameters, raise_for
 from tasks.types import EvaluationReport, PreparedData, ResourcePlan, TrainedModel
 
 # The dataclasses nested in these are built with them.
@@ -39,6 +47,28 @@ class LiteralTypeOnce(DataclassTransformer):
         # (flytekit.core.type_engine._add_tag_to_type), which must not reach the one kept here.
         return copy.copy(self._literal_types[t])
 
+    def to_literal(self, ctx: FlyteContext, python_val, python_type: type, expected: LiteralType) -> Literal:
+        if python_type is TrainConfig:  # named here: encoding an integer past int64 fails with no name
+            raise_for(hyperparameter_problems(python_val))
+        return super().to_literal(ctx, python_val, python_type, expected)
+
+    def to_python_value(self, ctx: FlyteContext, lv: Literal, expected_python_type: type):
+        """The hyperparameters from their raw form, so that a literal from any source (the command line,
+        a remote launch) is checked strictly rather than decoded leniently."""
+        if expected_python_type is TrainConfig:
+            return parse_hyperparameters(raw_value(lv))
+        return super().to_python_value(ctx, lv, expected_python_type)
+
+
+def raw_value(lv: Literal) -> object:
+    """A dataclass literal as plain JSON values: msgpack bytes, or the older JSON struct."""
+    binary = lv.scalar.binary
+    if binary:
+        if binary.tag != MESSAGEPACK:
+            raise TypeError(f"unsupported binary format {binary.tag!r} for a dataclass literal")
+        return msgpack.loads(binary.value, strict_map_key=False)
+    return json.loads(json_format.MessageToJson(lv.scalar.generic))
+
 
 def build_literal_types_once(types: tuple[type, ...]) -> LiteralTypeOnce:
     transformer = LiteralTypeOnce()
@@ -48,3 +78,20 @@ def build_literal_types_once(types: tuple[type, ...]) -> LiteralTypeOnce:
 
 
 TRANSFORMER = build_literal_types_once(BOUNDARY_TYPES)
+
+
+class WholeNumbersAsFloats(DictTransformer):
+    """flytekit's dict transformer for `dict[str, float]` (the comparison's prices), taking a whole
+    number as the float it means: flytekit refuses `{"cpu": 1}` for a float value."""
+
+    async def async_to_literal(self, ctx, python_val, python_type, expected) -> Literal:
+        if isinstance(python_val, dict):
+            python_val = {
+                key: float(value) if type(value) is int else value for key, value in python_val.items()
+            }
+        return await super().async_to_literal(ctx, python_val, python_type, expected)
+
+
+# As a workflow declares it, and as flytekit rebuilds it from a registered interface.
+for prices_type in (dict[str, float], typing.Dict[str, float]):  # noqa: UP006
+    TypeEngine.register_additional_type(WholeNumbersAsFloats(), prices_type)

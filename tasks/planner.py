@@ -28,7 +28,7 @@ from tasks.core.planner import (
     plan_preprocessing,
     plan_training,
 )
-from tasks.core.validation import batch_problems, problems, raise_for
+from tasks.core.validation import batch_problems, price_problems, problems, raise_for
 from tasks.decks import DECKS
 from tasks.hardware import (
     CPU_NODE,
@@ -72,13 +72,17 @@ def prepare_data(
     target: str,
     hyperparameters: TrainConfig,
     plan_resources: bool,
+    prices: dict[str, float] | None = None,  # flytekit takes no mutable default for a task
 ) -> tuple[PreparedData, PreprocessPlan]:
     """Check every input, size the preprocessing pod from the input's metadata, then preprocess.
 
-    Runs first and on CPU, so a bad input fails here, before any accelerator is requested.
+    Runs first and on CPU, so a bad input fails here, before any accelerator is requested; `prices`
+    are the comparison's, checked here for the same reason.
     """
     setup_logging()
-    raise_for(problems(target, hyperparameters, TARGETS, val_fraction, test_fraction))
+    raise_for(
+        problems(target, hyperparameters, TARGETS, val_fraction, test_fraction) + price_problems(prices or {})
+    )
     plan = size_preprocessing(dataset, label_column)
     log.info(
         "preprocess plan: %s CPU, %s for %d rows x %d columns",

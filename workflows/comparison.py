@@ -44,7 +44,7 @@ def hardware_comparison(
     # preprocessing cache keyed on the data's fingerprint, so a file rewritten in place is prepared again.
     prepared, preprocess_plan = prepare_data(
         dataset=dataset, label_column=label_column, val_fraction=0.15, test_fraction=0.15, target="gpu",
-        hyperparameters=hyperparameters, plan_resources=plan_resources,
+        hyperparameters=hyperparameters, plan_resources=plan_resources, prices=prices,
     )  # fmt: skip
     runs = dict(prepared=prepared, preprocess_plan=preprocess_plan, hyperparameters=hyperparameters,
                 plan_resources=plan_resources)  # fmt: skip

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tasks.core.config import Hardware, TrainingRun
+from tasks.core.validation import price_problems, raise_for
 
 
 @dataclass
@@ -61,10 +62,14 @@ def price_run(run: RunSummary, prices: dict[str, float]) -> ComparisonRow:
 
 
 def pricing_note(row: ComparisonRow) -> str:
-    name, accelerator = row.run.name, row.run.billed.accelerator
+    """Where a run's price came from, when not from an applied plan's catalog."""
+    name, billed = row.run.name, row.run.billed
     if row.price_per_hour is None:
-        return f"no price for '{accelerator}' ({name}); add it to prices to estimate its cost"
-    return f"{name}: no resource plan was applied; priced at prices['{accelerator}']"
+        return f"no price for '{billed.accelerator}' ({name}); add it to prices to estimate its cost"
+    source = f"priced at prices['{billed.accelerator}']"
+    if row.run.training.device == "cpu":  # a local run: any plan was made for the cluster's hardware
+        return f"{name}: ran on CPU worker processes here, not on the planned hardware; {source}"
+    return f"{name}: no resource plan was applied, billed as declared; {source}"
 
 
 def compare_runs(runs: list[RunSummary], prices: dict[str, float]) -> HardwareComparison:
@@ -73,6 +78,7 @@ def compare_runs(runs: list[RunSummary], prices: dict[str, float]) -> HardwareCo
     price from `prices` for the accelerator."""
     if not runs:
         raise ValueError("nothing to compare: no runs given")
+    raise_for(price_problems(prices))
     rows = [price_run(run, prices) for run in runs]
     priced = [row for row in rows if row.cost_usd is not None]
     notes = [pricing_note(row) for row in rows if row.run.billed.price_per_hour is None]

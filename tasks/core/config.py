@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 
@@ -13,6 +14,23 @@ PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 TF_STRATEGIES = ("auto", "tpu", "multi_worker", "mirrored", "default")
 # "cosine": the learning rate decays from learning_rate to 0 over the run's optimizer steps.
 LR_SCHEDULES = ("cosine", "constant")
+# Each integer field's range: the seed is numpy's; the others fit int64 arithmetic and timedelta with room.
+INT_RANGES = {
+    "epochs": (1, 10**6),
+    "batch_size": (1, 10**9),
+    "grad_accum_steps": (1, 10**6),
+    "seed": (0, 2**32 - 1),
+    "checkpoint_every_steps": (0, 10**9),
+    "collective_timeout_s": (1, 7 * 24 * 3600),  # a week
+    "min_micro_batch_size": (1, 10**9),
+}
+
+
+def range_rule(value: int, low: int, high: int) -> str:
+    """The rule `value` breaks ("" if none)."""
+    if value < low:
+        return f"must be at least {low}"
+    return f"must be at most {high:,}" if value > high else ""
 
 
 @dataclass
@@ -62,28 +80,41 @@ class TrainConfig:
     # The out-of-memory guard halves the micro-batch down to this size, then gives up.
     min_micro_batch_size: int = 4
 
+    @classmethod
+    def from_json(cls, text: str) -> TrainConfig:
+        """The config from `--hyperparameters` JSON, checked strictly (pyflyte run's parser calls this
+        when a dataclass has it, instead of decoding leniently)."""
+        from tasks.core.validation import parse_hyperparameters  # validation builds on this module
+
+        return parse_hyperparameters(json.loads(text))
+
     def problems(self) -> dict[str, str]:
-        """What is wrong, by field name; empty when the config can run."""
-        rules = {
-            "epochs": (self.epochs >= 1, "must be at least 1"),
-            "batch_size": (self.batch_size >= 1, "must be at least 1"),
-            "learning_rate": (self.learning_rate > 0, "must be positive"),
-            "weight_decay": (self.weight_decay >= 0, "must be >= 0"),
-            "grad_accum_steps": (
-                self.grad_accum_steps >= 1 and self.batch_size % self.grad_accum_steps == 0,
-                f"must be at least 1 and divide batch_size ({self.batch_size}) evenly",
-            ),
-            "lr_schedule": (self.lr_schedule in LR_SCHEDULES, f"not one of {', '.join(LR_SCHEDULES)}"),
-            "precision": (self.precision in PRECISIONS, f"not one of {', '.join(PRECISIONS)}"),
-            "tf_strategy": (self.tf_strategy in TF_STRATEGIES, f"not one of {', '.join(TF_STRATEGIES)}"),
-            "checkpoint_every_steps": (self.checkpoint_every_steps >= 0, "must be >= 0"),
-            "collective_timeout_s": (self.collective_timeout_s >= 1, "must be at least 1"),
-            "min_micro_batch_size": (self.min_micro_batch_size >= 1, "must be at least 1"),
-        }
-        found = {name: rule for name, (ok, rule) in rules.items() if not ok}
-        if problem := spec_problems(self.model):
+        """What is wrong, by field name; empty when the config can run. A field breaking two rules
+        shows the first: its range before what depends on it."""
+        ranges = [(name, range_rule(getattr(self, name), *bounds)) for name, bounds in INT_RANGES.items()]
+        rules = [(name, not rule, rule) for name, rule in ranges] + [
+            ("learning_rate", math.isfinite(self.learning_rate) and self.learning_rate > 0, "must be a finite number > 0"),
+            ("weight_decay", math.isfinite(self.weight_decay) and self.weight_decay >= 0, "must be a finite number >= 0"),
+            ("grad_accum_steps", self.batch_size % max(self.grad_accum_steps, 1) == 0,
+             f"must divide batch_size ({self.batch_size}) evenly"),
+            ("lr_schedule", self.lr_schedule in LR_SCHEDULES, f"not one of {', '.join(LR_SCHEDULES)}"),
+            ("precision", self.precision in PRECISIONS, f"not one of {', '.join(PRECISIONS)}"),
+            ("tf_strategy", self.tf_strategy in TF_STRATEGIES, f"not one of {', '.join(TF_STRATEGIES)}"),
+        ]  # fmt: skip
+        found: dict[str, str] = {}
+        for name, ok, rule in rules:
+            if not ok:
+                found.setdefault(name, rule)
+        if problem := spec_problems(self.model) or self.option_problems():
             found["model"] = problem
         return found
+
+    def option_problems(self) -> str:
+        options = self.model.options
+        bad = [
+            name for name, value in options.items() if isinstance(value, float) and not math.isfinite(value)
+        ]
+        return f"options {', '.join(bad)} must be finite numbers" if bad else ""
 
     def validate(self) -> None:
         """For code that builds a config itself; workflow inputs get the fuller message of
