@@ -9,6 +9,7 @@ function), and that function refers to `train_with_ddp` here.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -29,10 +30,26 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def train_with_ddp(prepared: PreparedData, config: TrainConfig, profile: GpuTrainingProfile) -> TrainedModel:
+@dataclass
+class SetUpRefused:
+    """What every worker returns, instead of raising, when the ranks agreed that their set-up failed
+    (the model's build, say): torch elastic restarts the whole group after any worker raises
+    (`max_restarts`), and this error would repeat. The launcher raises it, as a non-recoverable error."""
+
+    message: str
+
+
+def train_with_ddp(
+    prepared: PreparedData, config: TrainConfig, profile: GpuTrainingProfile
+) -> TrainedModel | SetUpRefused:
     """Runs in every DDP worker; rank 0's return value becomes the task output."""
     from tasks.core.checkpoint import TrainingCheckpoint
-    from tasks.core.torch_training import shutdown_distributed, tensorboard_without_tensorflow, train
+    from tasks.core.torch_training import (
+        SetUpFailed,
+        shutdown_distributed,
+        tensorboard_without_tensorflow,
+        train,
+    )
 
     setup_logging()
     tensorboard_without_tensorflow()  # a spawned worker process: TensorFlow never runs here
@@ -49,6 +66,9 @@ def train_with_ddp(prepared: PreparedData, config: TrainConfig, profile: GpuTrai
     except Preempted as stopped:
         # Reached when the signal came to the workers directly rather than through the agent.
         raise FlyteRecoverableException(str(stopped)) from stopped
+    except SetUpFailed as failed:
+        log.error("%s", failed)
+        return SetUpRefused(str(failed))
     finally:
         shutdown_distributed()
     run = outcome.run

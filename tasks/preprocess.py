@@ -79,6 +79,8 @@ def preprocess(
         len(prepared.feature_names),
         len(prepared.class_labels),
     )
+    for note in prepared.notes:  # also in the report; logged here as the run goes
+        log.warning("%s", note)
     dataset_profile_deck(prepared, dataset or "embedded digits")
     splits = {name: parquet_dataset(str(Path(path).parent)) for name, path in prepared.paths.items()}
     return PreparedData(

@@ -32,7 +32,7 @@ from tasks.core.preemption import DEFAULT_GRACE_S
 from tasks.core.rendezvous import rendezvous_events_named_without_stack_walks
 from tasks.core.telemetry import UtilisationSampler
 from tasks.core.validation import batch_problems, raise_for
-from tasks.ddp_worker import train_with_ddp
+from tasks.ddp_worker import SetUpRefused, train_with_ddp
 from tasks.decks import DECKS, training_deck
 from tasks.hardware import (
     LAUNCHER_EXIT_MARGIN_S,
@@ -68,6 +68,10 @@ class MachineFittedElasticTask(PytorchElasticFunctionTask):
             self.require_declared_gpus()
         with UtilisationSampler() as sampler:
             trained = self._launch_fitted(**kwargs)  # only the launcher that holds rank 0 returns
+        if isinstance(trained, SetUpRefused):
+            from tasks.core.torch_training import SetUpFailed
+
+            raise SetUpFailed(trained.message)  # a user error: Flyte does not retry it
         training_deck(trained, sampler.samples)
         return trained
 

@@ -103,3 +103,30 @@ def train_until_one_rank_is_signalled(
     finally:
         torch_training.shutdown_distributed()
     return {"epoch": None, "step": None, "steps_run": len(calls)}
+
+
+def train_until_one_rank_diverges(config, splits, diverging_rank: int, diverging_step: int) -> dict[str, Any]:
+    """Train; on `diverging_rank` alone the `diverging_step`-th optimizer step's loss reads NaN.
+    Returns the error each rank stopped with and the optimizer steps it ran."""
+    import os
+
+    from tasks.core import torch_training
+    from tasks.core.models import TrainingDiverged
+
+    real_step, calls = torch_training.optimizer_step, []
+
+    def step(*args, **kwargs):
+        calls.append(1)
+        totals = real_step(*args, **kwargs)
+        if int(os.environ["RANK"]) == diverging_rank and len(calls) == diverging_step:
+            totals.loss_sum += float("nan")
+        return totals
+
+    torch_training.optimizer_step = step
+    try:
+        torch_training.train(config, splits)
+    except TrainingDiverged as error:
+        return {"error": str(error), "steps_run": len(calls)}
+    finally:
+        torch_training.shutdown_distributed()
+    return {"error": None, "steps_run": len(calls)}

@@ -314,3 +314,10 @@ def test_bundles_load_and_predict_where_flytekit_cannot_be_imported(
     assert result.returncode == 0, result.stderr[-3000:]
     expected = [load_bundle(folder).predict(users_rows(prepared)).tolist() for folder in folders]
     assert json.loads(result.stdout.strip().splitlines()[-1]) == expected
+
+
+def test_a_value_beyond_float32_once_standardised_is_refused_naming_column_and_row(torch_bundle, prepared):
+    rows = users_rows(prepared).reset_index(drop=True)
+    rows.loc[3, "f1"] = 1e300  # finite in float64, as a user's file may hold it
+    with pytest.raises(DatasetError, match=r"'f1' at row 3 holds 1e\+300.*beyond float32's range"):
+        load_bundle(torch_bundle.folder).predict(rows)

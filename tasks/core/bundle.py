@@ -40,6 +40,7 @@ from tasks.core.data import (
     batch_features,
     check_finite,
     check_numeric,
+    check_standardised,
     filesystem_for,
     remote_errors,
     standardise,
@@ -350,7 +351,7 @@ class Bundle:
         columns = self.checked(table, source, first_row)
         # Row blocks that stay in the CPU's cache: converting a whole large table at once is slower.
         blocks = [
-            self.probabilities(columns.slice(start, PREDICT_BATCH_ROWS))
+            self.probabilities(columns.slice(start, PREDICT_BATCH_ROWS), source, first_row + start)
             for start in range(0, columns.num_rows, PREDICT_BATCH_ROWS)
         ]
         return np.concatenate(blocks) if blocks else np.zeros((0, len(self.class_labels)), np.float32)
@@ -372,13 +373,13 @@ class Bundle:
         check_finite(columns, self.feature_names, first_row, source)
         return columns
 
-    def probabilities(self, columns: pa.Table | pa.RecordBatch) -> np.ndarray:
+    def probabilities(self, columns: pa.Table | pa.RecordBatch, source: str, first_row: int) -> np.ndarray:
         from scipy.special import softmax
 
         raw = batch_features(columns, self.feature_names, np.float64)
-        logits = LOGITS[self.manifest.record.framework](
-            self.model, standardise(raw, self.manifest.record.scaler)
-        )
+        scaled = standardise(raw, self.manifest.record.scaler)
+        check_standardised(scaled, raw, self.feature_names, first_row, source)  # as training's rows were
+        logits = LOGITS[self.manifest.record.framework](self.model, scaled)
         return softmax(logits, axis=1).astype(np.float32, copy=False)
 
 

@@ -13,7 +13,7 @@ import json
 import math
 import re
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -41,6 +41,9 @@ READAHEAD_BATCHES = 2
 EMBEDDED_DIGITS_LABEL = "label"
 CSV_DELIMITERS = ",;\t|"
 HEADER_BYTES = 1 << 20
+# The CSV text parsed at once: pyarrow cannot read a line longer than this. Column types are
+# guessed from a first block of pyarrow's default size.
+CSV_BLOCK_BYTES, GUESS_BLOCK_BYTES = 16 << 20, 1 << 20
 CASE_WARNINGS = 5
 FIRST_ROWS = 5  # of a feature's bad values, the rows an error lists
 # A label column's kind, by its numpy dtype's kind (any other is "string"), and how the text of its
@@ -49,7 +52,10 @@ LABEL_KINDS = {"i": "integer", "u": "integer", "f": "float", "b": "boolean"}
 LABEL_PARSERS = {"string": str, "integer": int, "float": float, "boolean": lambda text: text == "True"}
 # pyarrow's CSV errors number columns from 0 and rows as lines of the file, header included.
 CSV_COLUMN_ERROR = re.compile(r"In CSV column #(\d+): (?:Row #(\d+): )?(.*)", re.DOTALL)
+LONG_LINE_ERROR = "straddling object straddles two block boundaries"
 CSV_NOT_A_NUMBER = re.compile(r"CSV conversion error to \w+: invalid value '(.*)'", re.DOTALL)
+# A header cell left empty: read as '' by pyarrow, or as 'Unnamed: 0' when pandas wrote it back.
+UNNAMED_COLUMN = re.compile(r"|Unnamed: \d+")
 
 
 class DatasetError(ValueError):
@@ -146,10 +152,22 @@ def parquet_format(remote: bool = False) -> ds.ParquetFileFormat:
     return ds.ParquetFileFormat(default_fragment_scan_options=options)
 
 
-def first_file(filesystem: fsspec.AbstractFileSystem, directory: str) -> str | None:
-    """The file of a directory that pyarrow reads first (it skips names starting with '.' or '_')."""
-    files = sorted(f for f in filesystem.find(directory) if not PurePosixPath(f).name.startswith((".", "_")))
-    return files[0] if files else None
+def part_files(filesystem: fsspec.AbstractFileSystem, directory: str) -> list[str]:
+    """A directory's data files in the order they are read: as pyarrow does, names starting with '.'
+    or '_' are not data (Spark's _SUCCESS and _temporary/); a 0-byte file holds no rows (an empty
+    partition)."""
+    found = filesystem.find(directory, detail=True)
+    return sorted(
+        name for name, info in found.items() if not is_hidden(name, directory) and info.get("size") != 0
+    )
+
+
+def is_hidden(file: str, directory: str) -> bool:
+    """Whether a file lies under a name, within `directory`, that starts with '.' or '_'."""
+    inside = (
+        file.removeprefix(directory.rstrip("/")) if file.startswith(directory) else PurePosixPath(file).name
+    )
+    return any(part.startswith((".", "_")) for part in PurePosixPath(inside).parts if part != "/")
 
 
 def header_line(filesystem: pa_fs.FileSystem, file: str) -> str:
@@ -171,24 +189,65 @@ def is_number_or_null(kind: pa.DataType) -> bool:
     return pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_null(kind)
 
 
+def is_number(kind: pa.DataType) -> bool:
+    """A type a feature may have: decimals are read as float64 (see `batch_features`)."""
+    return (
+        pa.types.is_integer(kind)
+        or pa.types.is_floating(kind)
+        or pa.types.is_boolean(kind)
+        or pa.types.is_decimal(kind)
+    )
+
+
+def guessed_schema(
+    filesystem: fsspec.AbstractFileSystem, source: str | list[str], parse: pa_csv.ParseOptions, text: dict
+) -> pa.Schema:
+    """The column types pyarrow guesses from the first block: a block of pyarrow's default size, so
+    a value that breaks the guess further down is named with its line when converted; a larger one
+    when the first rows are longer than that."""
+    convert = pa_csv.ConvertOptions(column_types=text)
+
+    def guess(block: int) -> pa.Schema:
+        read = pa_csv.ReadOptions(block_size=block)
+        options = ds.CsvFileFormat(parse_options=parse, read_options=read, convert_options=convert)
+        return ds.dataset(source, filesystem=filesystem, format=options).schema
+
+    try:
+        return guess(GUESS_BLOCK_BYTES)
+    except pa.ArrowInvalid as err:
+        if LONG_LINE_ERROR not in str(err):
+            raise
+    return guess(CSV_BLOCK_BYTES)
+
+
 def csv_format(
     filesystem: fsspec.AbstractFileSystem, path: str, is_dir: bool, label_column: str | None
 ) -> ds.CsvFileFormat:
-    """CSV options for this file: its delimiter, the label read as text and numeric columns as floats.
+    source = part_files(filesystem, path) if is_dir else path
+    return csv_format_and_schema(filesystem, source, label_column)[0]
+
+
+def csv_format_and_schema(
+    filesystem: fsspec.AbstractFileSystem, source: str | list[str], label_column: str | None
+) -> tuple[ds.CsvFileFormat, pa.Schema]:
+    """CSV options for this file: its delimiter, the label read as text and numeric columns as floats;
+    and the schema they give, so that opening the dataset reads no block of the large size.
 
     pyarrow guesses column types from the first block only, so a column of integers holding 0.5
     further down would fail to convert; reading every numeric column as float64 avoids that. A text
     label keeps 'NA' or 'NULL' as classes: only an empty cell is missing.
     """
-    first = first_file(filesystem, path) if is_dir else path
-    header = header_line(pa_fs.PyFileSystem(pa_fs.FSSpecHandler(filesystem)), first) if first else ""
+    first = source[0] if isinstance(source, list) else source
+    header = header_line(pa_fs.PyFileSystem(pa_fs.FSSpecHandler(filesystem)), first)
     parse = pa_csv.ParseOptions(delimiter=sniff_delimiter(header))
+    read = pa_csv.ReadOptions(block_size=CSV_BLOCK_BYTES)
     text = {label_column: pa.string()} if label_column else {}
-    guess = ds.CsvFileFormat(parse_options=parse, convert_options=pa_csv.ConvertOptions(column_types=text))
-    guessed = ds.dataset(path, filesystem=filesystem, format=guess).schema
+    guessed = guessed_schema(filesystem, source, parse, text)
     numbers = {f.name: pa.float64() for f in guessed if f.name not in text and is_number_or_null(f.type)}
-    convert = pa_csv.ConvertOptions(column_types={**numbers, **text})
-    return ds.CsvFileFormat(parse_options=parse, convert_options=convert)
+    types = {**numbers, **text}
+    convert = pa_csv.ConvertOptions(column_types=types)
+    schema = pa.schema([(f.name, types.get(f.name, f.type)) for f in guessed])
+    return ds.CsvFileFormat(parse_options=parse, read_options=read, convert_options=convert), schema
 
 
 def open_dataset(uri: str, label_column: str | None = None) -> ds.Dataset:
@@ -205,15 +264,23 @@ def open_dataset(uri: str, label_column: str | None = None) -> ds.Dataset:
         raise DatasetError(f"{uri}: the file is empty (0 bytes)")
     remote = not isinstance(filesystem, fsspec.implementations.local.LocalFileSystem)
     with remote_errors(uri):
+        source = part_files(filesystem, path) if is_dir else path
+        if not source:
+            raise DatasetError(f"{uri}: the directory holds no data files with rows")
         try:
             if file_format == "csv":
-                pa_format = csv_format(filesystem, path, is_dir, label_column)
+                pa_format, schema = csv_format_and_schema(filesystem, source, label_column)
             else:
-                pa_format = parquet_format(remote=remote)
-            dataset = consistent_parts(ds.dataset(path, filesystem=filesystem, format=pa_format), uri)
+                pa_format, schema = parquet_format(remote=remote), None
+            whole = ds.dataset(source, filesystem=filesystem, format=pa_format, schema=schema)
+            dataset = consistent_parts(whole, uri)
             if not has_rows(dataset, uri):
                 raise DatasetError(f"{uri}: the dataset has no rows")
         except pa.ArrowException as err:
+            if LONG_LINE_ERROR in str(err):  # in the first block, read to guess the column types
+                first = source[0] if isinstance(source, list) else source
+                handler = pa_fs.PyFileSystem(pa_fs.FSSpecHandler(filesystem))
+                raise DatasetError(long_line_message(handler, first, part_name(uri, first))) from err
             raise DatasetError(f"{uri}: cannot be read as {file_format}: {one_line(err)}") from err
     return dataset
 
@@ -239,6 +306,8 @@ def csv_header(dataset: ds.Dataset, file: str) -> list[str]:
 def csv_error_message(err: pa.ArrowException, dataset: ds.Dataset, file: str, uri: str) -> str:
     """pyarrow's 'In CSV column #3: Row #9: ...' with the file and the column's name instead."""
     source = part_name(uri, file)
+    if LONG_LINE_ERROR in str(err):
+        return long_line_message(dataset.filesystem, file, source)
     match = CSV_COLUMN_ERROR.search(str(err))
     if not match:
         return f"{source}: unreadable data: {one_line(err)}"
@@ -256,6 +325,31 @@ def csv_error_message(err: pa.ArrowException, dataset: ds.Dataset, file: str, ur
     )
 
 
+def long_line_message(filesystem: pa_fs.FileSystem, file: str, source: str) -> str:
+    limit = CSV_BLOCK_BYTES
+    where = ""
+    if found := first_long_line(filesystem, file, limit):
+        where = f" (line {found[0]:,} has {found[1]:,} bytes)"
+    return (
+        f"{source}: a line is longer than the {limit:,} bytes a CSV row may have{where}; "
+        "store data with rows this long as parquet"
+    )
+
+
+def first_long_line(filesystem: pa_fs.FileSystem, file: str, limit: int) -> tuple[int, int] | None:
+    """The number (from 1) and length in bytes of the file's first line longer than `limit`."""
+    number, length = 1, 0
+    with filesystem.open_input_stream(file, compression="detect") as stream:
+        while chunk := stream.read(HEADER_BYTES):
+            *ended, rest = chunk.split(b"\n")
+            for piece in ended:
+                if length + len(piece) > limit:
+                    return number, length + len(piece)
+                number, length = number + 1, 0
+            length += len(rest)
+    return (number, length) if length > limit else None
+
+
 @contextmanager
 def data_errors(dataset: ds.Dataset, file: str, uri: str) -> Iterator[None]:
     """A value that cannot be read, named by its file and column."""
@@ -268,7 +362,7 @@ def data_errors(dataset: ds.Dataset, file: str, uri: str) -> Iterator[None]:
 
 
 def column_kind(kind: pa.DataType) -> str:
-    if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind):
+    if is_number(kind):
         return "number"
     if pa.types.is_string(kind) or pa.types.is_large_string(kind):
         return "text"
@@ -309,8 +403,14 @@ def check_same_columns(uri: str, first: tuple[str, list[str]], part: tuple[str, 
 
 
 def consistent_parts(dataset: ds.Dataset, uri: str) -> ds.Dataset:
-    """The parts of a directory must have the same columns; numeric types may differ between them."""
+    """The parts of a directory must have the same columns; numeric types may differ between them.
+    A parquet part with no rows is left out: Spark and Dask write one per empty partition, some
+    without the columns."""
     fragments = list(dataset.get_fragments())
+    if isinstance(dataset.format, ds.ParquetFileFormat) and len(fragments) > 1:
+        fragments = [f for f in fragments if part_rows(dataset, f, uri)] or fragments[:1]
+        if len(fragments) == 1:
+            return ds.dataset(fragments[0].path, filesystem=dataset.filesystem, format=dataset.format)
     if len(fragments) < 2:
         return dataset
     schemas = []
@@ -326,7 +426,13 @@ def consistent_parts(dataset: ds.Dataset, uri: str) -> ds.Dataset:
             for name in first.names
         ]
     )
-    return ds.dataset(dataset.files, filesystem=dataset.filesystem, format=dataset.format, schema=unified)
+    files = [f.path for f in fragments]
+    return ds.dataset(files, filesystem=dataset.filesystem, format=dataset.format, schema=unified)
+
+
+def part_rows(dataset: ds.Dataset, fragment: ds.ParquetFileFragment, uri: str) -> int:
+    with data_errors(dataset, fragment.path, uri):
+        return fragment.metadata.num_rows
 
 
 def iter_batches(dataset: ds.Dataset, uri: str, columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
@@ -341,14 +447,71 @@ def iter_batches(dataset: ds.Dataset, uri: str, columns: list[str] | None = None
             )
 
 
-def feature_columns(schema: pa.Schema, label_column: str, uri: str) -> list[str]:
-    """All columns except the label; each must be numeric."""
+def pandas_index_columns(dataset: ds.Dataset) -> list[str]:
+    """The columns a parquet file's pandas metadata names as the saved index (a RangeIndex is
+    stored as metadata only, so it names no column)."""
+    if not isinstance(dataset.format, ds.ParquetFileFormat):
+        return []
+    fragment = next(dataset.get_fragments(), None)
+    metadata = (fragment.physical_schema.pandas_metadata if fragment else None) or {}
+    return [name for name in metadata.get("index_columns", []) if isinstance(name, str)]
+
+
+def unnamed_column_notes(dataset: ds.Dataset, uri: str, names: list[str]) -> dict[str, str]:
+    """Unnamed columns that are not features: all empty (lines that end with a delimiter), or the
+    first column with a distinct value in every row (the row index `to_csv` writes by default)."""
+    chunks: dict[str, list[pa.Array]] = {name: [] for name in names}
+    for batch in iter_batches(dataset, uri, columns=names):
+        for name in names:
+            chunks[name].append(batch.column(name))
+    notes = {}
+    for name in names:
+        column = pa.chunked_array(chunks[name], type=dataset.schema.field(name).type)
+        if column.null_count == len(column):
+            notes[name] = (
+                f"column {name!r} has no name and no values (the lines end with a delimiter); "
+                "it is left out of the features"
+            )
+        elif name == dataset.schema.names[0] and is_row_label(column):
+            notes[name] = (
+                f"column {name!r} looks like a row index saved with the data (an unnamed first column "
+                "with a distinct value in every row); it is left out of the features. Write the file "
+                "with index=False, or name the column if it is a feature"
+            )
+    return notes
+
+
+def is_row_label(column: pa.ChunkedArray) -> bool:
+    return column.null_count == 0 and pc.count_distinct(column).as_py() == len(column)
+
+
+def non_feature_columns(dataset: ds.Dataset, uri: str, label_column: str) -> dict[str, str]:
+    """Columns that are not features, each with the note that says why: a pandas index saved with
+    the data would predict the class wherever rows are stored in label order."""
+    notes = {
+        name: (
+            f"column {name!r} is the pandas index saved with the data (the file's pandas metadata says "
+            "so); it is left out of the features"
+        )
+        for name in pandas_index_columns(dataset)
+    }
+    unnamed = [n for n in dataset.schema.names if UNNAMED_COLUMN.fullmatch(n) and n not in notes]
+    if unnamed:
+        notes.update(unnamed_column_notes(dataset, uri, unnamed))
+    notes.pop(label_column, None)
+    return notes
+
+
+def feature_columns(
+    schema: pa.Schema, label_column: str, uri: str, left_out: Collection[str] = ()
+) -> list[str]:
+    """All columns except the label and those `left_out`; each must be numeric."""
     if label_column not in schema.names:
         raise DatasetError(
             f"{uri}: label column '{label_column}' not found in the {len(schema.names):,} columns: "
             f"{preview(schema.names)}"
         )
-    features = [name for name in schema.names if name != label_column]
+    features = [name for name in schema.names if name != label_column and name not in left_out]
     if not features:
         raise DatasetError(f"{uri}: no feature columns besides the label column '{label_column}'")
     check_numeric(schema, features, uri, "encode it numerically or drop it before training")
@@ -356,10 +519,10 @@ def feature_columns(schema: pa.Schema, label_column: str, uri: str) -> list[str]
 
 
 def check_numeric(schema: pa.Schema, features: list[str], uri: str, fix: str) -> None:
-    """Features are integers, floats or booleans; `fix` says what to do about any other type."""
+    """Features are integers, floats, decimals or booleans; `fix` says what to do about any other type."""
     for name in features:
         kind = schema.field(name).type
-        if not (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)):
+        if not is_number(kind):
             raise DatasetError(f"{uri}: feature column '{name}' has type {kind}, not a number; {fix}")
 
 
@@ -514,14 +677,63 @@ def check_split_sizes(
             f"{uri}: too few rows for a stratified train/val/test split: {len(too_rare):,} of "
             f"{len(class_labels):,} classes have fewer than {len(SPLITS)} rows: {preview(too_rare)}{hint}"
         )
-    n_rows = len(codes)
-    for name, fraction in (("val", split.val_fraction), ("test", split.test_fraction)):
-        if math.floor(n_rows * fraction) < len(class_labels):
+    for name, rows in split_rows(len(codes), split).items():
+        if rows < len(class_labels):
+            fix = "lower val_fraction or test_fraction" if name == "train" else f"raise {name}_fraction"
             raise DatasetError(
-                f"{uri}: too few rows for the split: {n_rows} rows x {name}_fraction={fraction} gives "
-                f"fewer {name} rows than the {len(class_labels):,} classes; "
-                f"add rows or raise {name}_fraction{hint}"
+                f"{uri}: too few rows for the split: {split_setting(codes, class_labels, split)} leave "
+                f"{rows} {name} rows for {len(class_labels):,} classes; each split needs a row of every "
+                f"class: add rows or {fix}{hint}"
             )
+
+
+def split_setting(codes: np.ndarray, class_labels: list[str], split: SplitConfig) -> str:
+    counts = np.bincount(codes, minlength=len(class_labels))
+    by_class = preview([f"{label!r}: {n}" for label, n in zip(class_labels, counts, strict=True)])
+    return (
+        f"{len(codes)} rows (per class: {by_class}) with val_fraction={split.val_fraction} "
+        f"and test_fraction={split.test_fraction}"
+    )
+
+
+def checked_assignment(
+    codes: np.ndarray, class_labels: list[str], split: SplitConfig, uri: str
+) -> np.ndarray:
+    """`assign_splits`, refused when the train split lacks a class: scikit-learn refuses some such
+    splits in its own words (a rare class left one row for the second draw) and draws others."""
+    setting = split_setting(codes, class_labels, split)
+    try:
+        assignment = assign_splits(codes, split)
+    except ValueError as err:
+        raise DatasetError(  # scikit-learn's own message names the class by its code
+            f"{uri}: no stratified split of {setting}: the test split leaves a rare class a single row "
+            "to share between train and val; add rows of the rare classes or lower test_fraction"
+        ) from err
+    missing = np.setdiff1d(np.arange(len(class_labels)), codes[assignment == SPLITS.index("train")])
+    if len(missing):  # a model never shown a class cannot predict it
+        raise DatasetError(
+            f"{uri}: the train split of {setting} has no row of class "
+            f"{preview([repr(class_labels[i]) for i in missing])}; add rows of that class or "
+            "lower val_fraction and test_fraction"
+        )
+    return assignment
+
+
+def val_share(split: SplitConfig) -> float:
+    """The val split's share of the rows left once the test split is taken out."""
+    return split.val_fraction / (1.0 - split.test_fraction)
+
+
+def split_rows(n_rows: int, split: SplitConfig) -> dict[str, int]:
+    """Rows each split is sure to get from `assign_splits`: scikit-learn's train_test_split rounds
+    a held-out split up, so its fraction rounded down is a lower bound, and train gets the rest."""
+    test = math.ceil(split.test_fraction * n_rows)
+    val = math.ceil(val_share(split) * (n_rows - test))
+    return {
+        "val": math.floor(split.val_fraction * n_rows),
+        "test": math.floor(split.test_fraction * n_rows),
+        "train": n_rows - test - val,
+    }
 
 
 def assign_splits(codes: np.ndarray, split: SplitConfig) -> np.ndarray:
@@ -532,8 +744,7 @@ def assign_splits(codes: np.ndarray, split: SplitConfig) -> np.ndarray:
     rest, test = train_test_split(
         rows, test_size=split.test_fraction, stratify=codes, random_state=split.seed
     )
-    val_share = split.val_fraction / (1.0 - split.test_fraction)
-    _, val = train_test_split(rest, test_size=val_share, stratify=codes[rest], random_state=split.seed)
+    _, val = train_test_split(rest, test_size=val_share(split), stratify=codes[rest], random_state=split.seed)
     assignment = np.zeros(len(codes), dtype=np.uint8)
     assignment[val] = 1
     assignment[test] = 2
@@ -543,22 +754,59 @@ def assign_splits(codes: np.ndarray, split: SplitConfig) -> np.ndarray:
 def batch_features(
     batch: pa.RecordBatch | pa.Table, features: list[str], dtype: type = np.float32
 ) -> np.ndarray:
-    return np.column_stack(
-        [batch.column(name).to_numpy(zero_copy_only=False).astype(dtype, copy=False) for name in features]
-    )
+    return np.column_stack([column_values(batch.column(name)).astype(dtype, copy=False) for name in features])
+
+
+def column_values(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """A numeric column as numpy: decimals as float64 (numpy would hold them as Python objects)."""
+    if pa.types.is_decimal(column.type):
+        column = pc.cast(column, pa.float64())
+    return column.to_numpy(zero_copy_only=False)
 
 
 def fit_scaler(dataset: ds.Dataset, uri: str, features: list[str], assignment: np.ndarray) -> ScalerStats:
     from sklearn.preprocessing import StandardScaler
 
     scaler = StandardScaler()
+    low = np.full(len(features), np.inf)
+    high = -low
     offset = 0
-    for batch in iter_batches(dataset, uri, columns=features):
-        in_train = assignment[offset : offset + batch.num_rows] == 0
-        offset += batch.num_rows
-        if in_train.any():
-            scaler.partial_fit(batch_features(batch, features, np.float64)[in_train])
-    return ScalerStats(mean=scaler.mean_.tolist(), scale=scaler.scale_.tolist())
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflowing statistic is refused by name below
+        for batch in iter_batches(dataset, uri, columns=features):
+            in_train = assignment[offset : offset + batch.num_rows] == 0
+            offset += batch.num_rows
+            if in_train.any():
+                train = batch_features(batch, features, np.float64)[in_train]
+                scaler.partial_fit(train)
+                low, high = np.minimum(low, train.min(axis=0)), np.maximum(high, train.max(axis=0))
+    constant = low == high
+    check_scaler(scaler.mean_, scaler.var_, constant, features, uri)
+    # A column constant in training standardises to exactly 0: its value as the mean (a running mean
+    # of 1e39s is off by rounding) and scale 1, as scikit-learn gives a constant column.
+    mean = np.where(constant, low, scaler.mean_)
+    scale = np.where(constant, 1.0, scaler.scale_)
+    return ScalerStats(mean=mean.tolist(), scale=scale.tolist())
+
+
+def check_scaler(
+    mean: np.ndarray, var: np.ndarray, constant: np.ndarray, features: list[str], uri: str
+) -> None:
+    """Statistics float64 cannot hold: values so large that their mean or variance overflows, or
+    differences so small that the variance underflows (a scale of 0 would make the column constant)."""
+    for index, name in enumerate(features):
+        if constant[index]:  # standardises to 0 whatever its value
+            continue
+        if not (np.isfinite(mean[index]) and np.isfinite(var[index])):
+            raise DatasetError(
+                f"{uri}: feature column '{name}' holds values too large to standardise (their mean or "
+                "variance overflows float64); rescale the column, e.g. divide it by a power of ten"
+            )
+        if var[index] < np.finfo(np.float64).tiny:
+            raise DatasetError(
+                f"{uri}: feature column '{name}' holds values that differ by too little to standardise "
+                f"(their variance {var[index]:.3g} underflows float64); rescale the column, e.g. "
+                "multiply it by a power of ten"
+            )
 
 
 def split_schema(features: list[str], label_column: str, split: str) -> pa.Schema:
@@ -583,7 +831,9 @@ def write_splits(
             rows = slice(offset, offset + batch.num_rows)
             offset += batch.num_rows
             raw = batch_features(batch, features, np.float64)
-            scaled = standardise(raw, prepared.scaler)
+            with np.errstate(over="ignore"):  # refused by name below
+                scaled = standardise(raw, prepared.scaler)
+            check_standardised(scaled, raw, features, rows.start, uri)
             for index, name in enumerate(SPLITS):
                 keep = assignment[rows] == index
                 if keep.any():
@@ -597,16 +847,31 @@ def write_splits(
             writer.close()
 
 
+def check_standardised(
+    scaled: np.ndarray, raw: np.ndarray, features: list[str], first_row: int, uri: str
+) -> None:
+    """Every standardised value within float32's range, which is what the model reads."""
+    if np.isfinite(scaled).all():
+        return
+    row, column = np.argwhere(~np.isfinite(scaled))[0]
+    raise DatasetError(
+        f"{uri}: feature column '{features[column]}' at row {first_row + row} holds {raw[row, column]:.6g}, "
+        "which standardised by the training rows' mean and scale is beyond float32's range; "
+        "rescale the column or drop the row"
+    )
+
+
 def prepare_dataset(uri: str, label_column: str, out_dir: str, split: SplitConfig) -> PreparedSplits:
     """Validate `uri` and write train/val/test parquet files under `out_dir`: standardised train and
     val splits, and the test split's raw features (`RAW_SPLIT`)."""
     dataset = open_dataset(uri, label_column)
-    features = feature_columns(dataset.schema, label_column, uri)
+    left_out = non_feature_columns(dataset, uri, label_column)
+    features = feature_columns(dataset.schema, label_column, uri, left_out)
     from_csv = isinstance(dataset.format, ds.CsvFileFormat)
     labels = clean_labels(scan_labels(dataset, uri, label_column, features), uri, label_column, from_csv)
     codes, class_labels = encode_labels(labels, uri, label_column)
     check_split_sizes(codes, class_labels, split, uri, label_column)
-    assignment = assign_splits(codes, split)
+    assignment = checked_assignment(codes, class_labels, split, uri)
     scaler = fit_scaler(dataset, uri, features, assignment)
 
     paths = {}
@@ -624,7 +889,7 @@ def prepare_dataset(uri: str, label_column: str, out_dir: str, split: SplitConfi
         scaler=scaler,
         source=uri,
         label_kind=label_kind(labels),
-        notes=label_case_warnings(class_labels),
+        notes=[*left_out.values(), *label_case_warnings(class_labels)],
     )
     write_splits(dataset, uri, prepared, codes, assignment)
     return prepared

@@ -39,9 +39,15 @@ def is_model(value: object) -> bool:
     return isinstance(value, keras.Model)
 
 
-def logits_shape(model: keras.Model, rows: int, n_features: int) -> list[int]:
+def trainable_count(model: keras.Model) -> int:
+    return sum(int(np.prod(weight.shape)) for weight in model.trainable_weights)
+
+
+def probe_logits(model: keras.Model, rows: int, n_features: int) -> tuple[list[int], bool]:
+    """The logits' shape and whether they are all finite."""
     features = np.random.default_rng(0).standard_normal((rows, n_features)).astype("float32")
-    return list(model(features, training=False).shape)
+    logits = np.asarray(model(features, training=False))
+    return list(logits.shape), bool(np.isfinite(logits).all())
 
 
 def footprint(spec: ModelSpec, input_spec: InputSpec, mixed_precision: bool) -> ModelFootprint:
@@ -50,7 +56,7 @@ def footprint(spec: ModelSpec, input_spec: InputSpec, mixed_precision: bool) -> 
     gradient of the same size (2 bytes a value under mixed precision). A model whose layers have no
     static output shape (subclassed) gets 0, and the OOM guard covers what the plan does not see."""
     model = check_model(spec, input_spec.n_features, input_spec.n_classes, "tensorflow")
-    trainable = sum(int(np.prod(weight.shape)) for weight in model.trainable_weights)
+    trainable = trainable_count(model)
     value_bytes = HALF if mixed_precision else FP32
     return ModelFootprint(
         state_bytes=sum(int(np.prod(weight.shape)) * FP32 for weight in model.weights),

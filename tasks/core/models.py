@@ -57,6 +57,20 @@ class ModelError(ValueError):
     """A model reference that cannot be resolved, built or run; the message names the reference."""
 
 
+class TrainingDiverged(ValueError):
+    """The training loss became NaN or infinite: both loops stop rather than report or save a model
+    trained on it. Built with `at`; the message alone is the exception's argument, so it pickles."""
+
+    @classmethod
+    def at(cls, epoch: int, step: int, loss: float | None, learning_rate: float) -> TrainingDiverged:
+        """`epoch` and `step` counted from 1; `loss` None where only another rank saw it."""
+        seen = f"is {loss}" if loss is not None else "is not finite on another rank"
+        return cls(
+            f"training diverged at epoch {epoch}, step {step}: the training loss {seen}; lower "
+            f"learning_rate (now {learning_rate:g}) or train with precision 'fp32'"
+        )
+
+
 @dataclass
 class ModelSpec:
     """Which model to train: the workflow input, and what an artifact records with the weights."""
@@ -266,16 +280,30 @@ def build(spec: ModelSpec, n_features: int, n_classes: int, framework: str):
 
 def check_model(spec: ModelSpec, n_features: int, n_classes: int, framework: str, rows: int = 4):
     """Build the model and run a forward pass on `rows` random CPU rows; ModelError unless the logits
-    come out `[rows, n_classes]`. Meant to run before any accelerator is requested. Returns the model."""
+    come out `[rows, n_classes]` and finite, and the model has parameters to train. Meant to run
+    before any accelerator is requested (and before the memory probe). Returns the model."""
     model = build(spec, n_features, n_classes, framework)
     check_logits(spec, model, n_features, n_classes, framework, rows)
+    check_trainable(spec, model, framework)
     return model
 
 
+def check_trainable(spec: ModelSpec, model, framework: str) -> None:
+    """ModelError unless the model has a parameter to train. Checked after a forward pass, which
+    creates the weights of a Keras model whose layers build on first call."""
+    if framework_module(framework).trainable_count(model) == 0:
+        raise ModelError(
+            f"model {spec.builder!r} has no trainable parameters, so training would change nothing; "
+            "return a model with at least one trainable layer (none frozen by requires_grad=False "
+            "or trainable=False)"
+        )
+
+
 def check_logits(spec: ModelSpec, model, n_features: int, n_classes: int, framework: str, rows: int = 4):
-    """A forward pass of `rows` random rows, on the device the model's parameters are on."""
+    """A forward pass of `rows` random rows, on the device the model's parameters are on: logits of
+    shape `[rows, n_classes]`, all finite (not checkable on the meta device, where nothing is computed)."""
     try:
-        shape = framework_module(framework).logits_shape(model, rows, n_features)
+        shape, finite = framework_module(framework).probe_logits(model, rows, n_features)
     except Exception as error:
         raise ModelError(
             f"model {spec.builder!r} failed a forward pass on {rows} CPU rows of {n_features} features: "
@@ -283,6 +311,11 @@ def check_logits(spec: ModelSpec, model, n_features: int, n_classes: int, framew
         ) from error
     if shape != [rows, n_classes]:
         raise ModelError(f"model {spec.builder!r} gave logits of shape {shape}, expected {[rows, n_classes]}")
+    if not finite:
+        raise ModelError(
+            f"model {spec.builder!r} gave NaN or infinite logits for {rows} random standardised rows; "
+            "fix the builder's forward pass (or the weights it starts from)"
+        )
 
 
 def measure_footprint(

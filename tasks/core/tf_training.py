@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
 from collections.abc import Callable
@@ -19,7 +20,7 @@ import tensorflow as tf
 from tasks.core.config import EpochMetrics, SplitPaths, TrainConfig, TrainingRun
 from tasks.core.data import read_split
 from tasks.core.keras_models import save_keras_artifact
-from tasks.core.models import build, input_spec_for
+from tasks.core.models import TrainingDiverged, build, input_spec_for
 from tasks.core.preemption import PreemptionNotice
 from tasks.core.tf_strategy import Environment, detect_environment, select_strategy
 
@@ -182,9 +183,13 @@ class Checkpointing(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         self.first_step = self.saved_step = self.state.step  # > 0 in an epoch resumed mid-way
 
+    def step_after(self, batch: int) -> int:
+        """The epoch's batches done once `batch` ends: `batch` counts from this fit's first batch and,
+        under steps_per_execution, is the last of several."""
+        return min(self.first_step + batch + 1, self.steps_per_epoch)
+
     def on_train_batch_end(self, batch, logs=None):
-        # `batch` counts from this fit's first batch; under steps_per_execution, the last of several.
-        self.state.step = min(self.first_step + batch + 1, self.steps_per_epoch)
+        self.state.step = self.step_after(batch)
         if self.state.step == self.steps_per_epoch:
             return  # the epoch end saves, with the validation metrics
         if self.preemption is not None and self.preemption.received:
@@ -214,6 +219,22 @@ class Checkpointing(keras.callbacks.Callback):
             log.warning("the preemption notice came with no checkpoint directory: stopping without a save")
         self.save()
         raise self.preemption.stopped(self.state.epoch, self.state.step)
+
+
+class StopOnDivergence(keras.callbacks.Callback):
+    """Raises `TrainingDiverged` at the first batch whose loss is not finite. Listed before the
+    tracker (`fit_epochs`), so no checkpoint of the diverged model is saved. (Keras's own
+    TerminateOnNaN ends training quietly, and the run would be reported as a result.)"""
+
+    def __init__(self, tracker: Checkpointing, learning_rate: float):
+        super().__init__()
+        self.tracker, self.learning_rate = tracker, learning_rate
+
+    def on_train_batch_end(self, batch, logs=None):
+        loss = float((logs or {}).get("loss", 0.0))
+        if not math.isfinite(loss):
+            step = self.tracker.step_after(batch)
+            raise TrainingDiverged.at(self.tracker.state.epoch + 1, step, loss, self.learning_rate)
 
 
 def notice_to_heed(preemption: PreemptionNotice | None, strategy_kind: str) -> PreemptionNotice | None:
@@ -279,15 +300,15 @@ def learning_rate_schedule(config: TrainConfig, total_steps: int):
     return keras.optimizers.schedules.CosineDecay(config.learning_rate, decay_steps=total_steps)
 
 
-def fit_epochs(model: keras.Model, tracker: Checkpointing, train_epoch: Callable, val_data, epochs: int,
-               callbacks: list, log_dir: str | None) -> None:  # fmt: skip
-    """One `fit` per epoch, on that epoch's order from the batch the tracker reached. (A stream of
+def fit_epochs(model: keras.Model, tracker: Checkpointing, guard: StopOnDivergence, train_epoch: Callable,
+               val_data, epochs: int, callbacks: list, log_dir: str | None) -> None:  # fmt: skip
+    """One `fit` per epoch (the `guard` before the `tracker`, so a diverged model is never saved), on that epoch's order from the batch the tracker reached. (A stream of
     epochs under `steps_per_epoch` would let an epoch's last multi-step execution on a TPU run into
     the next epoch; Keras's TensorBoard closes its writers after each fit, hence a fresh one.)"""
     for epoch in range(tracker.state.epoch, epochs):
         data = train_epoch(epoch=epoch, skip=tracker.state.step)
         model.fit(data, validation_data=val_data, initial_epoch=epoch, epochs=epoch + 1, verbose=0,
-                  shuffle=False, callbacks=[tracker, *callbacks, *board(log_dir)])  # fmt: skip
+                  shuffle=False, callbacks=[guard, tracker, *callbacks, *board(log_dir)])  # fmt: skip
         if model.stop_training:  # a callback ended training early
             return
 
@@ -353,7 +374,8 @@ def train_keras(
         start = time.perf_counter()
         clock = TrainClock()
         every_fit = [clock, EpochLog(config.epochs), *(callbacks or [])]
-        fit_epochs(model, tracker, train_epoch, val_data, config.epochs, every_fit, log_dir)
+        guard = StopOnDivergence(tracker, config.learning_rate)
+        fit_epochs(model, tracker, guard, train_epoch, val_data, config.epochs, every_fit, log_dir)
         seconds = time.perf_counter() - start
     if artifact_path:
         save_keras_artifact(model, config.model, input_spec, artifact_path)

@@ -22,6 +22,7 @@ from tasks.core.models import (
     build,
     check_logits,
     check_model,
+    check_trainable,
     cnn_options,
     cnn_problems,
     image_shape,
@@ -40,15 +41,20 @@ def is_model(value: object) -> bool:
     return isinstance(value, nn.Module)
 
 
+def trainable_count(model: nn.Module) -> int:
+    return sum(parameter.numel() for parameter in model.parameters() if parameter.requires_grad)
+
+
 @torch.no_grad()
-def logits_shape(model: nn.Module, rows: int, n_features: int) -> list[int]:
+def probe_logits(model: nn.Module, rows: int, n_features: int) -> tuple[list[int], bool]:
+    """The logits' shape and whether they are all finite (always so on the meta device)."""
     generator = torch.Generator().manual_seed(0)
     device = next(model.parameters(), torch.empty(0)).device  # the meta device for a model too large to build
     model.eval()
     logits = model(torch.randn(rows, n_features, generator=generator).to(device))
     if not isinstance(logits, torch.Tensor):
         raise TypeError(f"forward returned {type(logits).__name__}, not a logits tensor")
-    return list(logits.shape)
+    return list(logits.shape), logits.is_meta or bool(torch.isfinite(logits).all())
 
 
 def footprint(spec: ModelSpec, input_spec: InputSpec, mixed_precision: bool) -> ModelFootprint:
@@ -59,6 +65,7 @@ def footprint(spec: ModelSpec, input_spec: InputSpec, mixed_precision: bool) -> 
     state = measure_state(meta_model) if meta_model is not None else None
     if state is not None and state.state_bytes > PROBE_LIMIT_BYTES:
         check_logits(spec, meta_model, n_features, n_classes, "pytorch")
+        check_trainable(spec, meta_model, "pytorch")
         log.warning("model %r: %.1f GiB of parameters, above the probe's limit; activations not probed",
                     spec.builder, state.state_bytes / 2**30)  # fmt: skip
         return replace(state, n_features=n_features, mixed_precision=mixed_precision)

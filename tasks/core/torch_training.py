@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import inspect
 import logging
+import math
 import os
 import sys
 import time
 import types
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -27,12 +30,14 @@ from tasks.core.checkpoint import TrainingCheckpoint
 from tasks.core.config import EpochMetrics, SplitPaths, TrainConfig, TrainingRun
 from tasks.core.data import read_shard
 from tasks.core.memory import GRADIENT_REDUCE_BUCKET_BYTES
-from tasks.core.models import build, input_spec_for
+from tasks.core.messages import one_line
+from tasks.core.models import TrainingDiverged, build, input_spec_for
 from tasks.core.preemption import PreemptionNotice
 from tasks.core.progress import ProgressReporter
 from tasks.core.torch_models import save_torch_artifact
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass
@@ -167,11 +172,11 @@ class Progress:
         self.epoch, self.step, self.loss_sum, self.correct = self.epoch + 1, 0, 0.0, 0
 
 
-def gather(value, ctx: DistributedContext) -> list:
+def gather(value, ctx: DistributedContext, group: dist.ProcessGroup | None = None) -> list:
     if not ctx.is_distributed:
         return [value]
     gathered = [None] * ctx.world_size
-    dist.all_gather_object(gathered, value)
+    dist.all_gather_object(gathered, value, group=group)
     return gathered
 
 
@@ -261,13 +266,52 @@ class StepOutOfMemory(Exception):
         self.error = error
 
 
-def any_rank(flag: bool, ctx: DistributedContext) -> bool:
-    """Whether `flag` is set on any rank: a synchronous 4-byte all-reduce on the CPU vote group."""
+def any_rank(flags: tuple[bool, ...], ctx: DistributedContext) -> tuple[bool, ...]:
+    """Whether each flag is set on any rank: one synchronous all-reduce on the CPU vote group."""
     if ctx.votes is None:
-        return flag
-    vote = torch.tensor([int(flag)], dtype=torch.int32)
+        return flags
+    vote = torch.tensor([int(flag) for flag in flags], dtype=torch.int32)
     dist.all_reduce(vote, op=dist.ReduceOp.MAX, group=ctx.votes)
-    return bool(vote.item())
+    return tuple(bool(flag) for flag in vote.tolist())
+
+
+class LossWatch:
+    """This rank's step losses, each checked at the next vote: the loss is copied to the host without
+    waiting for the device, so the check never stalls a step (on CPU the copy is immediate)."""
+
+    def __init__(self, learning_rate: float):
+        self.learning_rate = learning_rate
+        self.pending: tuple[int, int, torch.Tensor, torch.cuda.Event | None] | None = None
+
+    def record(self, epoch: int, step: int, step_totals: Totals, rows: int) -> None:
+        loss = (step_totals.loss_sum / rows).to("cpu", non_blocking=True)
+        event = None
+        if step_totals.loss_sum.device.type == "cuda":
+            event = torch.cuda.Event()
+            event.record()
+        self.pending = (epoch, step, loss, event)
+
+    def vote(self, out_of_memory: bool, ctx: DistributedContext) -> bool:
+        """Every rank's vote on the step it runs (out of memory?) and on its last recorded loss
+        (finite?). Raises `TrainingDiverged` on every rank alike when any rank's loss was not finite;
+        otherwise returns whether any rank ran out of memory."""
+        epoch, step, loss = self.take()
+        diverged_here = loss is not None and not math.isfinite(loss)
+        out_of_memory, diverged = any_rank((out_of_memory, diverged_here), ctx)
+        if diverged:
+            raise TrainingDiverged.at(
+                epoch + 1, step + 1, loss if diverged_here else None, self.learning_rate
+            )
+        return out_of_memory
+
+    def take(self) -> tuple[int, int, float | None]:
+        if self.pending is None:
+            return 0, 0, None
+        epoch, step, loss, event = self.pending
+        self.pending = None
+        if event is not None:
+            event.synchronize()
+        return epoch, step, loss.item()
 
 
 class StopVote:
@@ -349,13 +393,14 @@ def accumulate_gradients(model, scaler, x, y, rows, micro: int, ctx, dtype) -> T
     return totals
 
 
-def optimizer_step(model, optimizer, scaler, x, y, rows, micro: int, ctx, dtype) -> Totals:
+def optimizer_step(model, optimizer, scaler, x, y, rows, micro: int, ctx, dtype, watch: LossWatch) -> Totals:
     """One optimizer step over `rows`, in micro-batches of `micro`; returns its loss and accuracy
     sums as device tensors (no host sync per step).
 
-    Every rank votes on whether any of them ran out of memory. If one did, every rank drops the
-    step (gradients zeroed) and raises `StepOutOfMemory`, so that all retry it together; otherwise
-    the gradients are averaged over the ranks and the optimizer steps.
+    Every rank votes on whether any of them ran out of memory (and, in the same vote, whether the
+    previous step's loss was finite: `LossWatch`). If one did, every rank drops the step (gradients
+    zeroed) and raises `StepOutOfMemory`, so that all retry it together; otherwise the gradients are
+    averaged over the ranks and the optimizer steps.
     """
     error = None
     try:
@@ -363,7 +408,7 @@ def optimizer_step(model, optimizer, scaler, x, y, rows, micro: int, ctx, dtype)
     except torch.OutOfMemoryError as caught:
         # Kept without its traceback, whose frames hold the failed attempt's activations.
         error = caught.with_traceback(None)
-    if any_rank(error is not None, ctx):
+    if watch.vote(error is not None, ctx):
         zero_gradients(optimizer, ctx)
         if ctx.device.type == "cuda":
             torch.cuda.empty_cache()
@@ -423,12 +468,12 @@ def share_rank0_buffers(model: nn.Module, ctx: DistributedContext) -> None:
 
 
 def step_with_oom_guard(
-    model, optimizer, scaler, x, y, rows, micro: MicroBatch, ctx, dtype, step: int
+    model, optimizer, scaler, x, y, rows, micro: MicroBatch, ctx, dtype, step: int, watch: LossWatch
 ) -> Totals:
     """The optimizer step, retried with half the micro-batch on every rank while any runs out of memory."""
     while True:
         try:
-            return optimizer_step(model, optimizer, scaler, x, y, rows, micro.size, ctx, dtype)
+            return optimizer_step(model, optimizer, scaler, x, y, rows, micro.size, ctx, dtype, watch)
         except StepOutOfMemory as dropped:
             micro.halve(dropped.error, step, len(rows))
 
@@ -446,6 +491,7 @@ def train_epoch(
     micro: MicroBatch,
     progress,
     on_step,
+    watch: LossWatch,
 ):
     """One pass over this rank's shard, from `progress.step` on (non-zero when resuming mid-epoch).
 
@@ -461,9 +507,12 @@ def train_epoch(
         rows = order[step * per_step : (step + 1) * per_step]
         for group in optimizer.param_groups:
             group["lr"] = config.learning_rate_at(epoch * steps + step, config.epochs * steps)
-        totals.add_totals(step_with_oom_guard(model, optimizer, scaler, x, y, rows, micro, ctx, dtype, step))
+        done = step_with_oom_guard(model, optimizer, scaler, x, y, rows, micro, ctx, dtype, step, watch)
+        watch.record(epoch, step, done, len(rows))
+        totals.add_totals(done)
         progress.step, progress.optimizer_steps = step + 1, progress.optimizer_steps + 1
         on_step(epoch, steps, totals)
+    watch.vote(False, ctx)  # the epoch's last step, before anything reads or saves its result
     loss_total, correct_total, seen = totals.all_reduced(steps * per_step, ctx)
     return loss_total / seen, correct_total / seen, seen
 
@@ -474,6 +523,45 @@ def load_shards(splits: SplitPaths, ctx: DistributedContext):
     vx, vy, _ = read_shard(splits.val, splits.feature_names, splits.label_column, ctx.rank, ctx.world_size)
     to_device = lambda a: torch.from_numpy(a).to(ctx.device, non_blocking=True)  # noqa: E731
     return to_device(x), to_device(y), to_device(vx), to_device(vy), rows
+
+
+def set_up(config: TrainConfig, splits: SplitPaths, ctx: DistributedContext):
+    """This rank's shards and its model on the device: what fails, if it does, before any collective."""
+    x, y, vx, vy, shard_rows = load_shards(splits, ctx)
+    micro = config.micro_batch_size(ctx.world_size)
+    if len(y) < micro * config.grad_accum_steps:
+        raise ValueError(
+            f"each of {ctx.world_size} ranks holds {len(y)} training rows, fewer than one optimizer step "
+            f"({micro} x {config.grad_accum_steps}); lower batch_size"
+        )
+    model = build(config.model, len(splits.feature_names), splits.n_classes, "pytorch").to(ctx.device)
+    return x, y, vx, vy, shard_rows, model
+
+
+class SetUpFailed(ValueError):
+    """A rank failed before training; raised alike on every rank, naming the first that failed."""
+
+
+SET_UP_ERROR_CHARS = 2000  # a builder's error in full, a runaway one bounded
+
+
+def agreed_set_up(set_up: Callable[[], T], ctx: DistributedContext) -> T:
+    """`set_up()` on every rank, then a vote on whether all succeeded, before any rank enters a
+    collective of training. Otherwise the ranks that succeeded fail in DDP's first broadcast with a
+    connection error from the one that raised, and that error, not the cause, may be the run's.
+    On failure every rank raises `SetUpFailed` with the error of the rank that failed first (a
+    single process too, so that the DDP worker refuses it alike: `tasks/ddp_worker.py`)."""
+    error, failed_at = None, 0.0
+    try:
+        result = set_up()
+    except Exception as caught:  # every kind: a builder is user code
+        error, failed_at = caught, time.time()
+    mine = (failed_at, ctx.rank, one_line(error, SET_UP_ERROR_CHARS)) if error is not None else None
+    failures = [failure for failure in gather(mine, ctx, ctx.votes) if failure is not None]
+    if failures:
+        _, rank, cause = min(failures)
+        raise SetUpFailed(f"rank {rank} of {ctx.world_size} failed before training: {cause}") from error
+    return result
 
 
 def event_writer(log_dir: str):
@@ -514,16 +602,9 @@ def train(
     torch.manual_seed(config.seed)
     if ctx.device.type == "cpu":
         torch.use_deterministic_algorithms(True)
-    x, y, vx, vy, shard_rows = load_shards(splits, ctx)
+    x, y, vx, vy, shard_rows, model = agreed_set_up(lambda: set_up(config, splits, ctx), ctx)
     micro = config.micro_batch_size(ctx.world_size)
-    if len(y) < micro * config.grad_accum_steps:
-        raise ValueError(
-            f"each of {ctx.world_size} ranks holds {len(y)} training rows, fewer than one optimizer step "
-            f"({micro} x {config.grad_accum_steps}); lower batch_size"
-        )
-
     n_features = len(splits.feature_names)
-    model = build(config.model, n_features, splits.n_classes, "pytorch").to(ctx.device)
     ddp_model = wrap_in_ddp(model) if ctx.is_distributed else model
     optimizer = build_optimizer(model, config, ctx.device)
     dtype = autocast_dtype(ctx.device, config.precision)
@@ -534,7 +615,10 @@ def train(
     if checkpoint is not None:
         restore(checkpoint.load(), model, optimizer, scaler, micro_batch, progress, ctx)
 
+    watch = LossWatch(config.learning_rate)
+
     def save(totals: Totals | None = None) -> None:
+        watch.vote(False, ctx)  # never a checkpoint of a diverged model
         partial = (totals.loss_sum.item(), totals.correct.item()) if totals is not None else (0.0, 0)
         state = training_state(model, optimizer, scaler, micro_batch, progress, partial, ctx)
         if state is not None:
@@ -568,9 +652,8 @@ def train(
     samples, training_seconds, start = 0, 0.0, time.perf_counter()
     for epoch in range(progress.epoch, config.epochs):
         epoch_start = time.perf_counter()
-        train_loss, train_acc, seen = train_epoch(
-            ddp_model, optimizer, scaler, x, y, config, ctx, dtype, epoch, micro_batch, progress, on_step
-        )
+        train_loss, train_acc, seen = train_epoch(ddp_model, optimizer, scaler, x, y, config, ctx, dtype,
+                                                  epoch, micro_batch, progress, on_step, watch)  # fmt: skip
         training_seconds += time.perf_counter() - epoch_start  # the loop alone: no validation, no saving
         share_rank0_buffers(model, ctx)
         val_loss, val_acc = evaluate_shard(ddp_model, vx, vy, ctx, dtype, batch=max(micro, 1024))
