@@ -31,7 +31,7 @@ class PreparedData:
     rows: dict[str, int]
     scaler: ScalerStats
     source: str
-    notes: list[str] = field(default_factory=list)  # e.g. classes that differ only by case
+    notes: list[str] = field(default_factory=list)  # e.g. case-only class differences, columns left out
     label_kind: str = "string"  # what the class labels were before they became text (tasks/core/data.py)
     fingerprint: str = ""  # the input data's fingerprint, as the preprocessing cache key had it
 
