@@ -30,7 +30,7 @@ from benchmarks.measure import (
 )
 from benchmarks.scoring_bench import scoring
 from benchmarks.synthetic import write_table
-from tasks.core.config import ModelConfig, SplitPaths, TrainConfig
+from tasks.core.config import SplitPaths, TrainConfig
 from tasks.core.data import SplitConfig, prepare_dataset
 from tasks.core.models import mlp_spec
 
@@ -213,11 +213,10 @@ def gpu_figures(splits: SplitPaths, config: TrainConfig) -> list[Figure]:
         return []
     amp_on = loop_bench.bare_torch_samples_per_second(splits, config, device="cuda", amp=True)
     amp_off = loop_bench.bare_torch_samples_per_second(splits, config, device="cuda", amp=False)
-    big = TrainConfig(epochs=1, batch_size=8192, model=mlp_spec([8192, 8192], 0.0))
+    hidden = [8192, 8192]
+    big = TrainConfig(epochs=1, batch_size=8192, model=mlp_spec(hidden, 0.0))
     rate = loop_bench.bare_torch_samples_per_second(splits, big, device="cuda", amp=True)
-    flops = rate * loop_bench.model_flops_per_sample(
-        ModelConfig.of_mlp(big.model, len(splits.feature_names), 10)
-    )
+    flops = rate * loop_bench.model_flops_per_sample(len(splits.feature_names), hidden, splits.n_classes)
     peak = float(os.environ.get("MIXEDML_PEAK_BF16_FLOPS", "989e12"))  # H100 SXM dense bf16
     return [
         Figure("gpu: bare loop samples/s, bf16 autocast on vs off", amp_on, amp_off, "samples/s"),

@@ -13,7 +13,7 @@ import math
 import os
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from datetime import timedelta
 from functools import cached_property
 from pathlib import Path
@@ -27,9 +27,8 @@ from benchmarks import loop_bench
 from benchmarks.measure import Figure, alternating_best_rates
 from benchmarks.synthetic import write_table
 from tasks.core import torch_training
-from tasks.core.config import ModelConfig, SplitPaths, TrainConfig
-from tasks.core.memory import estimate_training_memory
-from tasks.core.models import mlp_options, mlp_spec
+from tasks.core.config import SplitPaths, TrainConfig
+from tasks.core.models import measure_footprint, mlp_options, mlp_spec
 
 NO_CUDA = "no CUDA device (torch.cuda.is_available() is False)"
 # H100 / H200 SXM datasheet, dense (no sparsity); other GPUs: MIXEDML_PEAK_BF16_FLOPS.
@@ -174,7 +173,7 @@ def loop_config(sizes: Sizes, precision: str = "bf16") -> TrainConfig:
 
 def shape(splits: SplitPaths, config: TrainConfig) -> str:
     rows, features = table_rows(splits.train), len(splits.feature_names)
-    widths = "x".join(map(str, ModelConfig.of_mlp(config.model, features, 2).hidden_sizes))
+    widths = "x".join(map(str, mlp_options(config.model.options)[0]))
     return f"{rows:,} rows x {features} features, MLP {widths}, batch {config.batch_size}"
 
 
@@ -222,8 +221,10 @@ def flop_utilisation(splits: SplitPaths, sizes: Sizes, peak_flops: float) -> lis
         precision="bf16",
     )
     rate = max(project_rate(splits, config) for _ in range(sizes.rounds))
-    model = ModelConfig.of_mlp(config.model, len(splits.feature_names), splits.n_classes)
-    achieved = rate * loop_bench.model_flops_per_sample(model) / 1e12
+    flops_per_sample = loop_bench.model_flops_per_sample(
+        len(splits.feature_names), [sizes.mfu_hidden] * 2, splits.n_classes
+    )
+    achieved = rate * flops_per_sample / 1e12
     matmul = matmul_flops(sizes.mfu_hidden) / 1e12
     what = f"model FLOP utilisation, project loop, bf16 ({shape(splits, config)})"
     return [
@@ -253,10 +254,11 @@ def memory_estimate(splits: SplitPaths, sizes: Sizes) -> list[GpuFigure]:
     for precision in ("fp32", "bf16"):
         config = memory_config(sizes, precision)
         measured = measured_peak(splits, config)
-        model = ModelConfig.of_mlp(config.model, len(splits.feature_names), splits.n_classes)
-        estimate = estimate_training_memory(
-            model, config.batch_size, resident_rows=resident, mixed_precision=precision != "fp32"
+        # The footprint the planner sizes hardware by: parameters counted, activations probed on CPU.
+        footprint = measure_footprint(
+            config.model, len(splits.feature_names), splits.n_classes, "pytorch", precision != "fp32"
         )
+        estimate = footprint.estimate(config.batch_size, resident_rows=resident)
         name = f"memory estimate vs torch.cuda.max_memory_allocated, {precision} ({shape(splits, config)})"
         figures.append(
             GpuFigure(
@@ -415,18 +417,3 @@ def nvml_telemetry() -> str:
     expect(busiest > 0, "NVML read 0% utilisation on every GPU while a matmul loop ran")
     expect(used > 0, "NVML read no GPU memory in use while a matmul loop ran")
     return f"{len(samples)} samples while busy: up to {busiest:.0f}% utilisation, {used:.1f} GiB in use"
-
-
-def gpu_figures(splits: SplitPaths, config: TrainConfig) -> list[Figure]:
-    """The GPU figures of `make bench`, on its own table and model; `make gpu-check` takes them at size."""
-    if not torch.cuda.is_available():
-        print("gpu: skipped (no CUDA device on this machine)")
-        return []
-    sizes = replace(
-        FULL, batch=config.batch_size, hidden=tuple(mlp_options(config.model.options)[0]), rounds=1
-    )
-    return (
-        loop_vs_bare(splits, sizes)
-        + bf16_vs_fp32(splits, sizes)
-        + flop_utilisation(splits, sizes, peak_bf16_flops())
-    )

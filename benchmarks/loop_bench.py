@@ -6,7 +6,7 @@ import time
 
 import numpy as np
 
-from tasks.core.config import ModelConfig, SplitPaths, TrainConfig
+from tasks.core.config import SplitPaths, TrainConfig
 from tasks.core.data import read_split
 
 
@@ -17,14 +17,14 @@ def bare_torch_samples_per_second(
     import torch
     import torch.nn.functional as F
 
-    from tasks.core.model import build_mlp
+    from tasks.core.models import build
 
     x, y = (
         torch.from_numpy(a).to(device)
         for a in read_split(splits.train, splits.feature_names, splits.label_column)
     )
     torch.manual_seed(config.seed)
-    model = build_mlp(ModelConfig.of_mlp(config.model, x.shape[1], splits.n_classes)).to(device)
+    model = build(config.model, x.shape[1], splits.n_classes, "pytorch").to(device)
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay
     )
@@ -79,7 +79,7 @@ def project_keras_samples_per_second(splits: SplitPaths, config: TrainConfig) ->
     return train_keras(config, splits, env=Environment()).run.samples_per_second
 
 
-def model_flops_per_sample(model: ModelConfig) -> float:
+def model_flops_per_sample(n_features: int, hidden_sizes: list[int], n_classes: int) -> float:
     """Forward + backward of the MLP's matmuls: 6 x multiply-adds per sample."""
-    widths = [model.n_features, *model.hidden_sizes, model.n_classes]
+    widths = [n_features, *hidden_sizes, n_classes]
     return 6.0 * float(np.sum([a * b for a, b in zip(widths, widths[1:], strict=False)]))

@@ -123,6 +123,7 @@ def workload(prepared: PreparedData, target: str, config: TrainConfig) -> Worklo
         train_rows=prepared.rows["train"],
         val_rows=prepared.rows["val"],
         framework=framework,
+        min_micro_batch=config.min_micro_batch_size,
     )
 
 

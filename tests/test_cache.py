@@ -102,5 +102,19 @@ def test_a_cached_split_whose_files_were_removed_fails_before_any_worker_starts(
         stale.local_splits()  # what a worker or the TensorFlow task reads
 
 
-def test_remote_splits_are_not_checked_or_fetched_before_the_launch():
-    require_local_copies({"train split": StructuredDataset(uri="s3://no-such-bucket/prepared/train")})
+def test_remote_splits_are_not_checked_or_fetched_before_the_launch(tmp_path, monkeypatch):
+    """Only the local split is checked; the remote one is neither looked up nor downloaded (the bucket
+    does not exist: touching it would fail)."""
+    from flytekit.core.data_persistence import FileAccessProvider
+
+    fetched = []
+    for method in ("get", "get_data", "download", "download_directory", "exists"):
+        monkeypatch.setattr(FileAccessProvider, method, lambda *args, _m=method, **kw: fetched.append(_m))
+    remote = StructuredDataset(uri="s3://no-such-bucket/prepared/train")
+    present, gone = tmp_path / "val", tmp_path / "test"
+    present.mkdir()
+
+    require_local_copies({"train split": remote, "val split": StructuredDataset(uri=str(present))})
+    with pytest.raises(FileNotFoundError, match=f"the test split at {gone} is gone"):
+        require_local_copies({"train split": remote, "test split": StructuredDataset(uri=str(gone))})
+    assert fetched == []

@@ -105,28 +105,33 @@ def test_h100_and_h200_carry_gke_label_values():
     assert accelerator_for(by_name["h200-mig-3g.71gb"]).to_flyte_idl().partition_size == "3g.71gb"
 
 
-def test_the_target_table_names_each_targets_task_framework_image_and_catalog():
-    """Validation, planning and dispatch all read this table (tasks/targets.py)."""
+def test_each_target_dispatches_to_its_frameworks_task_on_an_image_for_its_hardware():
+    """Validation, planning and dispatch all read the target table (tasks/targets.py). Each target's
+    task is its framework's; an image serves one framework (a pod pulls one CUDA stack at most) and
+    the TPU image exactly the TPU slices; the planner chooses only from the target's own hardware
+    family, and a target without a catalog is multi-node, keeping the profile it declares."""
     from tasks.core.config import TrainConfig
     from tasks.core.validation import problems
+    from tasks.hardware import TpuSliceProfile
     from tasks.targets import TARGETS
 
-    frameworks = {name: target.framework for name, target in TARGETS.items()}
-    assert frameworks == {
-        "gpu": "torch",
-        "gpu-multinode": "torch",
-        "tpu": "tensorflow",
-        "gpu-tf": "tensorflow",
-    }
+    task_modules = {"torch": "tasks.train_torch.", "tensorflow": "tasks.train_tf."}
+    frameworks_by_image: dict[str, set[str]] = {}
     for name, target in TARGETS.items():
+        assert target.task.name.startswith(task_modules[target.framework]), name
         image = target.image.split(".")[2]  # "{{.image.NAME.fqn}}:..."
-        assert (
-            image
-            == {"torch": "torch-gpu", "tensorflow": "tpu" if name == "tpu" else "tf-gpu"}[target.framework]
-        )
-    assert TARGETS["gpu-multinode"].catalog is None  # keeps its declared profile
+        frameworks_by_image.setdefault(image, set()).add(target.framework)
+        on_tpu = isinstance(target.profile, TpuSliceProfile)
+        assert (image == "tpu") == on_tpu, name
+        if target.catalog is None:
+            assert not on_tpu and target.profile.nnodes > 1, name
+        else:
+            kinds = {entry.kind for entry in target.catalog}
+            assert kinds and kinds <= ({"tpu"} if on_tpu else {"gpu", "mig"}), (name, kinds)
+    assert all(len(frameworks) == 1 for frameworks in frameworks_by_image.values()), frameworks_by_image
+    assert {"torch", "tensorflow"} <= {target.framework for target in TARGETS.values()}
     assert problems("cuda", TrainConfig(), TARGETS) == [
-        "input 'target' = 'cuda': not one of gpu, gpu-multinode, tpu, gpu-tf; pass --target gpu or --target tpu"
+        f"input 'target' = 'cuda': not one of {', '.join(TARGETS)}; pass --target gpu or --target tpu"
     ]
 
 

@@ -15,16 +15,9 @@ from flytekit import workflow
 from flytekit.configuration import ImageConfig, SerializationSettings
 from flytekit.tools.translator import get_serializable
 
-from tasks.core.config import ModelConfig, TrainConfig
-from tasks.core.memory import (
-    GRADIENT_REDUCE_BUCKET_BYTES,
-    NCCL_BYTES,
-    ModelFootprint,
-    estimate_training_memory,
-    mlp_footprint,
-    parameter_count,
-)
-from tasks.core.model import build_mlp
+from tasks.core.config import TrainConfig
+from tasks.core.memory import GRADIENT_REDUCE_BUCKET_BYTES, NCCL_BYTES, ModelFootprint
+from tasks.core.models import build, measure_footprint, mlp_spec
 from tasks.core.planner import PlanError, Workload, estimate_for, plan_preprocessing, plan_training
 from tasks.hardware import CPU_NODE, GPU_CATALOG, TPU_CATALOG
 
@@ -60,43 +53,47 @@ def measured_peak_bytes(make_model, n_features: int, n_classes: int, micro_batch
     return max(sum(row[:-1]) for row in sizes)  # the last column is memory the profiler could not attribute
 
 
+def mlp_estimate(n_features: int, n_classes: int, hidden: list[int], micro_batch: int, **where):
+    """What the planner prices the built-in MLP at: `models.measure_footprint`, the probe it runs."""
+    footprint = measure_footprint(
+        mlp_spec(hidden, 0.1), n_features, n_classes, "pytorch", mixed_precision=False
+    )
+    return footprint.estimate(micro_batch, **where)
+
+
 @pytest.mark.parametrize(
-    "model_config, micro_batch",
-    [
-        (ModelConfig(512, 10, [2048, 2048], 0.1), 256),
-        (ModelConfig(1024, 10, [1024, 1024], 0.1), 128),
-        (ModelConfig(1024, 100, [4096, 4096], 0.1), 512),
-    ],
+    "n_features, n_classes, hidden, micro_batch",
+    [(512, 10, [2048, 2048], 256), (1024, 10, [1024, 1024], 128), (1024, 100, [4096, 4096], 512)],
     ids=["5M-params", "3M-params", "21M-params"],
 )
-def test_estimate_matches_measured_cpu_allocation(model_config, micro_batch, tmp_path):
+def test_estimate_matches_measured_cpu_allocation(n_features, n_classes, hidden, micro_batch, tmp_path):
     measured = measured_peak_bytes(
-        lambda: build_mlp(model_config),
-        model_config.n_features,
-        model_config.n_classes,
+        lambda: build(mlp_spec(hidden, 0.1), n_features, n_classes, "pytorch"),
+        n_features,
+        n_classes,
         micro_batch,
         tmp_path,
     )
-    estimate = estimate_training_memory(model_config, micro_batch, on_accelerator=False)
+    estimate = mlp_estimate(n_features, n_classes, hidden, micro_batch, on_accelerator=False)
     assert LOW * measured <= estimate.tensor_bytes <= HIGH * measured, (estimate.tensor_bytes, measured)
 
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_estimate_matches_cuda_max_memory_allocated():
-    model_config, micro_batch = ModelConfig(1024, 100, [4096, 4096], 0.1), 512
+    n_features, n_classes, hidden, micro_batch = 1024, 100, [4096, 4096], 512
     device = torch.device("cuda")
-    model = build_mlp(model_config).to(device)
+    model = build(mlp_spec(hidden, 0.1), n_features, n_classes, "pytorch").to(device)
     optimizer = torch.optim.AdamW(model.parameters())
-    x = torch.randn(micro_batch, model_config.n_features, device=device)
-    y = torch.randint(0, model_config.n_classes, (micro_batch,), device=device)
+    x = torch.randn(micro_batch, n_features, device=device)
+    y = torch.randint(0, n_classes, (micro_batch,), device=device)
     torch.cuda.reset_peak_memory_stats()
     for _ in range(2):
         F.cross_entropy(model(x).float(), y).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     measured = torch.cuda.max_memory_allocated()
-    estimate = estimate_training_memory(model_config, micro_batch, resident_rows=micro_batch)
+    estimate = mlp_estimate(n_features, n_classes, hidden, micro_batch, resident_rows=micro_batch)
     assert LOW * measured <= estimate.tensor_bytes <= HIGH * measured, (estimate.tensor_bytes, measured)
 
 
@@ -144,17 +141,11 @@ def test_the_planner_estimates_an_option_with_its_world_size():
     assert estimate_for(work, two_l4, 1).communication_bytes == NCCL_BYTES
 
 
-def test_parameter_count_matches_torch():
-    config = ModelConfig(37, 5, [64, 32], 0.0)
-    assert parameter_count(config) == sum(p.numel() for p in build_mlp(config).parameters())
-
-
 def workload(
     hidden: list[int], batch: int = 64, accum: int = 1, rows: int = 1257, features: int = 64
 ) -> Workload:
-    return Workload(
-        mlp_footprint(ModelConfig(features, 10, hidden, 0.1), True), batch, accum, rows, 270, "torch"
-    )
+    footprint = measure_footprint(mlp_spec(hidden, 0.1), features, 10, "pytorch", mixed_precision=True)
+    return Workload(footprint, batch, accum, rows, 270, "torch")
 
 
 def test_small_default_model_gets_a_mig_slice():
@@ -178,6 +169,16 @@ def test_activations_that_do_not_fit_lower_the_micro_batch_not_the_effective_bat
     assert plan.grad_accum_steps > 1
     assert plan.micro_batch_size * plan.grad_accum_steps == plan.effective_batch_size == 262144
     assert "effective batch stays 262144" in plan.notes[0]
+
+
+def test_the_micro_batch_is_lowered_no_further_than_the_runs_minimum():
+    """One rule with the out-of-memory guard: `TrainConfig.min_micro_batch_size`, its default included."""
+    assert workload([256]).min_micro_batch == TrainConfig().min_micro_batch_size
+    big_batch = workload([4096], batch=262144)
+    only_the_5gb_slice = [GPU_CATALOG[0]]
+    assert plan_training(big_batch, only_the_5gb_slice).micro_batch_size == 65536
+    with pytest.raises(PlanError, match="even at micro-batch 131072 "):
+        plan_training(replace(big_batch, min_micro_batch=131072), only_the_5gb_slice)
 
 
 def test_model_too_large_for_the_catalog_fails_saying_what_it_needs():

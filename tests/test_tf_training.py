@@ -21,6 +21,7 @@ from tasks.core.tf_training import (
     dtype_policy,
     learning_rate_schedule,
     precision_policy,
+    step_compiler,
     steps_per_execution,
     train_keras,
     use_jit_compile,
@@ -40,6 +41,7 @@ def test_trains_under_the_default_strategy_and_saves_a_keras_artifact(blob_split
         "cpu",
         "float32",
     )
+    assert outcome.run.backend == "default"  # no XLA on CPU: op determinism instead
     assert [e.epoch for e in outcome.run.history] == [1, 2, 3, 4]
     assert outcome.run.history[-1].val_accuracy >= 0.95 and outcome.run.samples_per_second > 0
     features, labels = read_split(blob_splits.train, blob_splits.feature_names, blob_splits.label_column)
@@ -148,6 +150,12 @@ def test_xla_on_a_single_gpu_and_left_to_the_strategy_otherwise():
     assert use_jit_compile("default", gpu_count=1)
     assert not use_jit_compile("default", gpu_count=0)  # CPU: op determinism instead
     assert not any(use_jit_compile(kind, 4) for kind in ("tpu", "mirrored", "multi_worker"))
+
+
+def test_the_run_records_xla_only_where_xla_compiles_the_step():
+    assert step_compiler("tpu", gpu_count=0) == step_compiler("default", gpu_count=1) == "xla"
+    assert step_compiler("default", gpu_count=0) == "default"
+    assert step_compiler("mirrored", gpu_count=4) == step_compiler("multi_worker", gpu_count=2) == "default"
 
 
 def test_global_batch_must_split_over_replicas(blob_splits):

@@ -6,7 +6,7 @@ import json
 import math
 from dataclasses import dataclass, field
 
-from tasks.core.models import MLP_DEFAULTS, ModelSpec, mlp_options, mlp_problems, spec_problems
+from tasks.core.models import MLP_DEFAULTS, ModelSpec, mlp_problems, spec_problems
 
 # "auto": bf16 autocast on GPUs that support it, fp16 with a grad scaler on older ones.
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
@@ -24,6 +24,9 @@ INT_RANGES = {
     "collective_timeout_s": (1, 7 * 24 * 3600),  # a week
     "min_micro_batch_size": (1, 10**9),
 }
+
+# `TrainConfig.min_micro_batch_size` by default, which the planner's `Workload` also defaults to.
+MIN_MICRO_BATCH_SIZE = 4
 
 
 def range_rule(value: int, low: int, high: int) -> str:
@@ -48,13 +51,6 @@ class ModelConfig:
         for name, problem in mlp_problems(self.hidden_sizes, self.dropout).items():
             raise ValueError(f"{name}={getattr(self, name)!r}: {problem}")
 
-    @classmethod
-    def of_mlp(cls, spec: ModelSpec, n_features: int, n_classes: int) -> ModelConfig:
-        """The shape of the built-in mlp a spec names, for code that works from the MLP's formulas."""
-        if spec.builder != "mlp":
-            raise ValueError(f"model {spec.builder!r} is not the built-in mlp")
-        return cls(n_features, n_classes, *mlp_options(spec.options))
-
 
 @dataclass
 class TrainConfig:
@@ -77,8 +73,9 @@ class TrainConfig:
     # Checkpoint every N optimizer steps as well as every epoch (0: every epoch only).
     checkpoint_every_steps: int = 0
     collective_timeout_s: int = 600
-    # The out-of-memory guard halves the micro-batch down to this size, then gives up.
-    min_micro_batch_size: int = 4
+    # The smallest micro-batch: the planner lowers it no further to fit a device, and the
+    # out-of-memory guard halves it down to this size, then gives up.
+    min_micro_batch_size: int = MIN_MICRO_BATCH_SIZE
 
     @classmethod
     def from_json(cls, text: str) -> TrainConfig:
@@ -160,7 +157,7 @@ class TrainingRun:
     framework: str  # "pytorch" or "tensorflow"
     device: str  # "cuda", "tpu", "gpu" or "cpu": where the loop ran
     world_size: int  # DDP ranks or tf.distribute replicas
-    backend: str  # process-group backend (nccl, gloo) or "xla"
+    backend: str  # torch: process-group backend (nccl, gloo; "none" alone); Keras: "xla" or "default"
     precision: str
     strategy: str  # "DDP", "single-process" or the tf.distribute strategy
     history: list[EpochMetrics]

@@ -1,26 +1,24 @@
 """Peak training memory of a model, estimated before any accelerator is requested.
 
-A `ModelFootprint` is what a model costs per worker: its parameter side counted from the built
-model and its activations per row (probed on CPU for any torch model by `tasks.core.probe`, or, for
-the built-in MLP, the formula here). The estimate counts what the training loop keeps on the device:
-fp32 parameters, gradients and AdamW's two moment buffers, the training/validation shard (the loop
-moves its shard to the device once) and, under mixed precision, the autocast copies of the weights;
-and the largest of three things that are never live together: the activations autograd saves per
-sample times the micro-batch (forward and backward), the optimizer step's temporaries (after the
-backward has freed the activations), and under DDP the flat bucket the loop all-reduces gradients in
-(between the two). DDP's wrapper views the gradients in its buckets (`gradient_as_bucket_view`), so
-they are held once. On top of that, `overhead_bytes` covers what the framework holds outside tensors
-(CUDA context, allocator slack) and `communication_bytes` NCCL's buffers; neither is part of what
-`torch.cuda.max_memory_allocated` reports.
+A `ModelFootprint` is what a model costs per worker: its parameter side counted from the built model
+and its activations per row, probed on CPU for any torch model by `tasks.core.probe`. The estimate
+counts what the training loop keeps on the device: fp32 parameters, gradients and AdamW's two moment
+buffers, the training/validation shard (the loop moves its shard to the device once) and, under
+mixed precision, the autocast copies of the weights; and the largest of three things that are never
+live together: the activations autograd saves per sample times the micro-batch (forward and
+backward), the optimizer step's temporaries (after the backward has freed the activations), and
+under DDP the flat bucket the loop all-reduces gradients in (between the two). DDP's wrapper views
+the gradients in its buckets (`gradient_as_bucket_view`), so they are held once. On top of that,
+`overhead_bytes` covers what the framework holds outside tensors (CUDA context, allocator slack) and
+`communication_bytes` NCCL's buffers; neither is part of what `torch.cuda.max_memory_allocated`
+reports.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tasks.core.config import ModelConfig
-
-FP32, HALF, MASK = 4, 2, 1
+FP32, HALF = 4, 2
 CUDA_CONTEXT_BYTES = 600 * 2**20
 ALLOCATOR_SLACK = 0.10
 TF_RUNTIME_BYTES = 1024 * 2**20
@@ -70,20 +68,6 @@ class MemoryEstimate:
         return self.total_bytes / 2**30
 
 
-def parameter_count(model: ModelConfig) -> int:
-    widths = [model.n_features, *model.hidden_sizes, model.n_classes]
-    return sum(fan_in * fan_out + fan_out for fan_in, fan_out in zip(widths, widths[1:], strict=False))
-
-
-def activation_bytes_per_sample(model: ModelConfig, activation_bytes: int) -> int:
-    """What autograd keeps per sample: each hidden layer's Linear output, ReLU output, Dropout
-    output and mask; the logits and their log-softmax in fp32; the (autocast) input copy."""
-    hidden = sum(width * (3 * activation_bytes + MASK) for width in model.hidden_sizes)
-    logits = 2 * model.n_classes * FP32
-    inputs = model.n_features * activation_bytes
-    return hidden + logits + inputs
-
-
 @dataclass(frozen=True)
 class ModelFootprint:
     """What a model costs per worker, measured once; `estimate` prices any micro-batch."""
@@ -126,32 +110,3 @@ class ModelFootprint:
         )
         estimate.overhead_bytes += int(ALLOCATOR_SLACK * estimate.tensor_bytes) if on_accelerator else 0
         return estimate
-
-
-def mlp_footprint(model: ModelConfig, mixed_precision: bool = False) -> ModelFootprint:
-    """The built-in MLP's footprint from its shape alone, with no model built."""
-    params = parameter_count(model)
-    activation = HALF if mixed_precision else FP32
-    return ModelFootprint(
-        state_bytes=params * FP32,
-        trainable_bytes=params * FP32,
-        trainable_count=params,
-        activation_bytes_per_row=activation_bytes_per_sample(model, activation),
-        n_features=model.n_features,
-        mixed_precision=mixed_precision,
-    )
-
-
-def estimate_training_memory(
-    model: ModelConfig,
-    micro_batch: int,
-    resident_rows: int = 0,
-    mixed_precision: bool = False,
-    framework: str = "torch",
-    on_accelerator: bool = True,
-    world_size: int = 1,
-) -> MemoryEstimate:
-    """Peak memory of one worker/replica training the MLP `model` with `micro_batch` rows per step."""
-    return mlp_footprint(model, mixed_precision).estimate(
-        micro_batch, resident_rows, framework, on_accelerator, world_size
-    )

@@ -8,10 +8,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from tasks.core.config import MIN_MICRO_BATCH_SIZE
 from tasks.core.machines import MachineType
 from tasks.core.memory import MemoryEstimate, ModelFootprint
 
-MIN_MICRO_BATCH = 8
 # Leave headroom for what the estimate does not see (fragmentation spikes, library workspaces).
 USABLE_MEMORY_FRACTION = 0.9
 
@@ -71,6 +71,7 @@ class Workload:
     train_rows: int
     val_rows: int
     framework: str
+    min_micro_batch: int = MIN_MICRO_BATCH_SIZE  # the run's `TrainConfig.min_micro_batch_size`
 
 
 def estimate_for(workload: Workload, entry: CatalogEntry, accum: int) -> MemoryEstimate | None:
@@ -91,7 +92,7 @@ def fits(estimate: MemoryEstimate | None, entry: CatalogEntry) -> bool:
 def accumulation_steps(workload: Workload) -> list[int]:
     """The user's accumulation first, then doubling while the micro-batch stays >= the minimum."""
     steps, accum = [], workload.grad_accum_steps
-    while workload.batch_size // accum >= MIN_MICRO_BATCH or not steps:
+    while workload.batch_size // accum >= workload.min_micro_batch or not steps:
         steps.append(accum)
         accum *= 2
     return steps
@@ -141,13 +142,13 @@ def make_plan(workload, choice, accum, estimates, catalog) -> TrainingPlan:
 
 def too_large_message(workload: Workload, catalog: list[CatalogEntry]) -> str:
     largest = max(catalog, key=lambda entry: entry.memory_gib)
-    smallest_batch = workload.footprint.estimate(MIN_MICRO_BATCH, 0, workload.framework)
+    smallest_batch = workload.footprint.estimate(workload.min_micro_batch, 0, workload.framework)
     state_gib = (
         smallest_batch.parameters + smallest_batch.gradients + smallest_batch.optimizer_state
     ) / 2**30
     return (
         f"no accelerator in the catalog fits this model: it needs about {smallest_batch.total_gib:.1f} GiB per "
-        f"device even at micro-batch {MIN_MICRO_BATCH} ({state_gib:.1f} GiB of parameters, gradients and "
+        f"device even at micro-batch {workload.min_micro_batch} ({state_gib:.1f} GiB of parameters, gradients and "
         f"AdamW state), but the largest option, {largest.name}, has {largest.memory_gib:.0f} GiB "
         f"({USABLE_MEMORY_FRACTION:.0%} usable). Shrink the model (its options) or add a larger accelerator to the catalog"
     )

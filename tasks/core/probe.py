@@ -103,17 +103,6 @@ def is_tensor(value: object) -> bool:
     return isinstance(value, torch.Tensor)
 
 
-def measure_activation_bytes(
-    model: nn.Module, input_spec: InputSpec, micro_batch: int, precision: str = "fp32"
-) -> int:
-    """Peak bytes one training step of `micro_batch` rows allocates beyond the model's state: the
-    activations autograd saves and the backward pass's temporaries.
-
-    Runs the model in training mode on CPU (dropout masks count; batch-norm statistics move, so
-    probe a freshly built model, not a trained one)."""
-    return round(activation_bytes_per_row(model, input_spec, precision) * micro_batch)
-
-
 def activation_bytes_per_row(model: nn.Module, input_spec: InputSpec, precision: str = "fp32") -> float:
     """The training step replayed with each allocation's growth per row.
 

@@ -275,6 +275,12 @@ def use_jit_compile(strategy_kind: str, gpu_count: int) -> bool:
     return strategy_kind == "default" and gpu_count > 0
 
 
+def step_compiler(strategy_kind: str, gpu_count: int) -> str:
+    """What compiles the training step, as the run records it: "xla" on a TPU (always) or under
+    `jit_compile`, else "default" (TensorFlow's own graph runtime)."""
+    return "xla" if strategy_kind == "tpu" or use_jit_compile(strategy_kind, gpu_count) else "default"
+
+
 def compile_model(
     model: keras.Model, config: TrainConfig, strategy_kind: str, gpu_count: int, total_steps: int
 ) -> None:
@@ -327,7 +333,7 @@ def train_keras(
     log_dir: str | None = None,
     preemption: PreemptionNotice | None = None,
 ) -> KerasOutcome:
-    """Train the Keras MLP; `config.batch_size` is the global batch (per-replica x replicas).
+    """Train the Keras model `config.model` names; `config.batch_size` is the global batch (per-replica x replicas).
 
     With `checkpoint_dir`, training resumes from the epoch and step saved there. On the `preemption`
     notice it saves the step reached and raises `Preempted`. The history has one record per epoch
@@ -386,7 +392,7 @@ def train_keras(
         model=config.model,
         device=describe_device(kind, env),
         world_size=replicas,
-        backend="xla",
+        backend=step_compiler(kind, env.gpu_count),
         precision=policy,
         strategy=kind,
         history=[EpochMetrics(*record) for record in tracker.state.history],

@@ -590,7 +590,7 @@ def train(
     log_dir: str | None = None,
     preemption: PreemptionNotice | None = None,
 ) -> TrainOutcome:
-    """Train the MLP on this rank's shard; rank 0 writes the artifact to `artifact_path`.
+    """Train the model `config.model` names on this rank's shard; rank 0 writes the artifact to `artifact_path`.
 
     With a `checkpoint`, the run resumes from its saved state, if any, and saves after every epoch
     and every `checkpoint.every_steps` optimizer steps. With a `log_dir`, rank 0 writes TensorBoard
