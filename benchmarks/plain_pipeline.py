@@ -57,11 +57,7 @@ def main(data: str, workdir: str, epochs: str, batch: str) -> None:
 
 def plain_record(prepared) -> BundleRecord:
     run = TrainingRun("pytorch", "cpu", 2, "gloo", "float32", "DDP", [], 0.0, 0.0)
-    return BundleRecord(
-        framework="pytorch", feature_names=prepared.feature_names, scaler=prepared.scaler,
-        class_labels=prepared.class_labels, label_kind=prepared.label_kind, label_column="label",
-        source="plain", data_fingerprint="", run=run, billed=Hardware("cpu", 2),
-    )  # fmt: skip
+    return BundleRecord.of(prepared, run, Hardware("cpu", 2), data_fingerprint="")
 
 
 if __name__ == "__main__":

@@ -47,21 +47,6 @@ def billed_hardware(trained: TrainedModel, plan: ResourcePlan | None) -> tuple[H
 Evaluated = NamedTuple("Evaluated", [("report", EvaluationReport), ("model", FlyteDirectory)])  # noqa: UP014
 
 
-def bundle_record(prepared: PreparedData, trained: TrainedModel, billed: Hardware) -> BundleRecord:
-    return BundleRecord(
-        framework=trained.run.framework,
-        feature_names=prepared.feature_names,
-        scaler=prepared.scaler,
-        class_labels=prepared.class_labels,
-        label_kind=prepared.label_kind,
-        label_column=prepared.label_column,
-        source=prepared.source,
-        data_fingerprint=prepared.fingerprint,
-        run=trained.run,
-        billed=billed,
-    )
-
-
 # The ml-cpu image has the CPU builds of both frameworks: a model from either is rebuilt without CUDA.
 @task(
     container_image=ML_CPU_IMAGE,
@@ -73,7 +58,8 @@ def evaluate(prepared: PreparedData, trained: TrainedModel, plan: ResourcePlan |
     setup_logging()
     billed, notes = billed_hardware(trained, plan)
     folder = str(Path(current_context().working_directory) / "model")
-    write_bundle(folder, trained.artifact.download(), bundle_record(prepared, trained, billed))
+    record = BundleRecord.of(prepared, trained.run, billed, prepared.fingerprint)
+    write_bundle(folder, trained.artifact.download(), record)
     bundle = load_bundle(folder)
     test = ds.dataset(local_path(prepared.test, "test split"), format=parquet_format()).to_table()
     predicted = bundle.predict_codes(test)

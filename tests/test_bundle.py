@@ -47,18 +47,7 @@ def splits_of(prepared) -> SplitPaths:
 
 
 def record_of(prepared, run) -> BundleRecord:
-    return BundleRecord(
-        framework=run.framework,
-        feature_names=prepared.feature_names,
-        scaler=prepared.scaler,
-        class_labels=prepared.class_labels,
-        label_kind=prepared.label_kind,
-        label_column=prepared.label_column,
-        source=prepared.source,
-        data_fingerprint="0" * 32,
-        run=run,
-        billed=Hardware("cpu", 1),
-    )
+    return BundleRecord.of(prepared, run, Hardware("cpu", 1), data_fingerprint="0" * 32)
 
 
 @pytest.fixture(scope="module")

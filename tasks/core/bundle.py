@@ -89,6 +89,17 @@ class BundleRecord:
     billed: Hardware
     metrics: ClassificationMetrics | None = None  # the test split's, once evaluation adds them
 
+    @classmethod
+    def of(cls, prepared, run: TrainingRun, billed: Hardware, data_fingerprint: str) -> BundleRecord:
+        """From prepared data: data.PreparedSplits, or the task boundary's PreparedData, which carries
+        the same fields."""
+        return cls(
+            framework=run.framework, feature_names=prepared.feature_names, scaler=prepared.scaler,
+            class_labels=prepared.class_labels, label_kind=prepared.label_kind,
+            label_column=prepared.label_column, source=prepared.source, data_fingerprint=data_fingerprint,
+            run=run, billed=billed,
+        )  # fmt: skip
+
 
 @dataclass
 class Manifest:
