@@ -48,7 +48,7 @@ def declared_hardware(run: TrainingRun) -> Hardware:
 def train_tensorflow(
     prepared: PreparedData, config: TrainConfig, attempts: Attempts, strategy: str
 ) -> TrainedModel:
-    from tasks.core.tf_training import train_keras
+    from tasks.core.tf_training import KerasRunOptions, train_keras
 
     splits = prepared.local_splits()
     artifact = Path(current_context().working_directory) / "model.npz"
@@ -56,12 +56,12 @@ def train_tensorflow(
     board = Path(current_context().working_directory) / "tensorboard"
     with UtilisationSampler() as sampler, PreemptionNotice(attempts.preemption_grace_s) as notice:
         try:
-            outcome = train_keras(
-                config, splits, str(artifact), strategy=strategy,
+            options = KerasRunOptions(
                 checkpoint_dir=str(checkpoint.directory) if checkpoint else None,
                 on_checkpoint=checkpoint.on_save if checkpoint else None, log_dir=str(board),
                 preemption=notice,
             )  # fmt: skip
+            outcome = train_keras(config, splits, str(artifact), strategy=strategy, options=options)
         except Preempted:
             # A failed attempt that propeller retries as a system failure, as for the torch launcher.
             raise SystemExit(PREEMPTED_EXIT_CODE) from None

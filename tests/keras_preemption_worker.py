@@ -19,7 +19,7 @@ from tasks.core.config import SplitPaths, TrainConfig
 from tasks.core.models import mlp_spec
 from tasks.core.preemption import PREEMPTED_EXIT_CODE, Preempted, PreemptionNotice
 from tasks.core.tf_strategy import Environment
-from tasks.core.tf_training import train_keras
+from tasks.core.tf_training import KerasRunOptions, train_keras
 
 CONFIG = TrainConfig(epochs=3, batch_size=8, seed=3, model=mlp_spec([16]), checkpoint_every_steps=0)
 GRACE_S = 20.0
@@ -47,8 +47,8 @@ def train_and_record(splits: SplitPaths, checkpoint_dir: str, out: str, pause_s:
     batch_log = BatchLog(pause_s)
     try:
         with PreemptionNotice(grace_s=GRACE_S) as notice:
-            outcome = train_keras(CONFIG, splits, env=Environment(), checkpoint_dir=checkpoint_dir,
-                                  callbacks=[batch_log], preemption=notice)  # fmt: skip
+            options = KerasRunOptions(checkpoint_dir=checkpoint_dir, callbacks=[batch_log], preemption=notice)
+            outcome = train_keras(CONFIG, splits, env=Environment(), options=options)
     except Preempted:
         Path(out).write_text(json.dumps({"trained": batch_log.trained}))
         sys.exit(PREEMPTED_EXIT_CODE)

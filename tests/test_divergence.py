@@ -93,12 +93,14 @@ def test_torch_stops_on_a_non_finite_loss_and_saves_no_model(case, blob_splits, 
 
 @pytest.mark.parametrize("case", list(DIVERGING))
 def test_keras_stops_on_a_non_finite_loss_and_saves_no_model(case, blob_splits, tmp_path):
-    from tasks.core.tf_training import train_keras
+    from tasks.core.tf_training import KerasRunOptions, train_keras
 
     config, where = DIVERGING[case]
     artifact, checkpoint = tmp_path / "model.npz", tmp_path / "checkpoint"
     with pytest.raises(TrainingDiverged) as error:
-        train_keras(config, blob_splits, str(artifact), checkpoint_dir=str(checkpoint))
+        train_keras(
+            config, blob_splits, str(artifact), options=KerasRunOptions(checkpoint_dir=str(checkpoint))
+        )
     assert_names_the_step_and_the_fix(error.value, where)
     assert not artifact.exists()
     if case == "nan-logits":

@@ -17,7 +17,7 @@ import pytest
 
 from tasks.core.data import read_split
 from tasks.core.preemption import PREEMPTED_EXIT_CODE
-from tasks.core.tf_training import STATE_FILE, batches, epoch_order
+from tasks.core.tf_training import STATE_FILE, BatchSpec, batches, epoch_order
 from tests.keras_preemption_worker import CONFIG, GRACE_S, train_and_record
 
 pytestmark = pytest.mark.slow
@@ -32,7 +32,9 @@ def test_an_epochs_order_is_a_function_of_the_seed_and_the_epoch():
     assert np.array_equal(order(3, 2), order(3, 2)) and sorted(order(3, 2)) == list(range(50))
     assert not np.array_equal(order(3, 2), order(3, 1)) and not np.array_equal(order(3, 2), order(4, 2))
     features, row_ids = np.zeros((50, 1), dtype="float32"), np.arange(50)
-    rest = batches(features, row_ids, 5, seed=3, shuffle=True, drop_remainder=True, epoch=2, skip=4)
+    rest = batches(
+        features, row_ids, BatchSpec(5, seed=3, shuffle=True, drop_remainder=True), epoch=2, skip=4
+    )
     np.testing.assert_array_equal(np.concatenate([y for _, y in rest]), order(3, 2)[20:])
 
 

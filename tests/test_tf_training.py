@@ -17,6 +17,8 @@ from tasks.core.models import ModelSpec, build, mlp_spec
 from tasks.core.tf_strategy import Environment
 from tasks.core.tf_training import (
     TPU_STEPS_PER_EXECUTION,
+    BatchSpec,
+    KerasRunOptions,
     batches,
     dtype_policy,
     learning_rate_schedule,
@@ -83,7 +85,8 @@ def test_same_seed_same_history_on_cpu(blob_splits):
 def epoch_rows(seed: int) -> list[np.ndarray]:
     features, row_ids = np.arange(103 * 2, dtype="float32").reshape(103, 2), np.arange(103)
     datasets = [
-        batches(features, row_ids, 10, seed, shuffle=True, drop_remainder=True, epoch=e) for e in range(3)
+        batches(features, row_ids, BatchSpec(10, seed, shuffle=True, drop_remainder=True), epoch=e)
+        for e in range(3)
     ]
     return [np.concatenate([labels.numpy() for _, labels in dataset]) for dataset in datasets]
 
@@ -101,10 +104,10 @@ def test_shuffled_batches_cover_each_row_once_per_epoch_in_a_new_order():
 
 def test_batches_pair_features_with_their_labels_and_keep_the_remainder_when_asked():
     features = np.arange(103 * 2, dtype="float32").reshape(103, 2)
-    data = batches(features, np.arange(103), 10, seed=0, shuffle=True, drop_remainder=True)
+    data = batches(features, np.arange(103), BatchSpec(10, seed=0, shuffle=True, drop_remainder=True))
     for x, y in data:
         np.testing.assert_array_equal(x.numpy(), features[y.numpy()])
-    in_order = batches(features, np.arange(103), 10, seed=0, shuffle=False, drop_remainder=False)
+    in_order = batches(features, np.arange(103), BatchSpec(10, seed=0, shuffle=False, drop_remainder=False))
     sizes = [len(y) for _, y in in_order]
     assert sizes == [10] * 10 + [3]
     np.testing.assert_array_equal(np.concatenate([y for _, y in in_order]), np.arange(103))
@@ -112,9 +115,11 @@ def test_batches_pair_features_with_their_labels_and_keep_the_remainder_when_ask
 
 def test_full_batches_have_the_static_shape_a_tpu_compiles_once():
     features = np.zeros((103, 2), dtype="float32")
-    full = batches(features, np.arange(103), 10, seed=0, shuffle=True, drop_remainder=True, skip=3)
+    full = batches(features, np.arange(103), BatchSpec(10, seed=0, shuffle=True, drop_remainder=True), skip=3)
     assert [spec.shape.as_list() for spec in full.element_spec] == [[10, 2], [10]]
-    with_remainder = batches(features, np.arange(103), 10, seed=0, shuffle=False, drop_remainder=False)
+    with_remainder = batches(
+        features, np.arange(103), BatchSpec(10, seed=0, shuffle=False, drop_remainder=False)
+    )
     assert [spec.shape.as_list() for spec in with_remainder.element_spec] == [[None, 2], [None]]
 
 
@@ -207,15 +212,15 @@ def test_tf_resumes_from_its_backup_after_preemption(blob_splits, tmp_path):
     config = TrainConfig(epochs=4, batch_size=32, seed=6)
     checkpoint = str(tmp_path / "checkpoint")
     uploads: list[str] = []
+    options = KerasRunOptions(checkpoint_dir=checkpoint, on_checkpoint=uploads.append,
+                              callbacks=[Preempted(epochs=2)])  # fmt: skip
     with pytest.raises(RuntimeError, match="node preempted"):
-        train_keras(config, blob_splits, env=Environment(), checkpoint_dir=checkpoint,
-                    on_checkpoint=uploads.append, callbacks=[Preempted(epochs=2)])  # fmt: skip
+        train_keras(config, blob_splits, env=Environment(), options=options)
     assert uploads == [checkpoint, checkpoint]  # published after each completed epoch
 
     counter = EpochCounter()
-    resumed = train_keras(
-        config, blob_splits, env=Environment(), checkpoint_dir=checkpoint, callbacks=[counter]
-    )
+    options = KerasRunOptions(checkpoint_dir=checkpoint, callbacks=[counter])
+    resumed = train_keras(config, blob_splits, env=Environment(), options=options)
     assert counter.started == [3, 4]  # epochs 1-2 were not trained again
     assert [e.epoch for e in resumed.run.history] == [1, 2, 3, 4]
     uninterrupted = train_keras(config, blob_splits, env=Environment())

@@ -20,7 +20,7 @@ import tensorflow as tf
 from tasks.core.config import EpochMetrics, SplitPaths, TrainConfig, TrainingRun
 from tasks.core.data import read_split
 from tasks.core.keras_models import save_keras_artifact
-from tasks.core.models import TrainingDiverged, build, input_spec_for
+from tasks.core.models import InputSpec, TrainingDiverged, build, input_spec_for
 from tasks.core.preemption import PreemptionNotice
 from tasks.core.tf_strategy import Environment, detect_environment, select_strategy
 
@@ -57,16 +57,18 @@ def dtype_policy(name: str):
         keras.mixed_precision.set_global_policy(previous)
 
 
-def batches(
-    features,
-    labels,
-    batch: int,
-    seed: int,
-    shuffle: bool,
-    drop_remainder: bool,
-    epoch: int = 0,
-    skip: int = 0,
-) -> tf.data.Dataset:
+@dataclass(frozen=True)
+class BatchSpec:
+    """How an epoch is cut into batches: `size` rows each (all replicas together), in the order a
+    `seed` shuffles (or in row order), with or without the last, short batch."""
+
+    size: int
+    seed: int
+    shuffle: bool
+    drop_remainder: bool
+
+
+def batches(features, labels, spec: BatchSpec, epoch: int = 0, skip: int = 0) -> tf.data.Dataset:
     """One epoch of batches gathered from in-memory arrays by row index, from its `skip`-th batch on.
 
     Shuffling permutes row indices once per epoch rather than passing every row through a
@@ -78,11 +80,36 @@ def batches(
     count = len(labels)
     with tf.device("/cpu:0"):
         features, labels = tf.constant(features), tf.constant(labels)
-        order = epoch_order(count, seed, epoch) if shuffle else tf.range(count, dtype=tf.int64)
-        remaining = order[skip * batch :]
-    rows = tf.data.Dataset.from_tensor_slices(remaining).batch(batch, drop_remainder=drop_remainder)
+        order = epoch_order(count, spec.seed, epoch) if spec.shuffle else tf.range(count, dtype=tf.int64)
+        remaining = order[skip * spec.size :]
+    rows = tf.data.Dataset.from_tensor_slices(remaining).batch(spec.size, drop_remainder=spec.drop_remainder)
     gather = lambda rows: (tf.gather(features, rows), tf.gather(labels, rows))  # noqa: E731
     return rows.map(gather, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+
+
+@dataclass
+class KerasData:
+    """The splits ready to fit: `train_epoch(epoch=, skip=)` gives that epoch's batches from its
+    `skip`-th on; `steps` of them make an epoch."""
+
+    train_epoch: Callable[..., tf.data.Dataset]
+    val_data: tf.data.Dataset
+    steps: int
+
+
+def prepare_data(splits: SplitPaths, micro_batch: int, seed: int, static_shapes: bool) -> KerasData:
+    """Reads the train and validation splits; with `static_shapes` (a TPU) every validation batch is full."""
+    x, y = read_split(splits.train, splits.feature_names, splits.label_column)
+    vx, vy = read_split(splits.val, splits.feature_names, splits.label_column)
+    if len(y) < micro_batch:
+        raise ValueError(
+            f"{len(y)} training rows are fewer than one global batch ({micro_batch}); lower batch_size"
+        )
+    with tf.device("/cpu:0"):  # copied into tensors once; each epoch's `fit` gathers batches from them
+        x, y = tf.constant(x), tf.constant(y)
+    train_epoch = partial(batches, x, y, BatchSpec(micro_batch, seed, shuffle=True, drop_remainder=True))
+    val_data = batches(vx, vy, BatchSpec(micro_batch, seed, shuffle=False, drop_remainder=static_shapes))
+    return KerasData(train_epoch, val_data, steps=len(y) // micro_batch)
 
 
 def epoch_order(count: int, seed: int, epoch: int) -> tf.Tensor:
@@ -223,7 +250,7 @@ class Checkpointing(keras.callbacks.Callback):
 
 class StopOnDivergence(keras.callbacks.Callback):
     """Raises `TrainingDiverged` at the first batch whose loss is not finite. Listed before the
-    tracker (`fit_epochs`), so no checkpoint of the diverged model is saved. (Keras's own
+    tracker (`train_keras`), so no checkpoint of the diverged model is saved. (Keras's own
     TerminateOnNaN ends training quietly, and the run would be reported as a result.)"""
 
     def __init__(self, tracker: Checkpointing, learning_rate: float):
@@ -306,17 +333,49 @@ def learning_rate_schedule(config: TrainConfig, total_steps: int):
     return keras.optimizers.schedules.CosineDecay(config.learning_rate, decay_steps=total_steps)
 
 
-def fit_epochs(model: keras.Model, tracker: Checkpointing, guard: StopOnDivergence, train_epoch: Callable,
-               val_data, epochs: int, callbacks: list, log_dir: str | None) -> None:  # fmt: skip
-    """One `fit` per epoch (the `guard` before the `tracker`, so a diverged model is never saved), on that epoch's order from the batch the tracker reached. (A stream of
-    epochs under `steps_per_epoch` would let an epoch's last multi-step execution on a TPU run into
-    the next epoch; Keras's TensorBoard closes its writers after each fit, hence a fresh one.)"""
+def fit_epochs(
+    model: keras.Model,
+    tracker: Checkpointing,
+    data: KerasData,
+    epochs: int,
+    callbacks: list,
+    log_dir: str | None,
+) -> None:
+    """One `fit` per epoch, on that epoch's order from the batch the tracker reached, with `callbacks`
+    in their order (the divergence guard before the `tracker`, so a diverged model is never saved).
+    (A stream of epochs under `steps_per_epoch` would let an epoch's last multi-step execution on a
+    TPU run into the next epoch; Keras's TensorBoard closes its writers after each fit, hence a fresh one.)"""
     for epoch in range(tracker.state.epoch, epochs):
-        data = train_epoch(epoch=epoch, skip=tracker.state.step)
-        model.fit(data, validation_data=val_data, initial_epoch=epoch, epochs=epoch + 1, verbose=0,
-                  shuffle=False, callbacks=[guard, tracker, *callbacks, *board(log_dir)])  # fmt: skip
+        train = data.train_epoch(epoch=epoch, skip=tracker.state.step)
+        model.fit(train, validation_data=data.val_data, initial_epoch=epoch, epochs=epoch + 1, verbose=0,
+                  shuffle=False, callbacks=[*callbacks, *board(log_dir)])  # fmt: skip
         if model.stop_training:  # a callback ended training early
             return
+
+
+@dataclass
+class KerasRunOptions:
+    """A run's optional services. With `checkpoint_dir`, training resumes from the epoch and step
+    saved there and saves to it, handing it to `on_checkpoint` after each save. `callbacks` join
+    every `fit`; `log_dir` receives TensorBoard scalars; on the `preemption` notice the run saves
+    the step reached and raises `Preempted`. `resolver_factory` finds the TPU (tests pass their own)."""
+
+    checkpoint_dir: str | None = None
+    on_checkpoint: Callable[[str], None] | None = None
+    callbacks: list = field(default_factory=list)
+    log_dir: str | None = None
+    preemption: PreemptionNotice | None = None
+    resolver_factory: Callable | None = None
+
+
+def build_compiled(
+    config: TrainConfig, input_spec: InputSpec, kind: str, gpu_count: int, steps: int
+) -> keras.Model:
+    """The model `config.model` names, compiled for `steps` batches per epoch. Call under the
+    strategy's scope and the dtype policy."""
+    model = build(config.model, input_spec.n_features, input_spec.n_classes, "tensorflow")
+    compile_model(model, config, kind, gpu_count, total_steps=config.epochs * steps)
+    return model
 
 
 def train_keras(
@@ -324,69 +383,45 @@ def train_keras(
     splits: SplitPaths,
     artifact_path: str | None = None,
     strategy: str = "auto",
-    allow_fallback: bool = False,
     env: Environment | None = None,
-    resolver_factory: Callable | None = None,
-    checkpoint_dir: str | None = None,
-    on_checkpoint: Callable[[str], None] | None = None,
-    callbacks: list | None = None,
-    log_dir: str | None = None,
-    preemption: PreemptionNotice | None = None,
+    options: KerasRunOptions | None = None,
+    allow_fallback: bool = False,
 ) -> KerasOutcome:
     """Train the Keras model `config.model` names; `config.batch_size` is the global batch (per-replica x replicas).
 
-    With `checkpoint_dir`, training resumes from the epoch and step saved there. On the `preemption`
-    notice it saves the step reached and raises `Preempted`. The history has one record per epoch
-    across attempts; the train loss and accuracy of an epoch resumed mid-way cover only the batches
+    The history has one record per epoch across attempts (see `KerasRunOptions` for resuming and
+    preemption); the train loss and accuracy of an epoch resumed mid-way cover only the batches
     trained in this attempt.
     """
     config.validate()
+    options = options or KerasRunOptions()
     env = env or detect_environment()
-    dist_strategy, kind = select_strategy(strategy, allow_fallback, env, resolver_factory)
+    dist_strategy, kind = select_strategy(strategy, allow_fallback, env, options.resolver_factory)
     replicas = dist_strategy.num_replicas_in_sync
     micro_batch = config.micro_batch_size(replicas) * replicas  # global batch fed per step
     keras.utils.set_random_seed(config.seed)
     if kind == "default" and env.gpu_count == 0:
         tf.config.experimental.enable_op_determinism()
-
-    x, y = read_split(splits.train, splits.feature_names, splits.label_column)
-    vx, vy = read_split(splits.val, splits.feature_names, splits.label_column)
-    if len(y) < micro_batch:
-        raise ValueError(
-            f"{len(y)} training rows are fewer than one global batch ({micro_batch}); lower batch_size"
-        )
-    steps = len(y) // micro_batch
-    static_shapes = kind == "tpu"
-    with tf.device("/cpu:0"):  # copied into tensors once; each epoch's `fit` gathers batches from them
-        x, y = tf.constant(x), tf.constant(y)
-    train_epoch = partial(batches, x, y, micro_batch, config.seed, shuffle=True, drop_remainder=True)
-    val_data = batches(vx, vy, micro_batch, config.seed, shuffle=False, drop_remainder=static_shapes)
-
+    data = prepare_data(splits, micro_batch, config.seed, static_shapes=kind == "tpu")
     policy = precision_policy(kind, env.gpu_count, config.precision)
     input_spec = input_spec_for(config.model, len(splits.feature_names), splits.n_classes)
-    log.info(
-        "keras: %s, %d replicas x %d rows per step, policy %s",
-        kind,
-        replicas,
-        micro_batch // replicas,
-        policy,
-    )
+    log.info("keras: %s, %d replicas x %d rows per step, policy %s",
+             kind, replicas, micro_batch // replicas, policy)  # fmt: skip
     with dtype_policy(policy), dist_strategy.scope():
-        model = build(config.model, input_spec.n_features, input_spec.n_classes, "tensorflow")
-        compile_model(model, config, kind, env.gpu_count, total_steps=config.epochs * steps)
-        tracker = Checkpointing(checkpoint_dir, config.checkpoint_every_steps, steps, on_checkpoint,
-                                notice_to_heed(preemption, kind))  # fmt: skip
-        resumed_at = tracker.restore(model).batches_done(steps)
+        model = build_compiled(config, input_spec, kind, env.gpu_count, data.steps)
+        tracker = Checkpointing(options.checkpoint_dir, config.checkpoint_every_steps, data.steps,
+                                options.on_checkpoint, notice_to_heed(options.preemption, kind))  # fmt: skip
+        resumed_at = tracker.restore(model).batches_done(data.steps)
         start = time.perf_counter()
         clock = TrainClock()
-        every_fit = [clock, EpochLog(config.epochs), *(callbacks or [])]
         guard = StopOnDivergence(tracker, config.learning_rate)
-        fit_epochs(model, tracker, guard, train_epoch, val_data, config.epochs, every_fit, log_dir)
+        every_fit = [guard, tracker, clock, EpochLog(config.epochs), *(options.callbacks or [])]
+        fit_epochs(model, tracker, data, config.epochs, every_fit, options.log_dir)
         seconds = time.perf_counter() - start
     if artifact_path:
         save_keras_artifact(model, config.model, input_spec, artifact_path)
 
-    samples = (tracker.state.batches_done(steps) - resumed_at) * micro_batch
+    samples = (tracker.state.batches_done(data.steps) - resumed_at) * micro_batch
     run = TrainingRun(
         framework="tensorflow",
         model=config.model,
