@@ -53,9 +53,9 @@ def train_and_watch(config, splits, failing_backward: int | None) -> dict[str, A
     backwards: list[int] = []
     attempts: list[int] = []  # the micro-batch size of every attempt at an optimizer step
 
-    def accumulate(model, scaler, x, y, rows, micro, ctx, dtype):
+    def accumulate(run, rows, micro):
         attempts.append(micro)
-        return real_accumulate(model, scaler, x, y, rows, micro, ctx, dtype)
+        return real_accumulate(run, rows, micro)
 
     torch_training.build = build_with_oom_in_backward(real_build, failing_backward, backwards)
     torch_training.accumulate_gradients = accumulate

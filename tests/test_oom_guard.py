@@ -24,13 +24,13 @@ def failing_until(micro_size: int, monkeypatch) -> list[int]:
     real_accumulate = torch_training.accumulate_gradients
     attempts: list[int] = []
 
-    def accumulate(model, scaler, x, y, rows, micro, ctx, dtype):
+    def accumulate(run, rows, micro):
         attempts.append(micro)
         if micro > micro_size:
             raise torch.cuda.OutOfMemoryError(
                 f"CUDA out of memory. Tried to allocate {micro} rows (simulated)"
             )
-        return real_accumulate(model, scaler, x, y, rows, micro, ctx, dtype)
+        return real_accumulate(run, rows, micro)
 
     monkeypatch.setattr(torch_training, "accumulate_gradients", accumulate)
     return attempts

@@ -48,9 +48,9 @@ def test_trains_a_separable_problem_and_writes_the_artifact(blob_splits, tmp_pat
 def test_the_loop_follows_the_learning_rate_schedule(schedule, blob_splits, monkeypatch):
     rates, real_step = [], torch_training.optimizer_step
 
-    def recording_step(model, optimizer, *args):
-        rates.append(optimizer.param_groups[0]["lr"])
-        return real_step(model, optimizer, *args)
+    def recording_step(run, *args):
+        rates.append(run.optimizer.param_groups[0]["lr"])
+        return real_step(run, *args)
 
     monkeypatch.setattr(torch_training, "optimizer_step", recording_step)
     config = TrainConfig(epochs=2, batch_size=32, lr_schedule=schedule)

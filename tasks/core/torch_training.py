@@ -189,49 +189,6 @@ def rng_state(ctx: DistributedContext) -> dict:
     return {"cpu": torch.get_rng_state(), "cuda": cuda}
 
 
-def training_state(
-    model, optimizer, scaler, micro: MicroBatch, progress: Progress, partial, ctx
-) -> dict | None:
-    """Collective: every rank contributes its RNG state and running sums; rank 0 gets the state."""
-    ranks = gather({**rng_state(ctx), "loss_sum": partial[0], "correct": partial[1]}, ctx)
-    if ctx.rank != 0:
-        return None
-    return {
-        "model": {name: tensor.detach().cpu() for name, tensor in model.state_dict().items()},
-        "optimizer": optimizer.state_dict(),
-        "scaler": scaler.state_dict(),
-        "epoch": progress.epoch,
-        "step": progress.step,
-        "optimizer_steps": progress.optimizer_steps,
-        "micro_batch": micro.size,
-        "history": [asdict(epoch) for epoch in progress.history],
-        "world_size": ctx.world_size,
-        "ranks": ranks,
-    }
-
-
-def restore(state: dict | None, model, optimizer, scaler, micro: MicroBatch, progress: Progress, ctx) -> None:
-    if state is None:
-        return
-    if state["world_size"] != ctx.world_size:
-        raise ValueError(
-            f"the checkpoint was written by {state['world_size']} workers but {ctx.world_size} are running; "
-            "resume with the same number of workers"
-        )
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    scaler.load_state_dict(state["scaler"])
-    micro.size = state["micro_batch"]
-    mine = state["ranks"][ctx.rank]
-    torch.set_rng_state(mine["cpu"])
-    if ctx.device.type == "cuda" and mine["cuda"].numel():
-        torch.cuda.set_rng_state(mine["cuda"], ctx.device)
-    progress.epoch, progress.step = state["epoch"], state["step"]
-    progress.loss_sum, progress.correct = mine["loss_sum"], mine["correct"]
-    progress.optimizer_steps = state["optimizer_steps"]
-    progress.history = [EpochMetrics(**epoch) for epoch in state["history"]]
-
-
 class MicroBatch:
     """The micro-batch size, halved on CUDA out-of-memory while the effective batch stays fixed.
 
@@ -370,17 +327,18 @@ def no_forward_buffer_sync() -> dict:
     return {"broadcast_buffers": False}
 
 
-def accumulate_gradients(model, scaler, x, y, rows, micro: int, ctx, dtype) -> Totals:
+def accumulate_gradients(run: LoopState, rows: torch.Tensor, micro: int) -> Totals:
     """Forward and backward over `rows` in micro-batches of `micro`, gradients summed on this rank.
 
     Under DDP no backward communicates (`no_sync`): a rank that runs out of memory mid-step would
     leave the bucket all-reduces it had started unmatched on its peers.
     """
+    model, x, y, dtype = run.ddp_model, run.x, run.y, run.dtype
     chunks = rows.split(micro)
     totals = Totals(x.device)
     # Per-step Python and small-op overhead shows on fast devices: no autocast context or loss
     # rescaling unless they do something.
-    autocast = torch.autocast(ctx.device.type, dtype=dtype) if dtype is not None else nullcontext()
+    autocast = torch.autocast(run.ctx.device.type, dtype=dtype) if dtype is not None else nullcontext()
     local = model.no_sync() if isinstance(model, DistributedDataParallel) else nullcontext()
     with local:
         for chunk in chunks:
@@ -388,33 +346,34 @@ def accumulate_gradients(model, scaler, x, y, rows, micro: int, ctx, dtype) -> T
                 logits = model(x[chunk])
                 loss = F.cross_entropy(logits.float(), y[chunk])
             share = loss if len(chunks) == 1 else loss * (len(chunk) / len(rows))
-            scaler.scale(share).backward()
+            run.scaler.scale(share).backward()
             totals.add(loss.detach() * len(chunk), logits, y[chunk])
     return totals
 
 
-def optimizer_step(model, optimizer, scaler, x, y, rows, micro: int, ctx, dtype, watch: LossWatch) -> Totals:
-    """One optimizer step over `rows`, in micro-batches of `micro`; returns its loss and accuracy
-    sums as device tensors (no host sync per step).
+def optimizer_step(run: LoopState, rows: torch.Tensor) -> Totals:
+    """One optimizer step over `rows`, in micro-batches of `run.micro.size`; returns its loss and
+    accuracy sums as device tensors (no host sync per step).
 
     Every rank votes on whether any of them ran out of memory (and, in the same vote, whether the
     previous step's loss was finite: `LossWatch`). If one did, every rank drops the step (gradients
     zeroed) and raises `StepOutOfMemory`, so that all retry it together; otherwise the gradients are
     averaged over the ranks and the optimizer steps.
     """
+    ctx, optimizer, scaler = run.ctx, run.optimizer, run.scaler
     error = None
     try:
-        totals = accumulate_gradients(model, scaler, x, y, rows, micro, ctx, dtype)
+        totals = accumulate_gradients(run, rows, run.micro.size)
     except torch.OutOfMemoryError as caught:
         # Kept without its traceback, whose frames hold the failed attempt's activations.
         error = caught.with_traceback(None)
-    if watch.vote(error is not None, ctx):
+    if run.watch.vote(error is not None, ctx):
         zero_gradients(optimizer, ctx)
         if ctx.device.type == "cuda":
             torch.cuda.empty_cache()
         raise StepOutOfMemory(error)
     if ctx.is_distributed:
-        average_gradients(model, ctx.world_size)
+        average_gradients(run.ddp_model, ctx.world_size)
     scaler.step(optimizer)
     scaler.update()
     zero_gradients(optimizer, ctx)
@@ -467,54 +426,187 @@ def share_rank0_buffers(model: nn.Module, ctx: DistributedContext) -> None:
             dist.broadcast(buffer, src=0)
 
 
-def step_with_oom_guard(
-    model, optimizer, scaler, x, y, rows, micro: MicroBatch, ctx, dtype, step: int, watch: LossWatch
-) -> Totals:
-    """The optimizer step, retried with half the micro-batch on every rank while any runs out of memory."""
-    while True:
-        try:
-            return optimizer_step(model, optimizer, scaler, x, y, rows, micro.size, ctx, dtype, watch)
-        except StepOutOfMemory as dropped:
-            micro.halve(dropped.error, step, len(rows))
+@dataclass
+class LoopState:
+    """What the training loop needs, in one place: the model, its optimizer and precision, this
+    rank's training shard, where the run is, and the votes that every step takes part in.
 
-
-def train_epoch(
-    model,
-    optimizer,
-    scaler,
-    x,
-    y,
-    config: TrainConfig,
-    ctx,
-    dtype,
-    epoch: int,
-    micro: MicroBatch,
-    progress,
-    on_step,
-    watch: LossWatch,
-):
-    """One pass over this rank's shard, from `progress.step` on (non-zero when resuming mid-epoch).
-
-    Returns global (mean loss, accuracy, samples) for the whole epoch.
+    `step` is one optimizer step behind the collective out-of-memory guard, `train_epoch` one pass
+    over the shard, and `state_dict` / `load_state_dict` the checkpoint, built and restored side by side.
     """
-    model.train()
-    per_step = config.micro_batch_size(ctx.world_size) * config.grad_accum_steps
-    steps = len(y) // per_step
-    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(config.seed * 1_000 + epoch))
-    order = order.to(x.device)
-    totals = Totals(x.device, progress.loss_sum, progress.correct)
-    for step in range(progress.step, steps):
-        rows = order[step * per_step : (step + 1) * per_step]
-        for group in optimizer.param_groups:
-            group["lr"] = config.learning_rate_at(epoch * steps + step, config.epochs * steps)
-        done = step_with_oom_guard(model, optimizer, scaler, x, y, rows, micro, ctx, dtype, step, watch)
-        watch.record(epoch, step, done, len(rows))
-        totals.add_totals(done)
-        progress.step, progress.optimizer_steps = step + 1, progress.optimizer_steps + 1
-        on_step(epoch, steps, totals)
-    watch.vote(False, ctx)  # the epoch's last step, before anything reads or saves its result
-    loss_total, correct_total, seen = totals.all_reduced(steps * per_step, ctx)
-    return loss_total / seen, correct_total / seen, seen
+
+    config: TrainConfig
+    ctx: DistributedContext
+    model: nn.Module  # what is saved: the module itself, never its DDP wrapper
+    ddp_model: nn.Module  # what trains: the DDP wrapper under several ranks, else `model`
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    dtype: torch.dtype | None  # autocast dtype; None for full float32
+    micro: MicroBatch
+    x: torch.Tensor  # this rank's training shard, on the device
+    y: torch.Tensor
+    watch: LossWatch
+    reporter: ProgressReporter
+    checkpoint: TrainingCheckpoint | None = None
+    stop: StopVote | None = None
+    progress: Progress = field(default_factory=Progress)
+
+    @classmethod
+    def start(cls, config, ctx, model, shard, checkpoint, preemption) -> LoopState:
+        """A fresh run of `model` on `shard` (x, y), resumed from `checkpoint`'s saved state, if any."""
+        micro = config.micro_batch_size(ctx.world_size)
+        ddp_model = wrap_in_ddp(model) if ctx.is_distributed else model
+        optimizer = build_optimizer(model, config, ctx.device)
+        dtype = autocast_dtype(ctx.device, config.precision)
+        run = cls(
+            config, ctx, model, ddp_model, optimizer,
+            scaler=torch.amp.GradScaler(ctx.device.type, enabled=dtype == torch.float16),
+            dtype=dtype,
+            micro=MicroBatch(micro, minimum=min(micro, config.min_micro_batch_size)),
+            x=shard[0], y=shard[1],
+            watch=LossWatch(config.learning_rate),
+            reporter=ProgressReporter(config.epochs, enabled=ctx.rank == 0),
+            checkpoint=checkpoint,
+            stop=StopVote(preemption, ctx) if preemption is not None else None,
+        )  # fmt: skip
+        if checkpoint is not None:
+            run.load_state_dict(checkpoint.load())
+        return run
+
+    def step(self, rows: torch.Tensor, step: int) -> Totals:
+        """The optimizer step, retried with half the micro-batch on every rank while any runs out of memory."""
+        while True:
+            try:
+                return optimizer_step(self, rows)
+            except StepOutOfMemory as dropped:
+                self.micro.halve(dropped.error, step, len(rows))
+
+    def train_epoch(self, epoch: int) -> tuple[float, float, int]:
+        """One pass over this rank's shard, from `progress.step` on (non-zero when resuming mid-epoch).
+
+        Returns global (mean loss, accuracy, samples) for the whole epoch.
+        """
+        config, ctx, progress = self.config, self.ctx, self.progress
+        self.ddp_model.train()
+        per_step = config.micro_batch_size(ctx.world_size) * config.grad_accum_steps
+        steps = len(self.y) // per_step
+        order = torch.randperm(
+            len(self.y), generator=torch.Generator().manual_seed(config.seed * 1_000 + epoch)
+        )
+        order = order.to(self.x.device)
+        totals = Totals(self.x.device, progress.loss_sum, progress.correct)
+        mean_loss = lambda: totals.loss_sum.item() / (progress.step * per_step)  # noqa: E731
+        for step in range(progress.step, steps):
+            rows = order[step * per_step : (step + 1) * per_step]
+            for group in self.optimizer.param_groups:
+                group["lr"] = config.learning_rate_at(epoch * steps + step, config.epochs * steps)
+            done = self.step(rows, step)
+            self.watch.record(epoch, step, done, len(rows))
+            totals.add_totals(done)
+            progress.step, progress.optimizer_steps = step + 1, progress.optimizer_steps + 1
+            self.reporter.step(epoch, progress.step, steps, mean_loss)
+            if self.stop is not None and self.stop.stop_now():
+                self.stop_on_notice(totals)
+            if self.checkpoint is not None and self.checkpoint.due(progress.step):
+                self.save(totals)
+        self.watch.vote(False, ctx)  # the epoch's last step, before anything reads or saves its result
+        loss_total, correct_total, seen = totals.all_reduced(steps * per_step, ctx)
+        return loss_total / seen, correct_total / seen, seen
+
+    def stop_on_notice(self, totals: Totals) -> None:
+        """Every rank saves the step just done (with a checkpoint) and raises the notice's `Preempted`."""
+        if self.checkpoint is not None:
+            self.save(totals)
+        else:
+            log.warning("preemption notice without a checkpoint: the steps done so far are lost")
+        self.stop.close()
+        raise self.stop.notice.stopped(self.progress.epoch, self.progress.step)
+
+    def save(self, totals: Totals | None = None) -> None:
+        """Collective: rank 0 saves the checkpoint; `totals` are the running sums of an unfinished epoch."""
+        self.watch.vote(False, self.ctx)  # never a checkpoint of a diverged model
+        state = self.state_dict(totals)
+        if state is not None:
+            self.checkpoint.save(state)
+
+    def state_dict(self, totals: Totals | None = None) -> dict | None:
+        """Collective: every rank contributes its RNG state and running sums; rank 0 gets the state."""
+        ctx, progress = self.ctx, self.progress
+        loss_sum, correct = (
+            (totals.loss_sum.item(), totals.correct.item()) if totals is not None else (0.0, 0)
+        )
+        ranks = gather({**rng_state(ctx), "loss_sum": loss_sum, "correct": correct}, ctx)
+        if ctx.rank != 0:
+            return None
+        return {
+            "model": {name: tensor.detach().cpu() for name, tensor in self.model.state_dict().items()},
+            "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "epoch": progress.epoch,
+            "step": progress.step,
+            "optimizer_steps": progress.optimizer_steps,
+            "micro_batch": self.micro.size,
+            "history": [asdict(epoch) for epoch in progress.history],
+            "world_size": ctx.world_size,
+            "ranks": ranks,
+        }
+
+    def load_state_dict(self, state: dict | None) -> None:
+        """What `state_dict` saved, back in place on this rank; nothing when `state` is None."""
+        if state is None:
+            return
+        ctx, progress = self.ctx, self.progress
+        if state["world_size"] != ctx.world_size:
+            raise ValueError(
+                f"the checkpoint was written by {state['world_size']} workers but {ctx.world_size} are running; "
+                "resume with the same number of workers"
+            )
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scaler.load_state_dict(state["scaler"])
+        self.micro.size = state["micro_batch"]
+        mine = state["ranks"][ctx.rank]
+        torch.set_rng_state(mine["cpu"])
+        if ctx.device.type == "cuda" and mine["cuda"].numel():
+            torch.cuda.set_rng_state(mine["cuda"], ctx.device)
+        progress.epoch, progress.step = state["epoch"], state["step"]
+        progress.loss_sum, progress.correct = mine["loss_sum"], mine["correct"]
+        progress.optimizer_steps = state["optimizer_steps"]
+        progress.history = [EpochMetrics(**epoch) for epoch in state["history"]]
+
+    def close(self) -> None:
+        if self.stop is not None:
+            self.stop.close()
+
+    def outcome(self, shard_rows, samples: int, training_seconds: float, seconds: float) -> TrainOutcome:
+        """What this rank returns: the run's record and where the micro-batch ended."""
+        config, ctx, dtype = self.config, self.ctx, self.dtype
+        run = TrainingRun(
+            framework="pytorch",
+            model=config.model,
+            device=describe_device(ctx.device),
+            world_size=ctx.world_size,
+            backend=ctx.backend,
+            precision=str(dtype).removeprefix("torch.") if dtype else "float32",
+            strategy="DDP" if ctx.world_size > 1 else "single-process",
+            history=self.progress.history,
+            samples_per_second=samples / training_seconds if training_seconds > 0 else 0.0,
+            train_seconds=seconds,
+            peak_device_memory_bytes=torch.cuda.max_memory_allocated(ctx.device)
+            if ctx.device.type == "cuda"
+            else 0,
+        )
+        return TrainOutcome(
+            run=run,
+            rank=ctx.rank,
+            shard_rows=np.asarray(shard_rows).tolist(),
+            optimizer_steps=self.progress.optimizer_steps,
+            micro_batch_size=self.micro.size,
+            grad_accum_steps=-(
+                -config.micro_batch_size(ctx.world_size) * config.grad_accum_steps // self.micro.size
+            ),
+            model=self.model,
+        )
 
 
 def load_shards(splits: SplitPaths, ctx: DistributedContext):
@@ -603,75 +695,33 @@ def train(
     if ctx.device.type == "cpu":
         torch.use_deterministic_algorithms(True)
     x, y, vx, vy, shard_rows, model = agreed_set_up(lambda: set_up(config, splits, ctx), ctx)
-    micro = config.micro_batch_size(ctx.world_size)
-    n_features = len(splits.feature_names)
-    ddp_model = wrap_in_ddp(model) if ctx.is_distributed else model
-    optimizer = build_optimizer(model, config, ctx.device)
-    dtype = autocast_dtype(ctx.device, config.precision)
-    scaler = torch.amp.GradScaler(ctx.device.type, enabled=dtype == torch.float16)
-
-    micro_batch = MicroBatch(micro, minimum=min(micro, config.min_micro_batch_size))
-    progress = Progress()
-    if checkpoint is not None:
-        restore(checkpoint.load(), model, optimizer, scaler, micro_batch, progress, ctx)
-
-    watch = LossWatch(config.learning_rate)
-
-    def save(totals: Totals | None = None) -> None:
-        watch.vote(False, ctx)  # never a checkpoint of a diverged model
-        partial = (totals.loss_sum.item(), totals.correct.item()) if totals is not None else (0.0, 0)
-        state = training_state(model, optimizer, scaler, micro_batch, progress, partial, ctx)
-        if state is not None:
-            checkpoint.save(state)
-
-    per_step = micro * config.grad_accum_steps
-    reporter = ProgressReporter(config.epochs, enabled=ctx.rank == 0)
+    run = LoopState.start(config, ctx, model, (x, y), checkpoint, preemption)
+    progress, eval_batch = run.progress, max(config.micro_batch_size(ctx.world_size), 1024)
     board = event_writer(log_dir) if log_dir and ctx.rank == 0 else None
-
-    vote = StopVote(preemption, ctx) if preemption is not None else None
-
-    def on_step(epoch, steps, totals: Totals) -> None:
-        reporter.step(
-            epoch, progress.step, steps, lambda: totals.loss_sum.item() / (progress.step * per_step)
-        )
-        if vote is not None and vote.stop_now():
-            stop_on_notice(totals)
-        if checkpoint is not None and checkpoint.due(progress.step):
-            save(totals)
-
-    def stop_on_notice(totals: Totals) -> None:
-        if checkpoint is not None:
-            save(totals)
-        else:
-            log.warning("preemption notice without a checkpoint: the steps done so far are lost")
-        vote.close()
-        raise preemption.stopped(progress.epoch, progress.step)
 
     if ctx.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(ctx.device)
     samples, training_seconds, start = 0, 0.0, time.perf_counter()
     for epoch in range(progress.epoch, config.epochs):
         epoch_start = time.perf_counter()
-        train_loss, train_acc, seen = train_epoch(ddp_model, optimizer, scaler, x, y, config, ctx, dtype,
-                                                  epoch, micro_batch, progress, on_step, watch)  # fmt: skip
+        train_loss, train_acc, seen = run.train_epoch(epoch)
         training_seconds += time.perf_counter() - epoch_start  # the loop alone: no validation, no saving
         share_rank0_buffers(model, ctx)
-        val_loss, val_acc = evaluate_shard(ddp_model, vx, vy, ctx, dtype, batch=max(micro, 1024))
+        val_loss, val_acc = evaluate_shard(run.ddp_model, vx, vy, ctx, run.dtype, batch=eval_batch)
         samples += seen
         progress.history.append(EpochMetrics(epoch + 1, train_loss, train_acc, val_loss, val_acc))
-        reporter.epoch_end()
+        run.reporter.epoch_end()
         if board is not None:
             write_epoch_scalars(board, progress.history[-1], samples / max(training_seconds, 1e-9))
         progress.next_epoch()
         if checkpoint is not None:
-            save()
+            run.save()
         if ctx.rank == 0:
             log.info(
                 "epoch %d/%d train_loss=%.4f train_acc=%.4f val_loss=%.4f val_acc=%.4f",
                 epoch + 1, config.epochs, train_loss, train_acc, val_loss, val_acc,
             )  # fmt: skip
-    if vote is not None:
-        vote.close()
+    run.close()
     if ctx.device.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
@@ -679,32 +729,9 @@ def train(
         board.close()
 
     if ctx.rank == 0 and artifact_path:
-        save_torch_artifact(model, config.model, input_spec_for(config.model, n_features, splits.n_classes),
-                            artifact_path)  # fmt: skip
-    run = TrainingRun(
-        framework="pytorch",
-        model=config.model,
-        device=describe_device(ctx.device),
-        world_size=ctx.world_size,
-        backend=ctx.backend,
-        precision=str(dtype).removeprefix("torch.") if dtype else "float32",
-        strategy="DDP" if ctx.world_size > 1 else "single-process",
-        history=progress.history,
-        samples_per_second=samples / training_seconds if training_seconds > 0 else 0.0,
-        train_seconds=seconds,
-        peak_device_memory_bytes=torch.cuda.max_memory_allocated(ctx.device)
-        if ctx.device.type == "cuda"
-        else 0,
-    )
-    return TrainOutcome(
-        run=run,
-        rank=ctx.rank,
-        shard_rows=np.asarray(shard_rows).tolist(),
-        optimizer_steps=progress.optimizer_steps,
-        micro_batch_size=micro_batch.size,
-        grad_accum_steps=-(-micro * config.grad_accum_steps // micro_batch.size),
-        model=model,
-    )
+        spec = input_spec_for(config.model, len(splits.feature_names), splits.n_classes)
+        save_torch_artifact(model, config.model, spec, artifact_path)
+    return run.outcome(shard_rows, samples, training_seconds, seconds)
 
 
 def write_epoch_scalars(board, epoch: EpochMetrics, samples_per_second: float) -> None:
