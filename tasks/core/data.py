@@ -88,7 +88,8 @@ def standardise(raw: np.ndarray, scaler: ScalerStats) -> np.ndarray:
     prepared splits and the bundle's loader give the model bit-identical rows."""
     scaled = raw - np.asarray(scaler.mean, dtype=np.float64)
     scaled /= np.asarray(scaler.scale, dtype=np.float64)
-    return scaled.astype(np.float32)
+    with np.errstate(over="ignore"):  # a value beyond float32 becomes inf: check_standardised names it
+        return scaled.astype(np.float32)
 
 
 @dataclass
