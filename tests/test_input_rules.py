@@ -19,8 +19,8 @@ import tasks.literal_types  # noqa: F401 - the transformer that decodes TrainCon
 from tasks.core.compare import RunSummary, compare_runs
 from tasks.core.config import INT_RANGES, Hardware, TrainConfig, TrainingRun
 from tasks.core.models import ModelSpec, mlp_options
+from tasks.core.partition import partition_uri
 from tasks.core.validation import InputError, hyperparameter_problems, parse_hyperparameters
-from tasks.schedule import fill_template
 
 INF, NAN = float("inf"), float("nan")
 
@@ -208,7 +208,7 @@ TEMPLATE_CASES = {
 def test_a_template_that_cannot_be_filled_is_refused_naming_it_and_the_placeholders(case):
     template, cause = TEMPLATE_CASES[case]
     with pytest.raises(ValueError) as error:
-        fill_template(template, datetime(2026, 11, 22))
+        partition_uri(template, datetime(2026, 11, 22))
     message = str(error.value)
     assert f"input 'dataset_template' = '{template}' cannot be filled" in message and cause in message, (
         message
@@ -217,7 +217,7 @@ def test_a_template_that_cannot_be_filled_is_refused_naming_it_and_the_placehold
 
 
 def test_a_template_with_escaped_braces_and_a_date_format_fills():
-    filled = fill_template("s3://b/{{raw}}/{kickoff_time:%Y/%m}/{yesterday}", datetime(2026, 11, 22))
+    filled = partition_uri("s3://b/{{raw}}/{kickoff_time:%Y/%m}/{yesterday}", datetime(2026, 11, 22))
     assert filled == "s3://b/{raw}/2026/11/2026-11-21"
 
 
