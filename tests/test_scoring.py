@@ -18,7 +18,7 @@ import pytest
 
 from tasks.core.bundle import BundleError, load_bundle
 from tasks.core.data import DatasetError
-from tasks.core.metrics import classification_metrics
+from tasks.core.metrics import classification_metrics, metrics_from_confusion
 from tasks.core.planner import CatalogEntry
 from tasks.core.publish import publish_bundle
 from tasks.core.scoring import (
@@ -28,7 +28,6 @@ from tasks.core.scoring import (
     ScoringPlan,
     choose_hardware,
     label_key,
-    metrics_from_confusion,
     probability_columns,
     score_dataset,
 )

@@ -30,21 +30,34 @@ def classification_metrics(
     y_true: np.ndarray, y_pred: np.ndarray, class_labels: list[str]
 ) -> ClassificationMetrics:
     # Imported here: the result types travel to DDP workers, which never compute metrics.
-    from sklearn.metrics import accuracy_score, confusion_matrix, f1_score, precision_recall_fscore_support
+    from sklearn.metrics import confusion_matrix
 
     codes = list(range(len(class_labels)))
-    precision, recall, f1, support = precision_recall_fscore_support(
-        y_true, y_pred, labels=codes, zero_division=0
-    )
-    predicted = np.bincount(y_pred, minlength=len(codes))
+    return metrics_from_confusion(confusion_matrix(y_true, y_pred, labels=codes), class_labels)
+
+
+def metrics_from_confusion(confusion: np.ndarray, class_labels: list[str]) -> ClassificationMetrics:
+    """The metrics from the confusion counts (true class by row, predicted by column): what a streamed
+    scoring sums piece by piece, each (true, predicted) pair weighted by its count."""
+    from sklearn.metrics import f1_score, precision_recall_fscore_support
+
+    codes = list(range(len(class_labels)))
+    truth, predicted = (axis.ravel() for axis in np.indices(confusion.shape))
+    weights = confusion.ravel()
+    kept = weights > 0
+    pairs = dict(y_true=truth[kept], y_pred=predicted[kept], labels=codes, sample_weight=weights[kept])
+    precision, recall, f1, support = precision_recall_fscore_support(**pairs, zero_division=0)
     per_class = [
         ClassMetrics(label, float(p), float(r), float(f), int(s), int(n))
-        for label, p, r, f, s, n in zip(class_labels, precision, recall, f1, support, predicted, strict=True)
+        for label, p, r, f, s, n in zip(
+            class_labels, precision, recall, f1, support, confusion.sum(axis=0), strict=True
+        )
     ]
+    total = int(confusion.sum())
     return ClassificationMetrics(
-        accuracy=float(accuracy_score(y_true, y_pred)),
-        macro_f1=float(f1_score(y_true, y_pred, labels=codes, average="macro", zero_division=0)),
-        confusion_matrix=confusion_matrix(y_true, y_pred, labels=codes).tolist(),
+        accuracy=float(np.trace(confusion) / total),
+        macro_f1=float(f1_score(**pairs, average="macro", zero_division=0)),
+        confusion_matrix=confusion.tolist(),
         per_class=per_class,
-        n_test=len(y_true),
+        n_test=total,
     )

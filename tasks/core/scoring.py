@@ -39,7 +39,7 @@ from tasks.core.data import (
     remote_errors,
 )
 from tasks.core.messages import preview, shorten
-from tasks.core.metrics import ClassificationMetrics, ClassMetrics
+from tasks.core.metrics import ClassificationMetrics, metrics_from_confusion
 from tasks.core.planner import CatalogEntry
 from tasks.core.publish import join, resolve_bundle
 
@@ -450,33 +450,6 @@ def score_piece(job: ScoringJob, piece: ScoringPiece, bundle: Bundle | None = No
 
 
 # ---- the report -----------------------------------------------------------------------------------------
-
-
-def metrics_from_confusion(confusion: np.ndarray, class_labels: list[str]) -> ClassificationMetrics:
-    """The metrics `classification_metrics` reports, from summed counts instead of every row: each
-    (true, predicted) pair weighted by its count."""
-    from sklearn.metrics import f1_score, precision_recall_fscore_support
-
-    codes = list(range(len(class_labels)))
-    truth, predicted = (axis.ravel() for axis in np.indices(confusion.shape))
-    weights = confusion.ravel()
-    kept = weights > 0
-    pairs = dict(y_true=truth[kept], y_pred=predicted[kept], labels=codes, sample_weight=weights[kept])
-    precision, recall, f1, support = precision_recall_fscore_support(**pairs, zero_division=0)
-    per_class = [
-        ClassMetrics(label, float(p), float(r), float(f), int(s), int(n))
-        for label, p, r, f, s, n in zip(
-            class_labels, precision, recall, f1, support, confusion.sum(axis=0), strict=True
-        )
-    ]
-    total = int(confusion.sum())
-    return ClassificationMetrics(
-        accuracy=float(np.trace(confusion) / total),
-        macro_f1=float(f1_score(**pairs, average="macro", zero_division=0)),
-        confusion_matrix=confusion.tolist(),
-        per_class=per_class,
-        n_test=total,
-    )
 
 
 def summarise(
