@@ -17,6 +17,8 @@ from flytekit import Deck, FlyteContextManager, dynamic, map_task, task
 from flytekit.types.structured import StructuredDataset
 
 import tasks.literal_types  # noqa: F401 - each boundary dataclass's Flyte type built once, before the tasks below
+from tasks.core.accelerators import on_flyte_cluster
+from tasks.core.cuda_check import require_cuda
 from tasks.core.scoring import (
     HardwareChoice,
     PieceResult,
@@ -32,6 +34,7 @@ from tasks.core.scoring import (
     score_piece,
     summarise,
 )
+from tasks.core.tf_strategy import require_gpus
 from tasks.decks import DECKS
 from tasks.hardware import (
     DEFAULT_PRICES_PER_HOUR,
@@ -63,6 +66,9 @@ GPU_PIECE = {
     "limits": gpu_option_resources(DEFAULT_GPU),
     "accelerator": accelerator_for(DEFAULT_GPU),
 }
+# On a cluster a GPU piece scores on its GPU or fails naming it, never on the host CPU
+# (tasks/core/accelerators.py); the planner's overrides may put it on another GPU than this one.
+DECLARED_GPU = f"1 x {DEFAULT_GPU.device} GPU (its pod requests nvidia.com/gpu)"
 
 
 @task(container_image=ML_CPU_IMAGE, **guaranteed(PREPROCESS_CPU), **PIECE_ATTEMPTS)
@@ -74,12 +80,16 @@ def score_piece_cpu(job: ScoringJob, piece: ScoringPiece) -> PieceResult:
 @task(container_image=TORCH_GPU_IMAGE, **GPU_PIECE, **PIECE_ATTEMPTS)
 def score_piece_torch_gpu(job: ScoringJob, piece: ScoringPiece) -> PieceResult:
     setup_logging()
+    if on_flyte_cluster():
+        require_cuda(DECLARED_GPU, 1)
     return score_piece(job, piece, gpu_bundle(job.model))
 
 
 @task(container_image=TF_GPU_IMAGE, **GPU_PIECE, **PIECE_ATTEMPTS)
 def score_piece_tf_gpu(job: ScoringJob, piece: ScoringPiece) -> PieceResult:
     setup_logging()
+    if on_flyte_cluster():
+        require_gpus(DECLARED_GPU, 1)
     return score_piece(job, piece)
 
 

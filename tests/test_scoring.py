@@ -346,3 +346,15 @@ def test_the_scorer_runs_where_flytekit_cannot_be_imported(bundle_folder, users_
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split()[-1] == str(sum(PART_ROWS))
+
+
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
+def test_a_gpu_piece_on_a_cluster_node_without_its_gpu_refuses_naming_it(framework, monkeypatch):
+    """As the training tasks do: never score on the host CPU where a GPU was declared."""
+    from tasks.core.accelerators import AcceleratorUnavailable
+    from tasks.score import DEFAULT_GPU, GPU_PIECE_TASKS
+
+    monkeypatch.setenv("FLYTE_INTERNAL_EXECUTION_ID", "f00ba4")
+    job = ScoringJob("no-bundle-read", "no-data-read", "", "", "out")
+    with pytest.raises(AcceleratorUnavailable, match=f"declared 1 x {DEFAULT_GPU.device} GPU"):
+        GPU_PIECE_TASKS[framework].execute(job=job, piece=ScoringPiece(0, "part-0"))
