@@ -183,7 +183,7 @@ def preprocessing(work: Path, sizes: tuple[int, int]) -> list[Figure]:
 def training_loops(work: Path, rows: int, epochs: int, rounds: int) -> list[Figure]:
     data = write_table(str(work / "loop.parquet"), rows, FEATURES)
     prepared = prepare_dataset(data, "label", str(work / "loop-prepared"), SplitConfig(seed=0))
-    splits = SplitPaths(prepared.paths["train"], prepared.paths["val"], prepared.feature_names, "label", 10)
+    splits = prepared.split_paths()
     config = TrainConfig(epochs=epochs, batch_size=BATCH, model=mlp_spec([256, 128], 0.1))
     os.environ.pop("WORLD_SIZE", None)
     torch_rates = alternating_best_rates(

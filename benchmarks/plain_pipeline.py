@@ -37,8 +37,8 @@ def main(data: str, workdir: str, epochs: str, batch: str) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     CLOCK.mark("start-up")
     prepared = prepare_dataset(data, "label", str(Path(workdir) / "prepared"), SplitConfig(seed=0))
-    splits = SplitPaths(prepared.paths["train"], prepared.paths["val"], prepared.feature_names, "label",
-                        len(prepared.class_labels))  # fmt: skip
+    splits = SplitPaths(prepared.paths["train"], prepared.paths["val"], prepared.table.feature_names, "label",
+                        len(prepared.table.class_labels))  # fmt: skip
     artifact = str(Path(workdir) / "model.pt")
     CLOCK.mark("preprocess")
     local_workers(train_worker, "plain")(
@@ -50,14 +50,14 @@ def main(data: str, workdir: str, epochs: str, batch: str) -> None:
     write_bundle(folder, artifact, plain_record(prepared))
     test = pq.read_table(prepared.paths["test"])
     predicted = load_bundle(folder).predict_codes(test)
-    metrics = classification_metrics(test.column("label").to_numpy(), predicted, prepared.class_labels)
+    metrics = classification_metrics(test.column("label").to_numpy(), predicted, prepared.table.class_labels)
     CLOCK.mark("evaluate")
     print(json.dumps({"accuracy": metrics.accuracy, "phases": CLOCK.seconds}))
 
 
 def plain_record(prepared) -> BundleRecord:
     run = TrainingRun("pytorch", "cpu", 2, "gloo", "float32", "DDP", [], 0.0, 0.0)
-    return BundleRecord.of(prepared, run, Hardware("cpu", 2), data_fingerprint="")
+    return BundleRecord.of(prepared.table, run, Hardware("cpu", 2), data_fingerprint="")
 
 
 if __name__ == "__main__":

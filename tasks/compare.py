@@ -5,8 +5,9 @@ from __future__ import annotations
 from flytekit import task
 
 from tasks.core.compare import HardwareComparison, RunSummary, compare_runs
+from tasks.core.validation import price_problems, raise_for
 from tasks.decks import DECKS, comparison_deck
-from tasks.hardware import CPU_IMAGE, EVALUATE_CPU, guaranteed
+from tasks.hardware import CPU_IMAGE, SMALL_CPU, guaranteed
 from tasks.types import EvaluationReport
 
 
@@ -14,9 +15,16 @@ def summarise(name: str, report: EvaluationReport) -> RunSummary:
     return RunSummary(name, report.training, report.billed, report.metrics.accuracy, report.metrics.macro_f1)
 
 
+@task(container_image=CPU_IMAGE, **guaranteed(SMALL_CPU))
+def check_prices(prices: dict[str, float]) -> None:
+    """The comparison's prices, checked first: the comparison prepares its data only once they pass,
+    so a bad price fails before any accelerator is requested."""
+    raise_for(price_problems(prices))
+
+
 @task(
     container_image=CPU_IMAGE,
-    **guaranteed(EVALUATE_CPU),
+    **guaranteed(SMALL_CPU),
     **DECKS,
 )
 def compare(gpu: EvaluationReport, tpu: EvaluationReport, prices: dict[str, float]) -> HardwareComparison:

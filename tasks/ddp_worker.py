@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from flytekit import current_context
-from flytekit.exceptions.user import FlyteRecoverableException
 from flytekit.types.directory import FlyteDirectory
 from flytekit.types.file import FlyteFile
 
@@ -22,6 +21,7 @@ from tasks.checkpointing import flyte_checkpoint
 from tasks.core.config import Hardware, TrainConfig
 from tasks.core.preemption import Preempted, PreemptionNotice
 from tasks.logs import setup_logging
+from tasks.preemption_exit import preempted_worker_error
 from tasks.types import PreparedData, TrainedModel
 
 if TYPE_CHECKING:
@@ -64,8 +64,7 @@ def train_with_ddp(
         with PreemptionNotice(profile.attempts.preemption_grace_s) as notice:
             outcome = train(config, splits, str(artifact), checkpoint, str(board), preemption=notice)
     except Preempted as stopped:
-        # Reached when the signal came to the workers directly rather than through the agent.
-        raise FlyteRecoverableException(str(stopped)) from stopped
+        raise preempted_worker_error(stopped) from stopped
     except SetUpFailed as failed:
         log.error("%s", failed)
         return SetUpRefused(str(failed))
@@ -80,6 +79,6 @@ def train_with_ddp(
     return TrainedModel(
         artifact=FlyteFile(str(artifact)),
         run=run,
-        declared=Hardware("cpu" if on_cpu else profile.device, run.world_size),
+        declared=Hardware("cpu", run.world_size) if on_cpu else profile.declared(run.world_size),
         tensorboard=FlyteDirectory(str(board)) if outcome.rank == 0 else None,
     )

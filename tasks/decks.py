@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import html
 import math
+from typing import TYPE_CHECKING
 
 from flytekit import Deck
 from flytekit.deck import DeckField
 
 from tasks.core import plots
+
+if TYPE_CHECKING:
+    from tasks.core.data import PreparedTable
 
 # flytekit's default Decks without "Dependencies": that one runs `pip list` and `pip freeze` in
 # subprocesses for every task (about a second each), and the images pin every package anyway.
@@ -41,13 +45,13 @@ def figure(svg: str, name: str) -> str:
     return f'<figure class="chart" data-chart="{name}">{svg}</figure>'
 
 
-def dataset_profile_deck(prepared, source: str) -> None:
-    features = prepared.feature_names
+def dataset_profile_deck(prepared: PreparedTable) -> None:
+    features, scaler = prepared.feature_names, prepared.scaler
     shown = features[:20]
     content = section(
         "Dataset",
         table(["source", "rows", "features", "classes"],
-              [[source, sum(prepared.rows.values()), len(features), len(prepared.class_labels)]]),
+              [[prepared.source, sum(prepared.rows.values()), len(features), len(prepared.class_labels)]]),
         table(["split", "rows"], [[name, rows] for name, rows in prepared.rows.items()]),
     ) + section(
         "Class balance",
@@ -55,10 +59,10 @@ def dataset_profile_deck(prepared, source: str) -> None:
                                "rows per class", "rows"), "class-balance"),
     ) + section(
         "Feature statistics (training split, before standardisation)",
-        figure(plots.line_chart({"mean": (shown, prepared.scaler.mean[:20]), "std": (shown, prepared.scaler.scale[:20])},
+        figure(plots.line_chart({"mean": (shown, scaler.mean[:20]), "std": (shown, scaler.scale[:20])},
                                 "first 20 features", "feature", "value"), "feature-stats"),
         table(["feature", "mean", "std"],
-              [[f, m, s] for f, m, s in zip(features, prepared.scaler.mean, prepared.scaler.scale, strict=True)]),
+              [[f, m, s] for f, m, s in zip(features, scaler.mean, scaler.scale, strict=True)]),
     )  # fmt: skip
     Deck("Dataset profile", content)
 

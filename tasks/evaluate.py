@@ -20,7 +20,7 @@ from tasks.core.config import Hardware
 from tasks.core.data import parquet_format
 from tasks.core.metrics import classification_metrics
 from tasks.decks import DECKS, evaluation_deck
-from tasks.hardware import EVALUATE_CPU, ML_CPU_IMAGE, guaranteed
+from tasks.hardware import ML_CPU_IMAGE, SMALL_CPU, guaranteed
 from tasks.logs import setup_logging
 from tasks.storage import local_path
 from tasks.types import EvaluationReport, PreparedData, ResourcePlan, TrainedModel
@@ -50,7 +50,7 @@ Evaluated = NamedTuple("Evaluated", [("report", EvaluationReport), ("model", Fly
 # The ml-cpu image has the CPU builds of both frameworks: a model from either is rebuilt without CUDA.
 @task(
     container_image=ML_CPU_IMAGE,
-    **guaranteed(EVALUATE_CPU),
+    **guaranteed(SMALL_CPU),
     **DECKS,
 )
 def evaluate(prepared: PreparedData, trained: TrainedModel, plan: ResourcePlan | None = None) -> Evaluated:
@@ -58,22 +58,22 @@ def evaluate(prepared: PreparedData, trained: TrainedModel, plan: ResourcePlan |
     setup_logging()
     billed, notes = billed_hardware(trained, plan)
     folder = str(Path(current_context().working_directory) / "model")
-    record = BundleRecord.of(prepared, trained.run, billed, prepared.fingerprint)
+    record = BundleRecord.of(prepared.table, trained.run, billed, prepared.fingerprint)
     write_bundle(folder, trained.artifact.download(), record)
     bundle = load_bundle(folder)
     test = ds.dataset(local_path(prepared.test, "test split"), format=parquet_format()).to_table()
     predicted = bundle.predict_codes(test)
-    labels = test.column(prepared.label_column).to_numpy()
-    metrics = classification_metrics(labels, predicted, prepared.class_labels)
+    labels = test.column(prepared.table.label_column).to_numpy()
+    metrics = classification_metrics(labels, predicted, prepared.table.class_labels)
     add_metrics(folder, metrics)
     report = EvaluationReport(
         metrics=metrics,
-        class_labels=prepared.class_labels,
+        class_labels=prepared.table.class_labels,
         training=trained.run,
         billed=billed,
-        dataset=prepared.source,
+        dataset=prepared.table.source,
         resource_plan=plan,
-        notes=notes + prepared.notes,
+        notes=notes + prepared.table.notes,
     )
     evaluation_deck(report)
     print(report.summary(), flush=True)

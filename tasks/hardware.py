@@ -1,12 +1,15 @@
 """Hardware profiles: the one place that says what each stage runs on.
 
-Tasks refer to these profiles; change a GPU type or a size here, not in the tasks.
+Tasks refer to these profiles; change a GPU type or a size here, not in the tasks. A training profile
+holds everything its task's decorator needs (`task_options`), the hardware the task reports as
+declared (`declared`), and the node overrides that move it to a planner option (`overrides_for`).
+docs/accelerators.md lists what adding an accelerator family touches.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 
 from flytekit import PodTemplate, Resources
@@ -23,6 +26,7 @@ from flytekit.extras.accelerators import (
 )
 from kubernetes.client import V1Container, V1PodSpec, V1ResourceRequirements, V1Toleration
 
+from tasks.core.config import Hardware
 from tasks.core.launch import DEFAULT_LOCAL_CPU_WORKERS
 from tasks.core.machines import MachineType
 from tasks.core.planner import CatalogEntry
@@ -45,6 +49,9 @@ TORCH_GPU_IMAGE = image("torch-gpu")
 TF_GPU_IMAGE = image("tf-gpu")
 # tpu: + TensorFlow with the TPU runtime (no torch).
 TPU_IMAGE = image("tpu")
+# The torch GPU tasks' environment: NCCL's warnings in the log, and a failed or timed-out collective
+# ends the worker rather than leave it hanging (docs/reliability.md).
+TORCH_DDP_ENVIRONMENT = {"NCCL_DEBUG": "WARN", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}
 
 
 def guaranteed(profile: CpuProfile | GpuTrainingProfile) -> dict:
@@ -136,6 +143,8 @@ class GpuTrainingProfile:
     mem: str
     shared_memory: str
     machine: MachineType  # the node type it is sized for: cpu and mem fit its allocatable
+    image: str  # the GPU image of the framework that trains on it
+    environment: dict[str, str] = field(default_factory=dict)  # the task container's variables
     # Worker processes when the task runs where there is no GPU (a laptop, CI): DDP over gloo.
     local_cpu_workers: int = DEFAULT_LOCAL_CPU_WORKERS
     # Seconds to wait for every node to join; multi-node runs wait for node scale-up and image pulls.
@@ -152,6 +161,13 @@ class GpuTrainingProfile:
     def device(self) -> str:
         return self.accelerator.to_flyte_idl().device
 
+    def describe(self) -> str:
+        return f"{self.gpus_per_node} x {self.device} GPU"
+
+    def declared(self, gpus: int) -> Hardware:
+        """What a run on `gpus` of this profile's GPUs reports, and is billed for without a plan."""
+        return Hardware(self.device, gpus)
+
     def pod_template(self) -> PodTemplate:
         """Only the grace period: resources, accelerator and shared memory come from the task."""
         return PodTemplate(
@@ -161,9 +177,26 @@ class GpuTrainingProfile:
             ),
         )
 
+    def task_options(self) -> dict:
+        """@task arguments: image, Guaranteed resources, GPU, shared memory, pod template, attempts."""
+        return dict(
+            container_image=self.image,
+            **guaranteed(self),
+            accelerator=self.accelerator,
+            shared_memory=self.shared_memory,
+            pod_template=self.pod_template(),
+            environment=dict(self.environment),
+            **self.attempts.task_options(),
+        )
+
+    def overrides_for(self, choice: CatalogEntry) -> dict:
+        """Node overrides that put the task on a planner option from the GPU catalog."""
+        return gpu_option_overrides(choice)
+
 
 PREPROCESS_CPU = CpuProfile(cpu="2", mem="4Gi")
-EVALUATE_CPU = CpuProfile(cpu="1", mem="2Gi")
+# The small CPU pod of the tasks that plan, check, collect or copy rather than compute.
+SMALL_CPU = CpuProfile(cpu="1", mem="2Gi")
 TRAIN_GPU = GpuTrainingProfile(
     accelerator=L4,
     gpus_per_node=1,
@@ -172,7 +205,11 @@ TRAIN_GPU = GpuTrainingProfile(
     mem="24Gi",
     shared_memory="2Gi",
     machine=G2_STANDARD_8,
+    image=TORCH_GPU_IMAGE,
+    environment=TORCH_DDP_ENVIRONMENT,
 )
+# The TensorFlow GPU task's: the same GPUs, in TensorFlow's image.
+TRAIN_TF_GPU = replace(TRAIN_GPU, image=TF_GPU_IMAGE, environment={})
 # nnodes > 1 makes the training task a Kubeflow PyTorchJob with one worker replica per node.
 TRAIN_GPU_MULTINODE = GpuTrainingProfile(
     accelerator=H100,
@@ -182,6 +219,8 @@ TRAIN_GPU_MULTINODE = GpuTrainingProfile(
     mem="512Gi",
     shared_memory="64Gi",
     machine=A3_HIGHGPU_8G,
+    image=TORCH_GPU_IMAGE,
+    environment=TORCH_DDP_ENVIRONMENT,
     rendezvous_timeout_s=1800,
     # On demand, not spot: a reclaimed node fails the whole PyTorchJob, which propeller reports as a
     # user error, and only system failures move a retry off spot, so every retry would land on spot
@@ -213,6 +252,7 @@ TPU_GENERATIONS = {
         },
     ),
 }
+TPU_GENERATION_OF = {accelerator.device: name for name, (accelerator, _) in TPU_GENERATIONS.items()}
 TPU_TAINT_KEY = "google.com/tpu"
 
 
@@ -223,6 +263,7 @@ class TpuSliceProfile:
     cpu: str
     mem: str
     attempts: Attempts = Attempts()
+    image: str = TPU_IMAGE
 
     def __post_init__(self) -> None:
         if self.generation not in TPU_GENERATIONS:
@@ -250,6 +291,14 @@ class TpuSliceProfile:
     def chips(self) -> int:
         return math.prod(int(side) for side in self.topology.split("x"))
 
+    def describe(self) -> str:
+        return f"a TPU {self.generation} {self.topology} slice ({self.chips} chips, {self.gke_accelerator})"
+
+    def declared(self, replicas: int) -> Hardware:
+        """What a run on this slice reports, and is billed for without a plan: the whole slice, which
+        is allocated whole whatever replicas the run used."""
+        return Hardware(self.gke_accelerator, self.chips, self.topology)
+
     def pod_template(self) -> PodTemplate:
         """What GKE needs to place the pod on a TPU node, even without an accelerator mapping in Flyte.
 
@@ -274,7 +323,27 @@ class TpuSliceProfile:
             ),
         )
 
+    def task_options(self) -> dict:
+        """@task arguments: image, TPU, pod template, attempts; no requests/limits (`pod_template`)."""
+        return dict(
+            container_image=self.image,
+            accelerator=self.accelerator,
+            pod_template=self.pod_template(),
+            **self.attempts.task_options(),
+        )
 
+    def for_option(self, choice: CatalogEntry) -> TpuSliceProfile:
+        """This profile on the slice a planner option from the TPU catalog names."""
+        return replace(self, generation=TPU_GENERATION_OF[choice.device], topology=choice.partition)
+
+    def overrides_for(self, choice: CatalogEntry) -> dict:
+        """Node overrides that put the task on a planner option from the TPU catalog."""
+        planned = self.for_option(choice)
+        return {"accelerator": planned.accelerator, "pod_template": planned.pod_template()}
+
+
+# What a training target declares, and what its task's decorator and planned overrides come from.
+TrainingProfile = GpuTrainingProfile | TpuSliceProfile
 TRAIN_TPU = TpuSliceProfile(generation="v5e", topology="2x2", cpu="8", mem="32Gi")
 
 # Illustrative on-demand prices in USD per accelerator-hour (per GPU, per TPU chip, per CPU
@@ -348,16 +417,15 @@ MIG_GPUS = {
     H100_80GB.device: H100,
     H200_141GB.device: H200,
 }
-TPU_GENERATION_OF = {accelerator.device: name for name, (accelerator, _) in TPU_GENERATIONS.items()}
 
 
-def accelerator_for(entry: CatalogEntry) -> BaseAccelerator:
-    """The flytekit accelerator for a catalog entry (a MIG partition, a whole GPU or a TPU slice)."""
-    if entry.kind == "tpu":
-        return tpu_profile_for(entry).accelerator
+def gpu_accelerator(entry: CatalogEntry) -> BaseAccelerator:
+    """The flytekit accelerator for a GPU catalog option: a MIG partition or a whole GPU."""
     base = MIG_GPUS.get(entry.device)
     if entry.kind == "mig":
         return base.partitioned(entry.partition)
+    if entry.kind != "gpu":
+        raise ValueError(f"planner option {entry.name} is a {entry.kind} option, not a GPU")
     return base.unpartitioned if base is not None else GPUAccelerator(entry.device)
 
 
@@ -373,5 +441,8 @@ def gpu_option_resources(entry: CatalogEntry) -> Resources:
     return Resources(cpu=f"{cpu:g}", mem=f"{memory_gib}Gi", gpu=str(entry.devices))
 
 
-def tpu_profile_for(entry: CatalogEntry) -> TpuSliceProfile:
-    return replace(TRAIN_TPU, generation=TPU_GENERATION_OF[entry.device], topology=entry.partition)
+def gpu_option_overrides(entry: CatalogEntry) -> dict:
+    """Node overrides that put a GPU task (training or scoring) on a GPU catalog option."""
+    accelerator = gpu_accelerator(entry)
+    sized = gpu_option_resources(entry)
+    return {"accelerator": accelerator, "requests": sized, "limits": sized}

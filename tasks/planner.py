@@ -1,9 +1,9 @@
 """Right-sizing per run: plan the hardware from the data and the model, then run the stage with it.
 
-Both tasks are `@dynamic`: they run on a small CPU pod, decide, and launch the real task with
-`with_overrides`, so no accelerator is requested until the plan says which one. They use the ml-cpu
-image (CPU builds of both frameworks) because they reference the training tasks, whose plugin needs
-torch to be constructed. Targets come from the one table in tasks/targets.py.
+The two planning tasks are `@dynamic`: they run on a small CPU pod, decide, and launch the real task
+with `with_overrides`, so no accelerator is requested until the plan says which one. They use the ml-cpu image (CPU builds of both
+frameworks) because this module references the training tasks, whose plugin needs torch to be
+constructed. Targets come from the one table in tasks/targets.py.
 """
 
 from __future__ import annotations
@@ -18,26 +18,27 @@ from flytekit import Deck, Resources, dynamic
 
 import tasks.literal_types  # noqa: F401 - each boundary dataclass's Flyte type built once, before the tasks below
 from tasks.core.config import TrainConfig
-from tasks.core.data import BATCH_ROWS, EMBEDDED_DIGITS_LABEL, dataset_fingerprint, describe_input
+from tasks.core.data import BATCH_ROWS, dataset_fingerprint, describe_input
 from tasks.core.models import measure_footprint
 from tasks.core.planner import (
     PlanError,
     PreprocessPlan,
-    TrainingPlan,
     Workload,
     plan_preprocessing,
     plan_training,
 )
-from tasks.core.validation import batch_problems, price_problems, problems, raise_for
+from tasks.core.validation import (
+    batch_problems,
+    embedded_label_problems,
+    problems,
+    raise_for,
+)
 from tasks.decks import DECKS
 from tasks.hardware import (
     CPU_NODE,
-    EVALUATE_CPU,
     ML_CPU_IMAGE,
-    accelerator_for,
-    gpu_option_resources,
+    SMALL_CPU,
     guaranteed,
-    tpu_profile_for,
 )
 from tasks.logs import setup_logging
 from tasks.preprocess import preprocess
@@ -45,25 +46,19 @@ from tasks.targets import TARGETS
 from tasks.types import PreparedData, ResourcePlan, TrainedModel
 
 log = logging.getLogger(__name__)
-# A target's framework, as the model builders name it.
-MODEL_FRAMEWORKS = {"torch": "pytorch", "tensorflow": "tensorflow"}
 EMBEDDED_DIGITS_SHAPE = (1797, 65, 600_000)  # rows, columns, bytes as parquet
 EMBEDDED_FINGERPRINT = f"embedded-digits-scikit-learn-{importlib.metadata.version('scikit-learn')}"
 
 
-def size_preprocessing(dataset: str, label_column: str) -> PreprocessPlan:
+def size_preprocessing(dataset: str) -> PreprocessPlan:
     if not dataset:
-        if label_column != EMBEDDED_DIGITS_LABEL:  # preprocess says the same; fail before any pod starts
-            raise ValueError(
-                f"the embedded digits dataset has label column '{EMBEDDED_DIGITS_LABEL}', not '{label_column}'"
-            )
         rows, columns, size = EMBEDDED_DIGITS_SHAPE
         return plan_preprocessing(size, rows, columns, BATCH_ROWS, CPU_NODE)
     stats = describe_input(dataset)
     return plan_preprocessing(stats.bytes, stats.rows, stats.columns, BATCH_ROWS, CPU_NODE)
 
 
-@dynamic(container_image=ML_CPU_IMAGE, **guaranteed(EVALUATE_CPU), **DECKS)
+@dynamic(container_image=ML_CPU_IMAGE, **guaranteed(SMALL_CPU), **DECKS)
 def prepare_data(
     dataset: str,
     label_column: str,
@@ -72,18 +67,17 @@ def prepare_data(
     target: str,
     hyperparameters: TrainConfig,
     plan_resources: bool,
-    prices: dict[str, float] | None = None,  # flytekit takes no mutable default for a task
 ) -> tuple[PreparedData, PreprocessPlan]:
     """Check every input, size the preprocessing pod from the input's metadata, then preprocess.
 
-    Runs first and on CPU, so a bad input fails here, before any accelerator is requested; `prices`
-    are the comparison's, checked here for the same reason.
+    Runs first and on CPU, so a bad input fails here, before any accelerator is requested.
     """
     setup_logging()
     raise_for(
-        problems(target, hyperparameters, TARGETS, val_fraction, test_fraction) + price_problems(prices or {})
+        problems(target, hyperparameters, TARGETS, val_fraction, test_fraction)
+        + embedded_label_problems(dataset, label_column)
     )
-    plan = size_preprocessing(dataset, label_column)
+    plan = size_preprocessing(dataset)
     log.info(
         "preprocess plan: %s CPU, %s for %d rows x %d columns",
         plan.cpu,
@@ -111,30 +105,20 @@ def workload(prepared: PreparedData, target: str, config: TrainConfig) -> Worklo
     framework = TARGETS[target].framework
     footprint = measure_footprint(
         config.model,
-        len(prepared.feature_names),
-        len(prepared.class_labels),
-        MODEL_FRAMEWORKS[framework],
+        len(prepared.table.feature_names),
+        len(prepared.table.class_labels),
+        framework,
         mixed_precision=config.precision != "fp32",
     )
     return Workload(
         footprint=footprint,
         batch_size=config.batch_size,
         grad_accum_steps=config.grad_accum_steps,
-        train_rows=prepared.rows["train"],
-        val_rows=prepared.rows["val"],
+        train_rows=prepared.table.rows["train"],
+        val_rows=prepared.table.rows["val"],
         framework=framework,
         min_micro_batch=config.min_micro_batch_size,
     )
-
-
-def overrides_for(plan: TrainingPlan) -> dict:
-    """Node overrides that put the training task on the planned hardware."""
-    choice = plan.choice
-    accelerator = accelerator_for(choice)
-    if choice.kind == "tpu":
-        return {"accelerator": accelerator, "pod_template": tpu_profile_for(choice).pod_template()}
-    sized = gpu_option_resources(choice)
-    return {"accelerator": accelerator, "requests": sized, "limits": sized}
 
 
 def plan_deck(report: ResourcePlan) -> None:
@@ -143,7 +127,7 @@ def plan_deck(report: ResourcePlan) -> None:
 
 @dynamic(
     container_image=ML_CPU_IMAGE,
-    **guaranteed(EVALUATE_CPU),
+    **guaranteed(SMALL_CPU),
     **DECKS,
 )
 def train_on_target(
@@ -157,15 +141,16 @@ def train_on_target(
     and train there."""
     setup_logging()
     # The batch against the prepared rows, before any accelerator; the launcher checks the worker split.
-    raise_for(batch_problems(hyperparameters, 1, prepared.rows["train"]))
+    raise_for(batch_problems(hyperparameters, 1, prepared.table.rows["train"]))
     report = plan_report(target, workload(prepared, target, hyperparameters), preprocess_plan, plan_resources)
     log.info("%s", report.summary())
     plan_deck(report)
     if report.applied:
         hyperparameters = replace(hyperparameters, grad_accum_steps=report.training.grad_accum_steps)
-    trained = TARGETS[target].task(prepared=prepared, hyperparameters=hyperparameters)
+    training_target = TARGETS[target]
+    trained = training_target.task(prepared=prepared, hyperparameters=hyperparameters)
     if report.applied:
-        trained = trained.with_overrides(**overrides_for(report.training))
+        trained = trained.with_overrides(**training_target.profile.overrides_for(report.training.choice))
     return trained, report
 
 

@@ -5,18 +5,14 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 from flytekit import current_context, task
 
 import tasks.literal_types  # noqa: F401 - each boundary dataclass's Flyte type built once, before the tasks below
-from tasks.core.data import (
-    EMBEDDED_DIGITS_LABEL,
-    DatasetError,
-    SplitConfig,
-    prepare_dataset,
-    write_embedded_digits,
-)
+from tasks.core.data import SplitConfig, prepare_dataset, write_embedded_digits
+from tasks.core.validation import embedded_label_problems, raise_for
 from tasks.decks import DECKS, dataset_profile_deck
 from tasks.hardware import CPU_IMAGE, PREPROCESS_CPU, guaranteed
 from tasks.logs import setup_logging
@@ -24,17 +20,15 @@ from tasks.storage import parquet_dataset
 from tasks.types import PreparedData
 
 log = logging.getLogger(__name__)
+# How reports name the input when no dataset was given.
+EMBEDDED_SOURCE = "embedded:sklearn-digits"
 
 
 def resolve_dataset(dataset: str, label_column: str, scratch: Path) -> str:
     """The user's URI, or the embedded digits dataset when none was given."""
     if dataset:
         return dataset
-    if label_column != EMBEDDED_DIGITS_LABEL:
-        raise DatasetError(
-            f"the embedded digits dataset has label column '{EMBEDDED_DIGITS_LABEL}', not '{label_column}'; "
-            "pass --dataset to use your own data"
-        )
+    raise_for(embedded_label_problems(dataset, label_column))
     return write_embedded_digits(str(scratch))
 
 
@@ -72,27 +66,16 @@ def preprocess(
     split = SplitConfig(val_fraction=val_fraction, test_fraction=test_fraction, seed=seed)
     out_dir = scratch / "prepared"
     prepared = prepare_dataset(uri, label_column, str(out_dir), split)
+    table = replace(prepared.table, source=dataset or EMBEDDED_SOURCE)
     log.info(
         "prepared %s: %s rows, %d features, %d classes",
-        dataset or "embedded digits",
-        prepared.rows,
-        len(prepared.feature_names),
-        len(prepared.class_labels),
+        table.source,
+        table.rows,
+        len(table.feature_names),
+        len(table.class_labels),
     )
-    for note in prepared.notes:  # also in the report; logged here as the run goes
+    for note in table.notes:  # also in the report; logged here as the run goes
         log.warning("%s", note)
-    dataset_profile_deck(prepared, dataset or "embedded digits")
+    dataset_profile_deck(table)
     splits = {name: parquet_dataset(str(Path(path).parent)) for name, path in prepared.paths.items()}
-    return PreparedData(
-        **splits,
-        feature_names=prepared.feature_names,
-        label_column=prepared.label_column,
-        class_labels=prepared.class_labels,
-        class_counts=prepared.class_counts,
-        rows=prepared.rows,
-        scaler=prepared.scaler,
-        source=dataset or "embedded:sklearn-digits",
-        notes=prepared.notes,
-        label_kind=prepared.label_kind,
-        fingerprint=dataset_fingerprint,
-    )
+    return PreparedData(**splits, table=table, fingerprint=dataset_fingerprint)

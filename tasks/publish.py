@@ -6,11 +6,11 @@ from flytekit import task
 from flytekit.types.directory import FlyteDirectory
 
 from tasks.core.publish import publish_bundle
-from tasks.hardware import EVALUATE_CPU, ML_CPU_IMAGE, guaranteed
+from tasks.hardware import ML_CPU_IMAGE, SMALL_CPU, guaranteed
 
 
 # ml-cpu: publishing names bundles as tasks.core.bundle does, whose loader imports either framework.
-@task(container_image=ML_CPU_IMAGE, **guaranteed(EVALUATE_CPU))
+@task(container_image=ML_CPU_IMAGE, **guaranteed(SMALL_CPU))
 def publish_model(bundle: FlyteDirectory, prefix: str) -> str:
     """Copy the bundle to `<prefix>/<version>/`, then point `<prefix>/LATEST` at it; returns the
     version's URI. An empty prefix publishes nothing and returns ""."""

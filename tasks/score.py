@@ -38,14 +38,13 @@ from tasks.core.tf_strategy import require_gpus
 from tasks.decks import DECKS
 from tasks.hardware import (
     DEFAULT_PRICES_PER_HOUR,
-    EVALUATE_CPU,
     GPU_CATALOG,
     ML_CPU_IMAGE,
     PREPROCESS_CPU,
+    SMALL_CPU,
     TF_GPU_IMAGE,
     TORCH_GPU_IMAGE,
-    accelerator_for,
-    gpu_option_resources,
+    gpu_option_overrides,
     guaranteed,
 )
 from tasks.logs import setup_logging
@@ -61,11 +60,7 @@ Scored = NamedTuple("Scored", [("predictions", StructuredDataset), ("report", Sc
 PIECE_ATTEMPTS = {"retries": 2}
 # The GPU tasks declare the cheapest whole GPU; the plan's overrides put them on the option it chose.
 DEFAULT_GPU = cheapest_whole_gpu(GPU_CATALOG)
-GPU_PIECE = {
-    "requests": gpu_option_resources(DEFAULT_GPU),
-    "limits": gpu_option_resources(DEFAULT_GPU),
-    "accelerator": accelerator_for(DEFAULT_GPU),
-}
+GPU_PIECE = gpu_option_overrides(DEFAULT_GPU)
 # On a cluster a GPU piece scores on its GPU or fails naming it, never on the host CPU
 # (tasks/core/accelerators.py); the planner's overrides may put it on another GPU than this one.
 DECLARED_GPU = f"1 x {DEFAULT_GPU.device} GPU (its pod requests nvidia.com/gpu)"
@@ -97,7 +92,7 @@ def score_piece_tf_gpu(job: ScoringJob, piece: ScoringPiece) -> PieceResult:
 GPU_PIECE_TASKS = {"pytorch": score_piece_torch_gpu, "tensorflow": score_piece_tf_gpu}
 
 
-@task(container_image=ML_CPU_IMAGE, **guaranteed(EVALUATE_CPU), **DECKS)
+@task(container_image=ML_CPU_IMAGE, **guaranteed(SMALL_CPU), **DECKS)
 def collect_scores(plan: ScoringPlan, hardware: HardwareChoice, results: list[PieceResult]) -> Scored:
     """The parts as one dataset, and the metrics where the input holds the label column."""
     setup_logging()
@@ -107,7 +102,7 @@ def collect_scores(plan: ScoringPlan, hardware: HardwareChoice, results: list[Pi
     return Scored(StructuredDataset(uri=plan.job.output, file_format="parquet"), report)
 
 
-@dynamic(container_image=ML_CPU_IMAGE, **guaranteed(EVALUATE_CPU), **DECKS)
+@dynamic(container_image=ML_CPU_IMAGE, **guaranteed(SMALL_CPU), **DECKS)
 def score(
     model: str,
     dataset: str,
@@ -130,8 +125,5 @@ def score(
     scorer = score_piece_cpu if choice.device == "cpu" else GPU_PIECE_TASKS[plan.framework]
     results = map_task(partial(scorer, job=plan.job), concurrency=max_parallel)(piece=plan.pieces)
     if choice.device != "cpu":
-        sized = gpu_option_resources(choice.gpu)
-        results = results.with_overrides(
-            requests=sized, limits=sized, accelerator=accelerator_for(choice.gpu)
-        )
+        results = results.with_overrides(**gpu_option_overrides(choice.gpu))
     return collect_scores(plan=plan, hardware=choice, results=results)

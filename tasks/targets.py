@@ -12,9 +12,9 @@ from tasks.hardware import (
     TPU_CATALOG,
     TRAIN_GPU,
     TRAIN_GPU_MULTINODE,
+    TRAIN_TF_GPU,
     TRAIN_TPU,
-    GpuTrainingProfile,
-    TpuSliceProfile,
+    TrainingProfile,
 )
 from tasks.train_tf import train_tf_gpu, train_tf_tpu
 from tasks.train_torch import train_torch, train_torch_multinode
@@ -22,20 +22,20 @@ from tasks.train_torch import train_torch, train_torch_multinode
 
 @dataclass(frozen=True)
 class Target:
-    task: PythonFunctionTask  # the training task; its image is the task's
-    framework: str  # "torch" or "tensorflow"
-    profile: GpuTrainingProfile | TpuSliceProfile  # the hardware it declares
+    task: PythonFunctionTask  # the training task, decorated with its profile's task options
+    framework: str  # "pytorch" or "tensorflow", as the training runs and model bundles name it
+    profile: TrainingProfile  # the hardware it declares, its image, and its planned overrides
     # What the planner may choose from; None: the target keeps its declared profile.
     catalog: list[CatalogEntry] | None
 
     @property
     def image(self) -> str:
-        return self.task.container_image
+        return self.profile.image
 
 
 TARGETS = {
-    "gpu": Target(train_torch, "torch", TRAIN_GPU, GPU_CATALOG),
-    "gpu-multinode": Target(train_torch_multinode, "torch", TRAIN_GPU_MULTINODE, None),
+    "gpu": Target(train_torch, "pytorch", TRAIN_GPU, GPU_CATALOG),
+    "gpu-multinode": Target(train_torch_multinode, "pytorch", TRAIN_GPU_MULTINODE, None),
     "tpu": Target(train_tf_tpu, "tensorflow", TRAIN_TPU, TPU_CATALOG),
-    "gpu-tf": Target(train_tf_gpu, "tensorflow", TRAIN_GPU, GPU_CATALOG),
+    "gpu-tf": Target(train_tf_gpu, "tensorflow", TRAIN_TF_GPU, GPU_CATALOG),
 }

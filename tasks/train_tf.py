@@ -18,35 +18,25 @@ import tasks.literal_types  # noqa: F401 - each boundary dataclass's Flyte type 
 from tasks.checkpointing import flyte_checkpoint
 from tasks.core.accelerators import on_flyte_cluster
 from tasks.core.config import Hardware, TrainConfig, TrainingRun
-from tasks.core.preemption import PREEMPTED_EXIT_CODE, Preempted, PreemptionNotice
+from tasks.core.preemption import Preempted, PreemptionNotice
 from tasks.core.telemetry import UtilisationSampler
 from tasks.core.tf_strategy import require_gpus, require_tpu, set_pjrt_defaults, tpu_target_strategy
 from tasks.decks import DECKS, training_deck
-from tasks.hardware import TF_GPU_IMAGE, TPU_IMAGE, TRAIN_GPU, TRAIN_TPU, Attempts, guaranteed
+from tasks.hardware import TRAIN_TF_GPU, TRAIN_TPU, TrainingProfile
 from tasks.logs import setup_logging
+from tasks.preemption_exit import preempted_exit
 from tasks.types import PreparedData, TrainedModel
 
 log = logging.getLogger(__name__)
 
-# The declared hardware, in the words of a refusal on a cluster.
-DECLARED_TPU = (
-    f"a TPU {TRAIN_TPU.generation} {TRAIN_TPU.topology} slice ({TRAIN_TPU.chips} chips, "
-    f"{TRAIN_TPU.gke_accelerator})"
-)
-DECLARED_GPUS = f"{TRAIN_GPU.gpus_per_node} x {TRAIN_GPU.device} GPU"
 
-
-def declared_hardware(run: TrainingRun) -> Hardware:
-    """What the task declares: the TPU slice's chips, the GPUs, or CPU replicas on a laptop."""
-    if run.strategy == "tpu":
-        return Hardware(TRAIN_TPU.gke_accelerator, TRAIN_TPU.chips, TRAIN_TPU.topology)
-    if run.device != "cpu":
-        return Hardware(TRAIN_GPU.device, run.world_size)
-    return Hardware("cpu", 1)
+def declared_hardware(run: TrainingRun, profile: TrainingProfile) -> Hardware:
+    """What the task declares: its profile's TPU slice or GPUs, or on a laptop its one CPU process."""
+    return Hardware("cpu", 1) if run.device == "cpu" else profile.declared(run.world_size)
 
 
 def train_tensorflow(
-    prepared: PreparedData, config: TrainConfig, attempts: Attempts, strategy: str
+    prepared: PreparedData, config: TrainConfig, profile: TrainingProfile, strategy: str
 ) -> TrainedModel:
     from tasks.core.tf_training import KerasRunOptions, train_keras
 
@@ -54,7 +44,7 @@ def train_tensorflow(
     artifact = Path(current_context().working_directory) / "model.npz"
     checkpoint = flyte_checkpoint()
     board = Path(current_context().working_directory) / "tensorboard"
-    with UtilisationSampler() as sampler, PreemptionNotice(attempts.preemption_grace_s) as notice:
+    with UtilisationSampler() as sampler, PreemptionNotice(profile.attempts.preemption_grace_s) as notice:
         try:
             options = KerasRunOptions(
                 checkpoint_dir=str(checkpoint.directory) if checkpoint else None,
@@ -63,8 +53,7 @@ def train_tensorflow(
             )  # fmt: skip
             outcome = train_keras(config, splits, str(artifact), strategy=strategy, options=options)
         except Preempted:
-            # A failed attempt that propeller retries as a system failure, as for the torch launcher.
-            raise SystemExit(PREEMPTED_EXIT_CODE) from None
+            raise preempted_exit() from None
     run = outcome.run
     log.info(
         "trained with tf.distribute '%s' on %s, %d replicas, %s, %.0f samples/s",
@@ -73,42 +62,27 @@ def train_tensorflow(
     trained = TrainedModel(
         artifact=FlyteFile(str(artifact)),
         run=run,
-        declared=declared_hardware(run),
+        declared=declared_hardware(run, profile),
         tensorboard=FlyteDirectory(str(board)),
     )
     training_deck(trained, sampler.samples)
     return trained
 
 
-# No requests/limits here: the pod template carries cpu, memory and google.com/tpu together.
-@task(
-    container_image=TPU_IMAGE,
-    **TRAIN_TPU.attempts.task_options(),
-    **DECKS,
-    accelerator=TRAIN_TPU.accelerator,
-    pod_template=TRAIN_TPU.pod_template(),
-)
+@task(**TRAIN_TPU.task_options(), **DECKS)
 def train_tf_tpu(prepared: PreparedData, hyperparameters: TrainConfig) -> TrainedModel:
     setup_logging()
     on_cluster = on_flyte_cluster()
     strategy = tpu_target_strategy(hyperparameters.tf_strategy, on_cluster)
     set_pjrt_defaults()  # before TensorFlow is imported, which reads them once
     if on_cluster:
-        require_tpu(DECLARED_TPU)
-    return train_tensorflow(prepared, hyperparameters, TRAIN_TPU.attempts, strategy)
+        require_tpu(TRAIN_TPU.describe())
+    return train_tensorflow(prepared, hyperparameters, TRAIN_TPU, strategy)
 
 
-@task(
-    container_image=TF_GPU_IMAGE,
-    **TRAIN_GPU.attempts.task_options(),
-    **DECKS,
-    **guaranteed(TRAIN_GPU),
-    accelerator=TRAIN_GPU.accelerator,
-    shared_memory=TRAIN_GPU.shared_memory,
-    pod_template=TRAIN_GPU.pod_template(),
-)
+@task(**TRAIN_TF_GPU.task_options(), **DECKS)
 def train_tf_gpu(prepared: PreparedData, hyperparameters: TrainConfig) -> TrainedModel:
     setup_logging()
     if on_flyte_cluster():
-        require_gpus(DECLARED_GPUS, TRAIN_GPU.gpus_per_node)
-    return train_tensorflow(prepared, hyperparameters, TRAIN_GPU.attempts, hyperparameters.tf_strategy)
+        require_gpus(TRAIN_TF_GPU.describe(), TRAIN_TF_GPU.gpus_per_node)
+    return train_tensorflow(prepared, hyperparameters, TRAIN_TF_GPU, hyperparameters.tf_strategy)

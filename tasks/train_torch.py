@@ -34,14 +34,8 @@ from tasks.core.telemetry import UtilisationSampler
 from tasks.core.validation import batch_problems, raise_for
 from tasks.ddp_worker import SetUpRefused, train_with_ddp
 from tasks.decks import DECKS, training_deck
-from tasks.hardware import (
-    LAUNCHER_EXIT_MARGIN_S,
-    TORCH_GPU_IMAGE,
-    TRAIN_GPU,
-    TRAIN_GPU_MULTINODE,
-    GpuTrainingProfile,
-    guaranteed,
-)
+from tasks.hardware import LAUNCHER_EXIT_MARGIN_S, TRAIN_GPU, TRAIN_GPU_MULTINODE, GpuTrainingProfile
+from tasks.preemption_exit import preempted_exit
 from tasks.storage import require_local_copies
 from tasks.types import PreparedData, TrainedModel
 
@@ -87,10 +81,8 @@ class MachineFittedElasticTask(PytorchElasticFunctionTask):
     def _launch_stopping_on_signal(self, **kwargs):
         """On SIGTERM (the preemption notice) torch elastic passes the signal to the workers, waits for
         them to save, and the plugin turns the agent's `SignalException` into `IgnoreOutputs`: a
-        successful exit without outputs. Exit with 128 + the signal instead, so the attempt fails;
-        propeller classifies a non-zero exit with no pod reason, or a node-shutdown reason, as a
-        system error and retries it (flyteplugins/go/tasks/pluginmachinery/flytek8s/pod_helper.go,
-        `DemystifyFailure`)."""
+        successful exit without outputs. End it as a preempted attempt instead (tasks/preemption_exit.py),
+        which propeller retries."""
         from torch.distributed.elastic.multiprocessing.api import SignalException
         from torch.distributed.elastic.rendezvous import RendezvousError
 
@@ -112,7 +104,7 @@ class MachineFittedElasticTask(PytorchElasticFunctionTask):
                 stop_remaining_workers(ignored.__context__.sigval, self.task_config.preemption_grace_s)
                 log.warning("training stopped by %s; a retried attempt resumes from the checkpoint",
                             ignored.__context__.sigval.name)  # fmt: skip
-                raise SystemExit(128 + ignored.__context__.sigval) from ignored.__context__
+                raise preempted_exit(ignored.__context__.sigval) from ignored.__context__
             raise
 
     def wait_for_rank_zero_outputs(self) -> None:
@@ -141,7 +133,7 @@ class MachineFittedElasticTask(PytorchElasticFunctionTask):
         # before any worker starts, rather than let elastic restart the group for it.
         world_size = launch.nproc_per_node * launch.max_nodes
         prepared = kwargs["prepared"]
-        raise_for(batch_problems(kwargs["hyperparameters"], world_size, prepared.rows["train"]))
+        raise_for(batch_problems(kwargs["hyperparameters"], world_size, prepared.table.rows["train"]))
         require_local_copies({"train split": prepared.train, "val split": prepared.val})
         # The agent waits this long for the workers' preemption save before it kills them (default 30 s).
         grace = self.task_config.preemption_grace_s + LAUNCHER_EXIT_MARGIN_S
@@ -235,29 +227,13 @@ def elastic(profile: GpuTrainingProfile) -> MachineFittedElastic:
     )
 
 
-def hardware(profile: GpuTrainingProfile) -> dict:
-    """Where and how the task runs: spot capacity where the cluster offers it, since a reclaimed node
-    costs a retry that resumes from the last checkpoint (retries and timeout: `Attempts`)."""
-    return dict(
-        task_config=elastic(profile),
-        **profile.attempts.task_options(),
-        **DECKS,
-        container_image=TORCH_GPU_IMAGE,
-        **guaranteed(profile),
-        accelerator=profile.accelerator,
-        shared_memory=profile.shared_memory,
-        pod_template=profile.pod_template(),
-        environment={"NCCL_DEBUG": "WARN", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"},
-    )
-
-
-@task(**hardware(TRAIN_GPU))
+@task(task_config=elastic(TRAIN_GPU), **TRAIN_GPU.task_options(), **DECKS)
 def train_torch(prepared: PreparedData, hyperparameters: TrainConfig) -> TrainedModel:
     """PyTorch DDP on one GPU node (one pod, one worker per GPU)."""
     return train_with_ddp(prepared, hyperparameters, TRAIN_GPU)
 
 
-@task(**hardware(TRAIN_GPU_MULTINODE))
+@task(task_config=elastic(TRAIN_GPU_MULTINODE), **TRAIN_GPU_MULTINODE.task_options(), **DECKS)
 def train_torch_multinode(prepared: PreparedData, hyperparameters: TrainConfig) -> TrainedModel:
     """PyTorch DDP over several GPU nodes: a Kubeflow PyTorchJob, NCCL between nodes."""
     return train_with_ddp(prepared, hyperparameters, TRAIN_GPU_MULTINODE)

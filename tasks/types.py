@@ -9,7 +9,7 @@ from flytekit.types.file import FlyteFile
 from flytekit.types.structured import StructuredDataset
 
 from tasks.core.config import Hardware, SplitPaths, TrainingRun
-from tasks.core.data import ScalerStats
+from tasks.core.data import PreparedTable
 from tasks.core.metrics import ClassificationMetrics
 from tasks.core.models import describe_spec
 from tasks.core.planner import OptionFit, PreprocessPlan, TrainingPlan
@@ -19,30 +19,18 @@ from tasks.storage import local_path
 @dataclass
 class PreparedData:
     """Standardised train and val splits and the raw test split (scored through the model bundle, as a
-    user's rows are); the label column holds class codes into `class_labels`."""
+    user's rows are), and what they hold."""
 
     train: StructuredDataset
     val: StructuredDataset
     test: StructuredDataset
-    feature_names: list[str]
-    label_column: str
-    class_labels: list[str]
-    class_counts: dict[str, int]
-    rows: dict[str, int]
-    scaler: ScalerStats
-    source: str
-    notes: list[str] = field(default_factory=list)  # e.g. case-only class differences, columns left out
-    label_kind: str = "string"  # what the class labels were before they became text (tasks/core/data.py)
+    table: PreparedTable
     fingerprint: str = ""  # the input data's fingerprint, as the preprocessing cache key had it
 
     def local_splits(self) -> SplitPaths:
         """The train/val splits on this machine's disk, as the training loops read them."""
-        return SplitPaths(
-            train=local_path(self.train, "train split"),
-            val=local_path(self.val, "val split"),
-            feature_names=self.feature_names,
-            label_column=self.label_column,
-            n_classes=len(self.class_labels),
+        return self.table.split_paths(
+            local_path(self.train, "train split"), local_path(self.val, "val split")
         )
 
 

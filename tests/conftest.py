@@ -150,20 +150,13 @@ def write_table(tmp_path):
 @pytest.fixture(scope="session")
 def blob_splits(tmp_path_factory):
     """Prepared train/val/test parquet splits of `blobs_frame`, as the training loop reads them."""
-    from tasks.core.config import SplitPaths
     from tasks.core.data import SplitConfig, prepare_dataset
 
     root = tmp_path_factory.mktemp("blobs")
     source = root / "blobs.parquet"
     blobs_frame(n_rows=400).to_parquet(source, index=False)
     prepared = prepare_dataset(str(source), "species", str(root / "prepared"), SplitConfig(seed=0))
-    return SplitPaths(
-        train=prepared.paths["train"],
-        val=prepared.paths["val"],
-        feature_names=prepared.feature_names,
-        label_column="species",
-        n_classes=len(prepared.class_labels),
-    )
+    return prepared.split_paths()
 
 
 @pytest.fixture(scope="session")

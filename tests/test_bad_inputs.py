@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tasks.core.config import TrainConfig
-from tasks.core.data import SplitConfig, prepare_dataset
+from tasks.core.config import TrainConfig, micro_batch
+from tasks.core.data import DatasetError, SplitConfig, prepare_dataset
 from tasks.core.models import ModelSpec
-from tasks.core.validation import batch_problems, problems
+from tasks.core.validation import batch_problems, embedded_label_problems, problems, split_problems
 from tasks.targets import TARGETS
 from tests.conftest import blobs_frame
 
@@ -176,6 +176,38 @@ def test_the_workflow_fails_before_training_naming_the_input(case, tmp_path, no_
     for fragment in fragments:
         assert fragment in message, message
     assert files_under(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    "batch_size, workers, accumulation", [(64, 2, 2), (63, 2, 1), (64, 3, 1), (48, 1, 5)]
+)
+def test_the_batch_split_rule_is_the_same_at_every_check(batch_size, workers, accumulation):
+    config = TrainConfig(batch_size=batch_size, grad_accum_steps=accumulation)
+    splits = micro_batch(batch_size, workers, accumulation) is not None
+    assert splits == (batch_problems(config, workers, train_rows=10**6) == [])
+    one_worker = micro_batch(batch_size, 1, accumulation) is not None
+    assert one_worker == ("grad_accum_steps" not in config.problems())
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.5, -0.1, float("nan"), 0.2])
+def test_the_split_fractions_are_refused_alike_by_the_inputs_check_and_the_split(fraction):
+    refused = split_problems(0.15, fraction)
+    try:
+        SplitConfig(test_fraction=fraction)
+    except DatasetError as error:
+        (problem,) = refused
+        assert f"input 'test_fraction' = {fraction!r}: must be between 0 and 0.5 (exclusive)" in problem
+        assert "--test_fraction 0.15" in problem
+        assert "test_fraction" in str(error) and "between 0 and 0.5" in str(error)
+    else:
+        assert refused == []
+
+
+def test_another_label_column_for_the_embedded_digits_is_refused_naming_both():
+    (problem,) = embedded_label_problems("", "target")
+    assert "input 'label_column' = 'target'" in problem
+    assert "embedded digits dataset has label column 'label'" in problem and "--dataset" in problem
+    assert embedded_label_problems("", "label") == embedded_label_problems("d.parquet", "target") == []
 
 
 def test_a_strategy_that_leaves_the_tpu_slice_idle_is_refused_before_any_pod():

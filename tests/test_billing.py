@@ -6,7 +6,7 @@ import pytest
 from flytekit.types.file import FlyteFile
 
 from tasks.core.compare import compare_runs
-from tasks.core.config import Hardware, TrainingRun
+from tasks.core.config import TrainingRun
 from tasks.core.metrics import ClassificationMetrics
 from tasks.core.planner import PreprocessPlan, TrainingPlan
 from tasks.evaluate import billed_hardware
@@ -21,7 +21,7 @@ def trained_on_tpu() -> TrainedModel:
         run=TrainingRun(framework="tensorflow", device="TPU (v5 lite)", world_size=1, backend="xla",
                         precision="mixed_bfloat16", strategy="tpu", history=[], samples_per_second=1.0,
                         train_seconds=3600.0),
-        declared=Hardware(TRAIN_TPU.gke_accelerator, TRAIN_TPU.chips, TRAIN_TPU.topology),
+        declared=TRAIN_TPU.declared(replicas=1),
     )  # fmt: skip
 
 

@@ -19,7 +19,7 @@ import pytest
 
 from tasks.core import bundle as bundles
 from tasks.core.bundle import BundleError, BundleRecord, add_metrics, load_bundle, write_bundle
-from tasks.core.config import Hardware, SplitPaths, TrainConfig
+from tasks.core.config import Hardware, TrainConfig
 from tasks.core.data import DatasetError, SplitConfig, prepare_dataset, standardise
 from tasks.core.metrics import classification_metrics
 from tasks.core.models import ModelError, mlp_spec
@@ -39,15 +39,8 @@ def prepared(tmp_path_factory):
     )
 
 
-def splits_of(prepared) -> SplitPaths:
-    paths = prepared.paths
-    return SplitPaths(
-        paths["train"], paths["val"], prepared.feature_names, "species", len(prepared.class_labels)
-    )
-
-
 def record_of(prepared, run) -> BundleRecord:
-    return BundleRecord.of(prepared, run, Hardware("cpu", 1), data_fingerprint="0" * 32)
+    return BundleRecord.of(prepared.table, run, Hardware("cpu", 1), data_fingerprint="0" * 32)
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +48,7 @@ def torch_bundle(prepared, tmp_path_factory):
     from tasks.core.torch_training import train
 
     root = tmp_path_factory.mktemp("torch-bundle")
-    outcome = train(CONFIG, splits_of(prepared), str(root / "model.pt"))
+    outcome = train(CONFIG, prepared.split_paths(), str(root / "model.pt"))
     folder = write_bundle(str(root / "bundle"), str(root / "model.pt"), record_of(prepared, outcome.run))
     return SimpleNamespace(
         folder=folder, artifact=str(root / "model.pt"), record=record_of(prepared, outcome.run)
@@ -68,7 +61,7 @@ def keras_bundle(prepared, tmp_path_factory):
     from tasks.core.tf_training import train_keras
 
     root = tmp_path_factory.mktemp("keras-bundle")
-    outcome = train_keras(CONFIG, splits_of(prepared), str(root / "model.npz"), env=Environment())
+    outcome = train_keras(CONFIG, prepared.split_paths(), str(root / "model.npz"), env=Environment())
     folder = write_bundle(str(root / "bundle"), str(root / "model.npz"), record_of(prepared, outcome.run))
     return SimpleNamespace(
         folder=folder, artifact=str(root / "model.npz"), record=record_of(prepared, outcome.run)
@@ -88,7 +81,7 @@ def users_rows(prepared):
     """The test split's rows as a user holds them: columns shuffled, an id column and the text labels."""
     table = split_table(prepared)
     frame = table.to_pandas()
-    frame["species"] = np.asarray(prepared.class_labels)[frame["species"]]
+    frame["species"] = np.asarray(prepared.table.class_labels)[frame["species"]]
     frame.insert(0, "customer_id", [f"c{i}" for i in range(len(frame))])
     return frame[["f2", "customer_id", "f0", "species", "f3", "f1"]]
 
@@ -99,8 +92,8 @@ def test_the_bundle_scores_the_raw_test_split_as_the_trained_model_scores_its_st
     loaded = load_bundle(written.folder)
     table = split_table(prepared)
     codes = loaded.predict_codes(table)
-    raw = np.column_stack([table.column(name).to_numpy() for name in prepared.feature_names])
-    inputs = standardise(raw, prepared.scaler)
+    raw = np.column_stack([table.column(name).to_numpy() for name in prepared.table.feature_names])
+    inputs = standardise(raw, prepared.table.scaler)
     if loaded.manifest.record.framework == "pytorch":
         from tasks.core.model import predict
 
@@ -119,7 +112,7 @@ def test_shuffled_columns_and_extra_ids_predict_what_the_test_split_did(written,
     frame = users_rows(prepared)
     predicted = loaded.predict(frame)
     assert predicted.tolist() == expected.tolist()
-    assert set(predicted) <= set(prepared.class_labels) and isinstance(predicted[0], str)
+    assert set(predicted) <= set(prepared.table.class_labels) and isinstance(predicted[0], str)
     probabilities = loaded.predict_proba(pa.Table.from_pandas(frame, preserve_index=False))
     assert probabilities.dtype == np.float32 and probabilities.shape == (len(frame), 3)
     np.testing.assert_allclose(probabilities.sum(axis=1), 1.0, rtol=1e-5)
@@ -138,7 +131,7 @@ def test_the_manifest_records_the_run_and_what_the_folder_holds(torch_bundle, pr
     }
     assert manifest["model"]["input"] == {"n_features": 4, "n_classes": 3}
     assert manifest["feature_names"] == ["f0", "f1", "f2", "f3"]
-    assert manifest["scaler"] == {"mean": prepared.scaler.mean, "scale": prepared.scaler.scale}
+    assert manifest["scaler"] == {"mean": prepared.table.scaler.mean, "scale": prepared.table.scaler.scale}
     assert manifest["class_labels"] == ["setosa", "versicolor", "virginica"]
     assert manifest["run"]["history"][-1]["epoch"] == CONFIG.epochs
     assert manifest["billed"]["accelerator"] == "cpu" and manifest["metrics"] is None
@@ -154,7 +147,7 @@ def test_evaluation_metrics_are_added_to_the_manifest(torch_bundle, prepared, tm
     loaded = load_bundle(str(folder))
     truth = split_table(prepared).column("species").to_numpy()
     metrics = classification_metrics(
-        truth, loaded.predict_codes(split_table(prepared)), prepared.class_labels
+        truth, loaded.predict_codes(split_table(prepared)), prepared.table.class_labels
     )
     add_metrics(str(folder), metrics)
     assert load_bundle(str(folder)).manifest.record.metrics == metrics

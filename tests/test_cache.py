@@ -50,12 +50,12 @@ def test_rerun_hits_the_cache_and_changed_data_recomputes(tmp_path, preprocess_c
     first = prepare(path)
     second = prepare(path, epochs=2, learning_rate=0.01)  # training settings do not key the split
     assert preprocess_calls == [str(path)]  # the second preparation reused the cached splits
-    assert second.rows == first.rows and sum(first.rows.values()) == 240
+    assert second.table.rows == first.table.rows and sum(first.table.rows.values()) == 240
 
     blobs_frame(n_rows=300, seed=2).to_parquet(path, index=False)  # same URI, new contents
     third = prepare(path)
     assert preprocess_calls == [str(path), str(path)]
-    assert sum(third.rows.values()) == 300
+    assert sum(third.table.rows.values()) == 300
 
 
 def test_a_different_split_is_not_served_from_the_cache(tmp_path, preprocess_calls):

@@ -22,11 +22,11 @@ def split_frames(prepared: data.PreparedSplits) -> dict[str, pd.DataFrame]:
 @pytest.mark.parametrize("name", ["data.parquet", "data.csv"])
 def test_prepares_parquet_and_csv(blobs, write_table, tmp_path, name):
     prepared = prepare(write_table(blobs, name), tmp_path)
-    assert prepared.feature_names == ["f0", "f1", "f2", "f3"]
-    assert prepared.class_labels == ["setosa", "versicolor", "virginica"]
-    assert sum(prepared.rows.values()) == len(blobs)
+    assert prepared.table.feature_names == ["f0", "f1", "f2", "f3"]
+    assert prepared.table.class_labels == ["setosa", "versicolor", "virginica"]
+    assert sum(prepared.table.rows.values()) == len(blobs)
     frames = split_frames(prepared)
-    assert {n: len(f) for n, f in frames.items()} == prepared.rows
+    assert {n: len(f) for n, f in frames.items()} == prepared.table.rows
     assert set(frames["train"]["species"]) == {0, 1, 2}
 
 
@@ -49,7 +49,7 @@ def row_ids(prepared: data.PreparedSplits, frame: pd.DataFrame, split: str) -> n
     """Column f0 back as the row id it was: standardised in the train and val splits, raw in the test split."""
     ids = frame["f0"].to_numpy()
     if split != data.RAW_SPLIT:
-        ids = ids * prepared.scaler.scale[0] + prepared.scaler.mean[0]
+        ids = ids * prepared.table.scaler.scale[0] + prepared.table.scaler.mean[0]
     return np.rint(ids).astype(int)
 
 
@@ -63,7 +63,7 @@ def test_splits_partition_the_rows(blobs, write_table, tmp_path):
 def test_test_split_is_raw_and_the_others_standardised_bit_for_bit(blobs, write_table, tmp_path):
     blobs = blobs.assign(f0=np.arange(len(blobs)), f3=blobs["f3"] / 3)  # integer ids; f3 not float32-exact
     prepared = prepare(write_table(blobs), tmp_path)
-    features = prepared.feature_names
+    features = prepared.table.feature_names
     raw = blobs[features].to_numpy(dtype=np.float64)
     for name, frame in split_frames(prepared).items():
         rows = raw[row_ids(prepared, frame, name)]
@@ -73,7 +73,7 @@ def test_test_split_is_raw_and_the_others_standardised_bit_for_bit(blobs, write_
             np.testing.assert_array_equal(values, rows)
         else:
             assert values.dtype == np.float32
-            np.testing.assert_array_equal(values, data.standardise(rows, prepared.scaler))
+            np.testing.assert_array_equal(values, data.standardise(rows, prepared.table.scaler))
     test_features, _ = read_split(prepared.paths["test"], features, "species")
     assert test_features.dtype == np.float32
 
@@ -82,11 +82,11 @@ def test_scaler_is_fitted_on_train_only(blobs, write_table, tmp_path):
     blobs.loc[:, "f1"] = blobs["f1"] * 10 + 100
     prepared = prepare(write_table(blobs), tmp_path)
     frames = split_frames(prepared)
-    train = frames["train"][prepared.feature_names].to_numpy()
+    train = frames["train"][prepared.table.feature_names].to_numpy()
     np.testing.assert_allclose(train.mean(axis=0), 0.0, atol=1e-5)
     np.testing.assert_allclose(train.std(axis=0), 1.0, atol=1e-4)
-    whole_data_mean = blobs[prepared.feature_names].mean().to_numpy()
-    assert not np.allclose(prepared.scaler.mean, whole_data_mean, rtol=0, atol=1e-6)
+    whole_data_mean = blobs[prepared.table.feature_names].mean().to_numpy()
+    assert not np.allclose(prepared.table.scaler.mean, whole_data_mean, rtol=0, atol=1e-6)
 
 
 def test_streaming_in_small_batches_gives_the_same_result(blobs, write_table, tmp_path, monkeypatch):
@@ -100,14 +100,15 @@ def test_streaming_in_small_batches_gives_the_same_result(blobs, write_table, tm
 
 def test_read_shard_splits_rows_between_ranks(blobs, write_table, tmp_path):
     prepared = prepare(write_table(blobs.iloc[:101]), tmp_path, val_fraction=0.2, test_fraction=0.2)
-    n = prepared.rows["train"]
+    n = prepared.table.rows["train"]
     shards = [
-        data.read_shard(prepared.paths["train"], prepared.feature_names, "species", r, 2) for r in (0, 1)
+        data.read_shard(prepared.paths["train"], prepared.table.feature_names, "species", r, 2)
+        for r in (0, 1)
     ]
     assert all(len(ids) == -(-n // 2) for _, _, ids in shards)
     assert set(shards[0][2]) | set(shards[1][2]) == set(range(n))
     assert not set(shards[0][2]) & set(shards[1][2])
-    features, labels = read_split(prepared.paths["train"], prepared.feature_names, "species")
+    features, labels = read_split(prepared.paths["train"], prepared.table.feature_names, "species")
     np.testing.assert_array_equal(shards[1][0], features[shards[1][2]])
     np.testing.assert_array_equal(shards[0][1], labels[shards[0][2]])
 
@@ -210,7 +211,7 @@ def test_compressed_csv_and_parquet_directory(blobs, tmp_path):
     blobs.iloc[150:].to_parquet(directory / "b.parquet", index=False)
     for path in (compressed, directory):
         prepared = prepare(str(path), tmp_path / "out" / path.name)
-        assert sum(prepared.rows.values()) == len(blobs)
+        assert sum(prepared.table.rows.values()) == len(blobs)
 
 
 # --- label kinds: the class labels are text, and the kind turns them back into the column's values ----
@@ -230,8 +231,8 @@ def test_label_kind_turns_the_class_labels_back_into_the_column_values(blobs, wr
     values, name, kind, class_labels = LABELS[case]
     frame = blobs.assign(species=[values[i % len(values)] for i in range(len(blobs))])
     prepared = prepare(write_table(frame, name), tmp_path)
-    assert (prepared.label_kind, prepared.class_labels) == (kind, class_labels)
-    typed = data.typed_labels(prepared.class_labels, prepared.label_kind)
+    assert (prepared.table.label_kind, prepared.table.class_labels) == (kind, class_labels)
+    typed = data.typed_labels(prepared.table.class_labels, prepared.table.label_kind)
     assert sorted(typed) == sorted(set(values))
     assert all(type(label) is type(values[0]) for label in typed)
 

@@ -43,7 +43,7 @@ def refusal(path: Path, tmp_path: Path, **split) -> str:
 
 
 def split_features(prepared: data.PreparedSplits, split: str) -> np.ndarray:
-    return pq.read_table(prepared.paths[split], columns=prepared.feature_names).to_pandas().to_numpy()
+    return pq.read_table(prepared.paths[split], columns=prepared.table.feature_names).to_pandas().to_numpy()
 
 
 # --- a pandas index saved with the data is not a feature ------------------------------------------
@@ -79,8 +79,8 @@ def test_a_saved_index_is_left_out_of_the_features_with_a_note(tmp_path, case):
     path = tmp_path / f"data.{suffix}"
     write(in_label_order(blobs_frame()), path)
     prepared = prepare_unchanged(path, tmp_path)
-    assert prepared.feature_names == FEATURES
-    assert [note for note in prepared.notes if repr(column) in note and "left out" in note]
+    assert prepared.table.feature_names == FEATURES
+    assert [note for note in prepared.table.notes if repr(column) in note and "left out" in note]
 
 
 KEPT_COLUMNS = {
@@ -96,14 +96,14 @@ def test_a_column_that_may_be_a_feature_stays_one(tmp_path, case):
     path = tmp_path / "data.csv"
     frame.to_csv(path, index=False)
     prepared = prepare_unchanged(path, tmp_path)
-    assert prepared.feature_names == [frame.columns[0], *FEATURES]
-    assert prepared.notes == []
+    assert prepared.table.feature_names == [frame.columns[0], *FEATURES]
+    assert prepared.table.notes == []
 
 
 def test_a_range_index_is_not_stored_so_nothing_is_left_out(tmp_path):
     path = tmp_path / "data.parquet"
     blobs_frame().to_parquet(path)
-    assert prepare_unchanged(path, tmp_path).notes == []
+    assert prepare_unchanged(path, tmp_path).table.notes == []
 
 
 def test_scoring_rows_that_carry_their_index_reads_the_features_only():
@@ -140,11 +140,11 @@ def test_extreme_magnitudes_are_standardised(tmp_path, case):
     PREPARED_MAGNITUDES[case](blobs_frame()).to_parquet(path, index=False)
     prepared = prepare_unchanged(path, tmp_path)
     train = split_features(prepared, "train")
-    assert np.isfinite(train).all() and np.isfinite(prepared.scaler.scale).all()
+    assert np.isfinite(train).all() and np.isfinite(prepared.table.scaler.scale).all()
     varies = train.std(axis=0) > 0
     np.testing.assert_allclose(train.std(axis=0)[varies], 1.0, rtol=1e-4)
     np.testing.assert_array_equal(train[:, ~varies], 0.0)  # a constant column
-    np.testing.assert_array_equal(np.asarray(prepared.scaler.scale)[~varies], 1.0)  # as scikit-learn
+    np.testing.assert_array_equal(np.asarray(prepared.table.scaler.scale)[~varies], 1.0)  # as scikit-learn
 
 
 REFUSED_MAGNITUDES = {
@@ -249,7 +249,7 @@ def test_empty_part_files_are_skipped(tmp_path, case):
     (parts / "_temporary" / "0").mkdir(parents=True)
     (parts / "_temporary" / "0" / "part-00003.parquet").write_bytes(b"half written")
     prepared = prepare_unchanged(parts, tmp_path)
-    assert sum(prepared.rows.values()) == 300 and prepared.feature_names == FEATURES
+    assert sum(prepared.table.rows.values()) == 300 and prepared.table.feature_names == FEATURES
 
 
 def test_a_folder_of_empty_parts_has_no_rows(tmp_path):
@@ -267,8 +267,8 @@ def test_lines_ending_with_a_delimiter_leave_no_column(tmp_path):
     path = tmp_path / "data.csv"
     path.write_text(blobs_frame().to_csv(index=False).replace("\n", ",\n"))
     prepared = prepare_unchanged(path, tmp_path)
-    assert prepared.feature_names == FEATURES
-    assert any("end with a delimiter" in note for note in prepared.notes)
+    assert prepared.table.feature_names == FEATURES
+    assert any("end with a delimiter" in note for note in prepared.table.notes)
 
 
 def test_decimal_columns_are_read_as_numbers(tmp_path):
@@ -292,7 +292,7 @@ def test_a_2_mib_line_is_read(tmp_path):
     path = tmp_path / "data.csv"
     with_a_long_label(blobs_frame(), 2 << 20).to_csv(path, index=False)
     prepared = prepare_unchanged(path, tmp_path)
-    assert len(prepared.class_labels) == 4 and sum(prepared.rows.values()) == 303
+    assert len(prepared.table.class_labels) == 4 and sum(prepared.table.rows.values()) == 303
 
 
 @pytest.mark.parametrize("first_row", [False, True], ids=["later line", "first line"])

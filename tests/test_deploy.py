@@ -23,9 +23,8 @@ from kubernetes.utils import parse_quantity
 from tasks.core.cuda_check import DRIVER_FLOOR
 from tasks.core.data import BATCH_ROWS
 from tasks.core.machines import MachineType
-from tasks.core.planner import TrainingPlan, plan_preprocessing
+from tasks.core.planner import plan_preprocessing
 from tasks.hardware import CPU_NODE, LAUNCHER_EXIT_MARGIN_S, MACHINE_FOR_GPU, TPU_GENERATIONS, Attempts
-from tasks.planner import overrides_for
 from tasks.targets import TARGETS
 from tests.dependencies import REPO
 from tests.test_cluster_config import readme_section
@@ -117,14 +116,6 @@ def task_demands(package) -> list[Demand]:
     return demands
 
 
-def chosen(entry) -> TrainingPlan:
-    """A plan that picked `entry`; overrides_for reads only the choice."""
-    return TrainingPlan(
-        choice=entry, estimate=None, estimated_peak_gib=0.0, micro_batch_size=1, grad_accum_steps=1,
-        effective_batch_size=1, options=[],
-    )  # fmt: skip
-
-
 def override_demand(source: str, overrides: dict, interruptible: bool) -> Demand:
     accelerator = accelerator_of(overrides["accelerator"].to_flyte_idl())
     if "pod_template" in overrides:
@@ -150,7 +141,7 @@ def planner_demands(package) -> list[Demand]:
         interruptible = package.tasks[target.task.name].template.metadata.interruptible
         for entry in target.catalog or []:
             source = f"planner option {entry.name} (target {name})"
-            demands.append(override_demand(source, overrides_for(chosen(entry)), interruptible))
+            demands.append(override_demand(source, target.profile.overrides_for(entry), interruptible))
     plan = plan_preprocessing(
         LARGEST_TABLE["input_bytes"], LARGEST_TABLE["rows"], LARGEST_TABLE["columns"], BATCH_ROWS, CPU_NODE
     )

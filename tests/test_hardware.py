@@ -9,16 +9,15 @@ from tasks.hardware import (
     DEFAULT_PRICES_PER_HOUR,
     GPU_CATALOG,
     MACHINE_FOR_GPU,
+    TORCH_DDP_ENVIRONMENT,
     TPU_CATALOG,
     TRAIN_GPU,
     TRAIN_GPU_MULTINODE,
     TRAIN_TPU,
-    accelerator_for,
+    gpu_accelerator,
     node_share,
-    tpu_profile_for,
 )
-from tasks.planner import overrides_for
-from tests.test_deploy import chosen
+from tasks.targets import TARGETS
 
 
 def quantity(value: str) -> float:
@@ -54,7 +53,7 @@ def test_each_training_profile_fits_the_machine_it_is_meant_for(profile):
 
 def planned_pod(entry) -> tuple[float, float]:
     """(CPU, GiB) the planner's overrides request for a GPU option."""
-    sized = overrides_for(chosen(entry))["requests"]
+    sized = TARGETS["gpu"].profile.overrides_for(entry)["requests"]
     return float(sized.cpu), quantity(sized.mem)
 
 
@@ -90,7 +89,7 @@ def test_the_cheapest_option_is_the_cheapest_to_run():
 
 @pytest.mark.parametrize("entry", TPU_CATALOG, ids=lambda e: e.name)
 def test_every_tpu_option_fits_its_tpu_vm(entry):
-    profile = tpu_profile_for(entry)
+    profile = TRAIN_TPU.for_option(entry)
     assert profile.machine.misfit(quantity(profile.cpu), quantity(profile.mem)) is None
     assert profile.chips == entry.devices
 
@@ -98,11 +97,11 @@ def test_every_tpu_option_fits_its_tpu_vm(entry):
 def test_h100_and_h200_carry_gke_label_values():
     assert TRAIN_GPU_MULTINODE.device == "nvidia-h100-80gb"
     by_name = {entry.name: entry for entry in GPU_CATALOG}
-    whole = accelerator_for(by_name["h200-141gb"]).to_flyte_idl()
+    whole = gpu_accelerator(by_name["h200-141gb"]).to_flyte_idl()
     assert (whole.device, whole.unpartitioned) == ("nvidia-h200-141gb", True)
-    mig = accelerator_for(by_name["h100-mig-1g.10gb"]).to_flyte_idl()
+    mig = gpu_accelerator(by_name["h100-mig-1g.10gb"]).to_flyte_idl()
     assert (mig.device, mig.partition_size) == ("nvidia-h100-80gb", "1g.10gb")
-    assert accelerator_for(by_name["h200-mig-3g.71gb"]).to_flyte_idl().partition_size == "3g.71gb"
+    assert gpu_accelerator(by_name["h200-mig-3g.71gb"]).to_flyte_idl().partition_size == "3g.71gb"
 
 
 def test_each_target_dispatches_to_its_frameworks_task_on_an_image_for_its_hardware():
@@ -113,9 +112,8 @@ def test_each_target_dispatches_to_its_frameworks_task_on_an_image_for_its_hardw
     from tasks.core.config import TrainConfig
     from tasks.core.validation import problems
     from tasks.hardware import TpuSliceProfile
-    from tasks.targets import TARGETS
 
-    task_modules = {"torch": "tasks.train_torch.", "tensorflow": "tasks.train_tf."}
+    task_modules = {"pytorch": "tasks.train_torch.", "tensorflow": "tasks.train_tf."}
     frameworks_by_image: dict[str, set[str]] = {}
     for name, target in TARGETS.items():
         assert target.task.name.startswith(task_modules[target.framework]), name
@@ -129,10 +127,56 @@ def test_each_target_dispatches_to_its_frameworks_task_on_an_image_for_its_hardw
             kinds = {entry.kind for entry in target.catalog}
             assert kinds and kinds <= ({"tpu"} if on_tpu else {"gpu", "mig"}), (name, kinds)
     assert all(len(frameworks) == 1 for frameworks in frameworks_by_image.values()), frameworks_by_image
-    assert {"torch", "tensorflow"} <= {target.framework for target in TARGETS.values()}
+    assert {"pytorch", "tensorflow"} == {target.framework for target in TARGETS.values()}
     assert problems("cuda", TrainConfig(), TARGETS) == [
         f"input 'target' = 'cuda': not one of {', '.join(TARGETS)}; pass --target gpu or --target tpu"
     ]
+
+
+@pytest.mark.parametrize("name", TARGETS)
+def test_each_targets_task_is_decorated_with_its_profiles_task_options(name):
+    """What a training task declares is its profile's, whatever the framework: one place to change."""
+    target = TARGETS[name]
+    task, profile = target.task, target.profile
+    assert task.container_image == profile.image == target.image
+    assert task.accelerator.to_flyte_idl() == profile.accelerator.to_flyte_idl()
+    grace = task.pod_template.pod_spec.termination_grace_period_seconds
+    assert grace == profile.attempts.termination_grace_s
+    assert (task.metadata.retries, task.metadata.interruptible) == (
+        profile.attempts.retries,
+        profile.attempts.interruptible,
+    )
+
+
+def test_only_the_torch_tasks_get_the_nccl_environment():
+    environments = {name: target.task.environment for name, target in TARGETS.items()}
+    assert environments["gpu"] == environments["gpu-multinode"] == TORCH_DDP_ENVIRONMENT
+    assert environments["gpu-tf"] == environments["tpu"] == {}
+
+
+def test_a_profile_declares_its_hardware_in_a_record_and_in_words():
+    from tasks.core.config import Hardware
+
+    assert TRAIN_TPU.declared(1) == Hardware("tpu-v5-lite-podslice", 4, "2x2")  # billed whole
+    assert TRAIN_GPU.declared(1) == Hardware("nvidia-l4", 1)
+    assert TRAIN_TPU.describe() == "a TPU v5e 2x2 slice (4 chips, tpu-v5-lite-podslice)"
+    assert TRAIN_GPU_MULTINODE.describe() == "8 x nvidia-h100-80gb GPU"
+
+
+@pytest.mark.parametrize("entry", TPU_CATALOG, ids=lambda e: e.name)
+def test_a_tpu_option_moves_the_task_to_its_slice(entry):
+    overrides = TARGETS["tpu"].profile.overrides_for(entry)
+    accelerator = overrides["accelerator"].to_flyte_idl()
+    assert (accelerator.device, accelerator.partition_size) == (entry.device, entry.partition)
+    pod = overrides["pod_template"].pod_spec
+    assert pod.node_selector["cloud.google.com/gke-tpu-topology"] == entry.partition
+    assert pod.containers[0].resources.limits["google.com/tpu"] == str(entry.devices)
+    assert "requests" not in overrides  # the pod template carries them; flytekit would replace them
+
+
+def test_a_gpu_profile_refuses_a_tpu_option_naming_it():
+    with pytest.raises(ValueError, match="planner option tpu-v5e-1x1 is a tpu option, not a GPU"):
+        TRAIN_GPU.overrides_for(TPU_CATALOG[0])
 
 
 def test_catalog_prices_come_from_the_one_price_table():

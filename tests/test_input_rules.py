@@ -227,3 +227,20 @@ def test_the_comparison_refuses_a_bad_price_before_it_prepares_or_trains():
 
     with pytest.raises(Exception, match=r"input 'prices\['cpu'\]' = -1.0: must be a finite number >= 0"):
         hardware_comparison(dataset="/no/such/data.parquet", prices={"cpu": -1.0, "nvidia-l4": 1})
+
+
+def test_on_a_cluster_every_step_of_the_comparison_waits_for_its_prices_check():
+    """The local run above checks the prices first because it runs the nodes in order; a cluster runs
+    what the graph allows, so there every other node must follow the check."""
+    from workflows.comparison import hardware_comparison
+
+    upstream = {node.id: {up.id for up in node.upstream_nodes} for node in hardware_comparison.nodes}
+    names = {node.id: node.flyte_entity.name for node in hardware_comparison.nodes}
+    (check,) = [node for node, name in names.items() if name == "tasks.compare.check_prices"]
+
+    def before(node: str) -> set[str]:
+        return set().union(*({up} | before(up) for up in upstream[node]))
+
+    assert upstream[check] == set()
+    for node in upstream.keys() - {check}:
+        assert check in before(node), f"{names[node]} does not wait for the prices check"

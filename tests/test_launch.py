@@ -17,7 +17,7 @@ from tasks.core.rendezvous import rendezvous_events_named_without_stack_walks
 # and that the local splits' files are there (this folder stands in for them).
 SPLIT = StructuredDataset(uri=str(Path(__file__).parent))
 TASK_INPUTS = {
-    "prepared": SimpleNamespace(rows={"train": 1_000}, train=SPLIT, val=SPLIT),
+    "prepared": SimpleNamespace(table=SimpleNamespace(rows={"train": 1_000}), train=SPLIT, val=SPLIT),
     "hyperparameters": TrainConfig(),
 }
 

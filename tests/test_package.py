@@ -20,6 +20,7 @@ pytestmark = pytest.mark.slow
 
 IMAGE_OF_TASK = {
     "tasks.preprocess.preprocess": "cpu",
+    "tasks.compare.check_prices": "cpu",
     "tasks.compare.compare": "cpu",
     "tasks.schedule.dataset_partition": "cpu",
     "tasks.evaluate.evaluate": "ml-cpu",

@@ -145,7 +145,7 @@ def workload(
     hidden: list[int], batch: int = 64, accum: int = 1, rows: int = 1257, features: int = 64
 ) -> Workload:
     footprint = measure_footprint(mlp_spec(hidden, 0.1), features, 10, "pytorch", mixed_precision=True)
-    return Workload(footprint, batch, accum, rows, 270, "torch")
+    return Workload(footprint, batch, accum, rows, 270, "pytorch")
 
 
 def test_small_default_model_gets_a_mig_slice():
@@ -214,9 +214,8 @@ def test_preprocessing_memory_is_capped_at_the_largest_cpu_node():
 
 
 def test_planned_overrides_reach_the_serialized_node():
-    from tasks.planner import overrides_for
     from tasks.preprocess import preprocess
-    from tasks.train_torch import train_torch
+    from tasks.targets import TARGETS
 
     plan = plan_training(workload([256, 128]), GPU_CATALOG)
 
@@ -226,7 +225,10 @@ def test_planned_overrides_reach_the_serialized_node():
             dataset=dataset, label_column="label", val_fraction=0.15, test_fraction=0.15, seed=0
         )
         hyperparameters = TrainConfig(epochs=1, grad_accum_steps=plan.grad_accum_steps)
-        train_torch(prepared=prepared, hyperparameters=hyperparameters).with_overrides(**overrides_for(plan))
+        gpu = TARGETS["gpu"]
+        gpu.task(prepared=prepared, hyperparameters=hyperparameters).with_overrides(
+            **gpu.profile.overrides_for(plan.choice)
+        )
 
     images = {
         name: f"registry.example.com/mixedml-{name}:v1"

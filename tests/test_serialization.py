@@ -11,7 +11,7 @@ from google.protobuf.json_format import MessageToDict
 
 from tasks.compare import compare
 from tasks.evaluate import evaluate
-from tasks.hardware import LAUNCHER_EXIT_MARGIN_S, TRAIN_GPU, TRAIN_GPU_MULTINODE, TRAIN_TPU
+from tasks.hardware import LAUNCHER_EXIT_MARGIN_S, TRAIN_GPU, TRAIN_GPU_MULTINODE, TRAIN_TF_GPU, TRAIN_TPU
 from tasks.preprocess import preprocess
 from tasks.train_tf import train_tf_gpu, train_tf_tpu
 from tasks.train_torch import train_torch, train_torch_multinode
@@ -82,7 +82,7 @@ def test_single_node_elastic_is_a_plain_pod_running_torch_elastic():
 TRAINING = {
     "torch": (train_torch, TRAIN_GPU),
     "torch-multinode": (train_torch_multinode, TRAIN_GPU_MULTINODE),
-    "tf-gpu": (train_tf_gpu, TRAIN_GPU),
+    "tf-gpu": (train_tf_gpu, TRAIN_TF_GPU),
     "tf-tpu": (train_tf_tpu, TRAIN_TPU),
 }
 

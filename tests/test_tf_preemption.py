@@ -92,5 +92,5 @@ def test_sigterm_saves_the_step_reached_and_the_retry_trains_the_rest(blob_split
     later_epochs = [[epoch, steps] for epoch in range(saved["epoch"] + 1, CONFIG.epochs)]
     assert resumed["trained"] == [[saved["epoch"], steps - saved["step"]], *later_epochs]
     assert [record["epoch"] for record in resumed["history"]] == list(range(1, CONFIG.epochs + 1))
-    completed = [list(record.values()) for record in resumed["history"][: saved["epoch"]]]
-    assert completed == saved["history"]  # the epochs finished before the interruption, as recorded then
+    # The epochs finished before the interruption, as recorded then.
+    assert resumed["history"][: saved["epoch"]] == saved["history"]

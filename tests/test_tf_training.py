@@ -9,11 +9,13 @@ from pathlib import Path
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from tasks.core.config import TrainConfig
 from tasks.core.data import read_split
 from tasks.core.keras_models import load_keras_artifact, predict_keras
 from tasks.core.models import ModelSpec, build, mlp_spec
+from tasks.core.precision import for_keras
 from tasks.core.tf_strategy import Environment
 from tasks.core.tf_training import (
     TPU_STEPS_PER_EXECUTION,
@@ -22,7 +24,6 @@ from tasks.core.tf_training import (
     batches,
     dtype_policy,
     learning_rate_schedule,
-    precision_policy,
     step_compiler,
     steps_per_execution,
     train_keras,
@@ -66,13 +67,17 @@ def test_the_cnn_trains_on_a_tensorflow_target_and_evaluates_from_its_artifact(b
     assert np.array_equal(predict_keras(model, features), predict_keras(outcome.model, features))
 
 
-def test_the_keras_schedule_is_the_configs_cosine():
-    config = TrainConfig(learning_rate=0.01)
+@pytest.mark.parametrize("name", ["cosine", "constant"])
+def test_the_keras_schedule_is_the_configs(name):
+    config = TrainConfig(learning_rate=0.01, lr_schedule=name)
     schedule = learning_rate_schedule(config, total_steps=40)
     for step in (0, 10, 20, 39):
         assert float(schedule(step)) == pytest.approx(config.learning_rate_at(step, 40), rel=1e-4)
-    assert config.learning_rate_at(20, 40) == pytest.approx(0.005)  # half-way: half the rate
-    assert learning_rate_schedule(TrainConfig(lr_schedule="constant"), 40) == TrainConfig().learning_rate
+    half_way = 0.005 if name == "cosine" else 0.01
+    assert config.learning_rate_at(20, 40) == pytest.approx(half_way)
+    traced = tf.function(schedule, jit_compile=True)  # as an XLA-compiled step calls it
+    assert float(traced(tf.constant(10, tf.int64))) == pytest.approx(float(schedule(10)))
+    assert type(schedule).from_config(schedule.get_config()).get_config() == schedule.get_config()
 
 
 def test_same_seed_same_history_on_cpu(blob_splits):
@@ -135,7 +140,7 @@ def test_full_batches_have_the_static_shape_a_tpu_compiles_once():
     ],
 )
 def test_precision_policy(kind, gpus, precision, expected):
-    assert precision_policy(kind, gpus, precision) == expected
+    assert for_keras(precision, kind, gpus).keras_policy == expected
 
 
 def test_logits_stay_float32_under_mixed_precision():

@@ -78,17 +78,17 @@ def test_many_missing_labels_give_a_bounded_message(tmp_path):
 def test_labels_differing_by_surrounding_whitespace_are_one_class(tmp_path, name):
     path = write(with_labels(["yes", " yes", "yes  ", "no", "\tno"]), tmp_path / name)
     prepared = prepare(path, tmp_path)
-    assert prepared.class_labels == ["no", "yes"]
-    assert prepared.class_counts == {"no": 24, "yes": 36}
+    assert prepared.table.class_labels == ["no", "yes"]
+    assert prepared.table.class_counts == {"no": 24, "yes": 36}
 
 
 def test_labels_differing_by_case_are_kept_apart_and_warned(tmp_path):
     path = write(with_labels(["yes", "YES ", "no"]), tmp_path / "data.csv")
     prepared = prepare(path, tmp_path)
-    assert prepared.class_labels == ["YES", "no", "yes"]
+    assert prepared.table.class_labels == ["YES", "no", "yes"]
     expected = ["classes 'YES' and 'yes' differ only by case; they are kept as separate classes"]
-    assert label_case_warnings(prepared.class_labels) == expected
-    assert prepared.notes == expected
+    assert label_case_warnings(prepared.table.class_labels) == expected
+    assert prepared.table.notes == expected
 
 
 def test_case_warnings_are_bounded():
@@ -106,14 +106,14 @@ def test_case_warnings_are_bounded():
 def test_na_null_and_n_a_are_ordinary_classes_in_csv(tmp_path):
     path = write(with_labels(["NA", "NULL", "n/a", "N/A", "none"], n_rows=100), tmp_path / "data.csv")
     prepared = prepare(path, tmp_path)
-    assert prepared.class_labels == ["N/A", "NA", "NULL", "n/a", "none"]
-    assert set(prepared.class_counts.values()) == {20}
+    assert prepared.table.class_labels == ["N/A", "NA", "NULL", "n/a", "none"]
+    assert set(prepared.table.class_counts.values()) == {20}
 
 
 def test_integer_csv_labels_stay_numbers(tmp_path):
     path = write(with_labels(list(range(12)), n_rows=240), tmp_path / "data.csv")
     prepared = prepare(path, tmp_path)
-    assert prepared.class_labels == [str(digit) for digit in range(12)]  # 10 after 9, not after 1
+    assert prepared.table.class_labels == [str(digit) for digit in range(12)]  # 10 after 9, not after 1
 
 
 def test_na_in_a_csv_feature_is_still_a_missing_value(tmp_path):
@@ -159,8 +159,8 @@ def test_csv_delimiter_is_sniffed_from_the_header(tmp_path, delimiter):
     path = write(frame, tmp_path / "data.csv", sep=delimiter)
     before = Path(path).read_bytes()
     prepared = prepare(path, tmp_path)
-    assert prepared.feature_names == ["f0", "f1"]
-    assert sum(prepared.rows.values()) == len(frame)
+    assert prepared.table.feature_names == ["f0", "f1"]
+    assert sum(prepared.table.rows.values()) == len(frame)
     assert Path(path).read_bytes() == before
 
 
@@ -181,8 +181,9 @@ def test_part_files_whose_numeric_types_differ_are_read_as_floats(tmp_path):
     write(frame, parts / "a.parquet")
     write(frame.assign(f0=frame["f0"] + 0.5), parts / "b.parquet")
     prepared = prepare(str(parts), tmp_path)
-    assert sum(prepared.rows.values()) == 60
-    assert prepared.scaler.mean[0] != pytest.approx(round(prepared.scaler.mean[0]))  # the .5s were kept
+    assert sum(prepared.table.rows.values()) == 60
+    mean = prepared.table.scaler.mean[0]
+    assert mean != pytest.approx(round(mean))  # the .5s were kept
 
 
 @pytest.mark.parametrize("suffix", [".parquet", ".csv"])

@@ -7,7 +7,7 @@ from typing import NamedTuple
 from flytekit import workflow
 from flytekit.types.directory import FlyteDirectory
 
-from tasks.compare import compare
+from tasks.compare import check_prices, compare
 from tasks.core.compare import HardwareComparison
 from tasks.core.config import TrainConfig
 from tasks.evaluate import evaluate
@@ -40,12 +40,15 @@ def hardware_comparison(
         prices: USD per accelerator-hour by accelerator name (GPU, TPU chip, or "cpu" per worker), for
             runs without an applied plan; a planned run is priced at its catalog option's price.
     """
-    # The pipeline's front door: every input checked before any accelerator is asked for, and the
-    # preprocessing cache keyed on the data's fingerprint, so a file rewritten in place is prepared again.
+    # The prices first, then the pipeline's front door: every input checked before any accelerator is
+    # asked for, and the preprocessing cache keyed on the data's fingerprint, so a file rewritten in
+    # place is prepared again.
+    prices_checked = check_prices(prices=prices)
     prepared, preprocess_plan = prepare_data(
         dataset=dataset, label_column=label_column, val_fraction=0.15, test_fraction=0.15, target="gpu",
-        hyperparameters=hyperparameters, plan_resources=plan_resources, prices=prices,
+        hyperparameters=hyperparameters, plan_resources=plan_resources,
     )  # fmt: skip
+    prices_checked >> prepared
     runs = dict(prepared=prepared, preprocess_plan=preprocess_plan, hyperparameters=hyperparameters,
                 plan_resources=plan_resources)  # fmt: skip
     on_gpu, gpu_plan = train_on_target(target="gpu", **runs)

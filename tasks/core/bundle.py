@@ -36,6 +36,7 @@ import pyarrow as pa
 from tasks.core.config import Hardware, TrainingRun
 from tasks.core.data import (
     DatasetError,
+    PreparedTable,
     ScalerStats,
     batch_features,
     check_finite,
@@ -90,14 +91,14 @@ class BundleRecord:
     metrics: ClassificationMetrics | None = None  # the test split's, once evaluation adds them
 
     @classmethod
-    def of(cls, prepared, run: TrainingRun, billed: Hardware, data_fingerprint: str) -> BundleRecord:
-        """From prepared data: data.PreparedSplits, or the task boundary's PreparedData, which carries
-        the same fields."""
+    def of(
+        cls, table: PreparedTable, run: TrainingRun, billed: Hardware, data_fingerprint: str
+    ) -> BundleRecord:
+        """From what the prepared splits hold (`PreparedSplits.table`, `PreparedData.table`)."""
         return cls(
-            framework=run.framework, feature_names=prepared.feature_names, scaler=prepared.scaler,
-            class_labels=prepared.class_labels, label_kind=prepared.label_kind,
-            label_column=prepared.label_column, source=prepared.source, data_fingerprint=data_fingerprint,
-            run=run, billed=billed,
+            framework=run.framework, feature_names=table.feature_names, scaler=table.scaler,
+            class_labels=table.class_labels, label_kind=table.label_kind, label_column=table.label_column,
+            source=table.source, data_fingerprint=data_fingerprint, run=run, billed=billed,
         )  # fmt: skip
 
 

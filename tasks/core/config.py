@@ -36,6 +36,13 @@ def range_rule(value: int, low: int, high: int) -> str:
     return f"must be at most {high:,}" if value > high else ""
 
 
+def micro_batch(batch_size: int, workers: int, grad_accum_steps: int) -> int | None:
+    """Each worker's micro-batch when the global batch splits evenly over `workers` x `grad_accum_steps`
+    accumulation steps, else None: the training loops give every micro-batch the same number of rows."""
+    per_step = workers * grad_accum_steps
+    return batch_size // per_step if per_step > 0 and batch_size % per_step == 0 else None
+
+
 @dataclass
 class ModelConfig:
     n_features: int
@@ -92,7 +99,7 @@ class TrainConfig:
         rules = [(name, not rule, rule) for name, rule in ranges] + [
             ("learning_rate", math.isfinite(self.learning_rate) and self.learning_rate > 0, "must be a finite number > 0"),
             ("weight_decay", math.isfinite(self.weight_decay) and self.weight_decay >= 0, "must be a finite number >= 0"),
-            ("grad_accum_steps", self.batch_size % max(self.grad_accum_steps, 1) == 0,
+            ("grad_accum_steps", micro_batch(self.batch_size, 1, self.grad_accum_steps) is not None,
              f"must divide batch_size ({self.batch_size}) evenly"),
             ("lr_schedule", self.lr_schedule in LR_SCHEDULES, f"not one of {', '.join(LR_SCHEDULES)}"),
             ("precision", self.precision in PRECISIONS, f"not one of {', '.join(PRECISIONS)}"),
@@ -126,18 +133,38 @@ class TrainConfig:
     def learning_rate_at(self, step: int, total_steps: int) -> float:
         """The rate for optimizer step `step` (from 0) of `total_steps`: a function of the step
         alone, so a resumed run continues the schedule from its checkpointed step."""
-        if self.lr_schedule == "constant":
-            return self.learning_rate
-        return self.learning_rate * 0.5 * (1 + math.cos(math.pi * step / total_steps))
+        return scheduled_learning_rate(self.lr_schedule, self.learning_rate, step, total_steps)
 
     def micro_batch_size(self, world_size: int) -> int:
-        per_step = world_size * self.grad_accum_steps
-        if self.batch_size % per_step:
+        size = micro_batch(self.batch_size, world_size, self.grad_accum_steps)
+        if size is None:
             raise ValueError(
                 f"batch_size={self.batch_size} must be divisible by world_size x grad_accum_steps "
                 f"= {world_size} x {self.grad_accum_steps}"
             )
-        return self.batch_size // per_step
+        return size
+
+    def steps_per_epoch(self, rows: int, world_size: int = 1) -> int:
+        """The optimizer steps of an epoch over `rows` training rows on each of `world_size` workers:
+        a step takes `micro_batch_size` x `grad_accum_steps` rows from each, the rows left over wait
+        for the next epoch's order. A shard too small for one step is refused."""
+        micro = self.micro_batch_size(world_size)
+        if rows < micro * self.grad_accum_steps:
+            held = f"each of {world_size} workers holds {rows}" if world_size > 1 else f"only {rows}"
+            raise ValueError(
+                f"{held} training rows, fewer than one optimizer step "
+                f"({micro} x {self.grad_accum_steps}); lower batch_size"
+            )
+        return rows // (micro * self.grad_accum_steps)
+
+
+def scheduled_learning_rate(schedule: str, peak: float, step, total_steps: int, cos=math.cos):
+    """The rate at step `step` (from 0) of `total_steps`: `peak` throughout ("constant"), or from
+    `peak` down to 0 along a half cosine ("cosine"). `step` may be a tensor, with `cos` its
+    framework's cosine: the Keras optimizer computes the rate on its own step counter."""
+    if schedule == "constant":
+        return peak
+    return peak * 0.5 * (1 + cos(math.pi * step / total_steps))
 
 
 @dataclass

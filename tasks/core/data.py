@@ -28,6 +28,7 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pa_fs
 import pyarrow.parquet as pq
 
+from tasks.core.config import SplitPaths
 from tasks.core.messages import LINE_CHARS, one_line, preview, shorten
 
 FORMATS_BY_SUFFIX = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv"}
@@ -62,6 +63,16 @@ class DatasetError(ValueError):
     """Input data that cannot be used; the message names the file, the column and the problem."""
 
 
+# Each held-out split needs rows, and training keeps the most of them.
+FRACTION_RULE = "must be between 0 and 0.5 (exclusive)"
+
+
+def bad_fractions(val_fraction: float, test_fraction: float) -> dict[str, float]:
+    """The held-out fractions that break `FRACTION_RULE`, by name."""
+    fractions = {"val_fraction": val_fraction, "test_fraction": test_fraction}
+    return {name: value for name, value in fractions.items() if not 0.0 < value < 0.5}
+
+
 @dataclass
 class SplitConfig:
     val_fraction: float = 0.15
@@ -69,10 +80,8 @@ class SplitConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("val_fraction", "test_fraction"):
-            value = getattr(self, name)
-            if not 0.0 < value < 0.5:
-                raise DatasetError(f"{name}={value} must be between 0 and 0.5 (exclusive)")
+        for name, value in bad_fractions(self.val_fraction, self.test_fraction).items():
+            raise DatasetError(f"{name}={value} {FRACTION_RULE}")
 
 
 @dataclass
@@ -93,19 +102,34 @@ def standardise(raw: np.ndarray, scaler: ScalerStats) -> np.ndarray:
 
 
 @dataclass
-class PreparedSplits:
-    """Where the prepared splits were written and what is in them."""
+class PreparedTable:
+    """What the prepared splits hold. The splits written here (`PreparedSplits`) and the task
+    boundary's `PreparedData` both carry it as it is."""
 
-    paths: dict[str, str]
-    rows: dict[str, int]
-    feature_names: list[str]
-    label_column: str
+    feature_names: list[str]  # in the order the model reads them
+    label_column: str  # holds class codes into `class_labels`
     class_labels: list[str]
     class_counts: dict[str, int]
-    scaler: ScalerStats
-    source: str = ""
+    rows: dict[str, int]  # by split
+    scaler: ScalerStats  # fitted on the train split
+    source: str = ""  # the input, as reports name it
     label_kind: str = "string"  # what the class labels were before they became text: see LABEL_KINDS
-    notes: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # e.g. case-only class differences, columns left out
+
+    def split_paths(self, train: str, val: str) -> SplitPaths:
+        """The train and val splits at these paths, as the training loops read them."""
+        return SplitPaths(train, val, self.feature_names, self.label_column, len(self.class_labels))
+
+
+@dataclass
+class PreparedSplits:
+    """Where the prepared splits were written, and what they hold."""
+
+    paths: dict[str, str]  # by split
+    table: PreparedTable
+
+    def split_paths(self) -> SplitPaths:
+        return self.table.split_paths(self.paths["train"], self.paths["val"])
 
 
 def detect_format(uri: str) -> str:
@@ -820,7 +844,7 @@ def write_splits(
     dataset: ds.Dataset, uri: str, prepared: PreparedSplits, codes: np.ndarray, assignment: np.ndarray
 ) -> None:
     """Append each batch's rows to the split they belong to: standardised, or raw in the raw split."""
-    features, label = prepared.feature_names, prepared.label_column
+    features, label = prepared.table.feature_names, prepared.table.label_column
     schemas = {name: split_schema(features, label, name) for name in SPLITS}
     # Dictionary encoding never pays off for float features; skipping it halves write time.
     writers = {
@@ -833,7 +857,7 @@ def write_splits(
             offset += batch.num_rows
             raw = batch_features(batch, features, np.float64)
             with np.errstate(over="ignore"):  # refused by name below
-                scaled = standardise(raw, prepared.scaler)
+                scaled = standardise(raw, prepared.table.scaler)
             check_standardised(scaled, raw, features, rows.start, uri)
             for index, name in enumerate(SPLITS):
                 keep = assignment[rows] == index
@@ -880,18 +904,18 @@ def prepare_dataset(uri: str, label_column: str, out_dir: str, split: SplitConfi
         split_dir = Path(out_dir) / name
         split_dir.mkdir(parents=True, exist_ok=True)
         paths[name] = str(split_dir / "part-00000.parquet")
-    prepared = PreparedSplits(
-        paths=paths,
-        rows={name: int((assignment == i).sum()) for i, name in enumerate(SPLITS)},
+    table = PreparedTable(
         feature_names=features,
         label_column=label_column,
         class_labels=class_labels,
         class_counts={c: int(n) for c, n in zip(class_labels, np.bincount(codes), strict=True)},
+        rows={name: int((assignment == i).sum()) for i, name in enumerate(SPLITS)},
         scaler=scaler,
         source=uri,
         label_kind=label_kind(labels),
         notes=[*left_out.values(), *label_case_warnings(class_labels)],
     )
+    prepared = PreparedSplits(paths=paths, table=table)
     write_splits(dataset, uri, prepared, codes, assignment)
     return prepared
 

@@ -17,7 +17,7 @@ import json
 import keras
 import numpy as np
 
-from tasks.core.memory import FP32, HALF, ModelFootprint
+from tasks.core.memory import FP32, ModelFootprint
 from tasks.core.models import (
     InputSpec,
     ModelSpec,
@@ -29,6 +29,7 @@ from tasks.core.models import (
     mlp_options,
     rebuild,
 )
+from tasks.core.precision import for_planning
 
 MODEL_TYPE = "keras.Model"
 SPEC_KEY = "spec"
@@ -53,11 +54,11 @@ def probe_logits(model: keras.Model, rows: int, n_features: int) -> tuple[list[i
 def footprint(spec: ModelSpec, input_spec: InputSpec, mixed_precision: bool) -> ModelFootprint:
     """The model built and checked on CPU rows; parameters counted from its weights. Activations are
     estimated, not probed: each layer's output per row, kept for the backward pass and matched by a
-    gradient of the same size (2 bytes a value under mixed precision). A model whose layers have no
+    gradient of the same size (in the precision's bytes per value). A model whose layers have no
     static output shape (subclassed) gets 0, and the OOM guard covers what the plan does not see."""
     model = check_model(spec, input_spec.n_features, input_spec.n_classes, "tensorflow")
     trainable = trainable_count(model)
-    value_bytes = HALF if mixed_precision else FP32
+    value_bytes = for_planning(mixed_precision).value_bytes
     return ModelFootprint(
         state_bytes=sum(int(np.prod(weight.shape)) * FP32 for weight in model.weights),
         trainable_bytes=trainable * FP32,

@@ -8,7 +8,10 @@ from dataclasses import dataclass, field
 
 
 @dataclass
-class LaunchPlan:
+class WorkerLaunch:
+    """The nodes and worker processes per node that torch elastic launches, and why they differ from
+    the task's configuration where they do."""
+
     min_nodes: int
     max_nodes: int
     nproc_per_node: int
@@ -46,7 +49,7 @@ def plan_launch(
     gpu_count: int,
     local_cpu_workers: int,
     on_cluster: bool = False,
-) -> LaunchPlan:
+) -> WorkerLaunch:
     """Fit the configured launch to this machine.
 
     Inside a Kubeflow PyTorchJob the configuration is used as declared. On a laptop or in CI a
@@ -56,7 +59,7 @@ def plan_launch(
     plain pod: that fails at once, since training on one node would be a silently different run.
     """
     if in_pytorch_job:
-        return LaunchPlan(min_nodes, max_nodes, nproc_per_node)
+        return WorkerLaunch(min_nodes, max_nodes, nproc_per_node)
     notes = []
     if (min_nodes > 1 or max_nodes > 1) and on_cluster:
         raise MissingPyTorchJob(
@@ -73,8 +76,8 @@ def plan_launch(
     if gpu_count == 0:
         processes = "process" if local_cpu_workers == 1 else "processes"
         notes.append(f"no GPU found; training with {local_cpu_workers} CPU worker {processes} (gloo)")
-        return LaunchPlan(1, 1, local_cpu_workers, notes)
+        return WorkerLaunch(1, 1, local_cpu_workers, notes)
     if gpu_count < nproc_per_node:
         notes.append(f"{nproc_per_node} GPUs per node requested but {gpu_count} present; using {gpu_count}")
-        return LaunchPlan(1, 1, gpu_count, notes)
-    return LaunchPlan(1, 1, nproc_per_node, notes)
+        return WorkerLaunch(1, 1, gpu_count, notes)
+    return WorkerLaunch(1, 1, nproc_per_node, notes)

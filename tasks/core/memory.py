@@ -18,7 +18,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-FP32, HALF = 4, 2
+from tasks.core.precision import FP32 as FULL_PRECISION
+from tasks.core.precision import for_planning
+
+FP32 = FULL_PRECISION.value_bytes  # the features, and the weights the optimizer updates, are float32
 CUDA_CONTEXT_BYTES = 600 * 2**20
 ALLOCATOR_SLACK = 0.10
 TF_RUNTIME_BYTES = 1024 * 2**20
@@ -83,7 +86,7 @@ class ModelFootprint:
         self,
         micro_batch: int,
         resident_rows: int = 0,
-        framework: str = "torch",
+        framework: str = "pytorch",
         on_accelerator: bool = True,
         world_size: int = 1,
     ) -> MemoryEstimate:
@@ -93,8 +96,9 @@ class ModelFootprint:
         `world_size` the data-parallel workers (torch DDP ranks, or TensorFlow replicas)."""
         overhead = 0
         if on_accelerator:
-            overhead = CUDA_CONTEXT_BYTES if framework == "torch" else TF_RUNTIME_BYTES
-        ddp = framework == "torch" and world_size > 1
+            overhead = CUDA_CONTEXT_BYTES if framework == "pytorch" else TF_RUNTIME_BYTES
+        ddp = framework == "pytorch" and world_size > 1
+        precision = for_planning(self.mixed_precision)
         estimate = MemoryEstimate(
             parameters=self.state_bytes,
             gradients=self.trainable_bytes,
@@ -103,7 +107,7 @@ class ModelFootprint:
             optimizer_temporaries=2 * self.trainable_bytes,
             activations=round(self.activation_bytes_per_row * micro_batch),
             data=resident_rows * (self.n_features * FP32 + 8),
-            autocast_weights=self.trainable_count * HALF if self.mixed_precision else 0,
+            autocast_weights=self.trainable_count * precision.value_bytes if precision.mixed else 0,
             overhead_bytes=overhead,
             gradient_reduce_bucket=min(GRADIENT_REDUCE_BUCKET_BYTES, self.trainable_bytes) if ddp else 0,
             communication_bytes=NCCL_BYTES if ddp and on_accelerator else 0,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from tasks.core.config import MIN_MICRO_BATCH_SIZE
+from tasks.core.config import MIN_MICRO_BATCH_SIZE, micro_batch
 from tasks.core.machines import MachineType
 from tasks.core.memory import MemoryEstimate, ModelFootprint
 
@@ -76,9 +76,9 @@ class Workload:
 
 def estimate_for(workload: Workload, entry: CatalogEntry, accum: int) -> MemoryEstimate | None:
     """Per-device estimate on `entry`, or None if the batch does not split over it evenly."""
-    if workload.batch_size % (entry.devices * accum):
+    micro = micro_batch(workload.batch_size, entry.devices, accum)
+    if micro is None:
         return None
-    micro = workload.batch_size // (entry.devices * accum)
     resident = math.ceil(workload.train_rows / entry.devices) + math.ceil(workload.val_rows / entry.devices)
     return workload.footprint.estimate(
         micro, resident, workload.framework, on_accelerator=True, world_size=entry.devices
@@ -132,7 +132,7 @@ def make_plan(workload, choice, accum, estimates, catalog) -> TrainingPlan:
         choice=choice,
         estimate=estimate,
         estimated_peak_gib=estimate.total_gib,
-        micro_batch_size=workload.batch_size // (choice.devices * accum),
+        micro_batch_size=micro_batch(workload.batch_size, choice.devices, accum),
         grad_accum_steps=accum,
         effective_batch_size=workload.batch_size,
         options=options,

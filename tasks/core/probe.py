@@ -26,10 +26,9 @@ from torch.utils._pytree import tree_leaves
 
 from tasks.core.memory import ModelFootprint
 from tasks.core.models import InputSpec
+from tasks.core.precision import named
 
 PROBE_ROWS = 8
-# CPU autocast computes in bfloat16; fp16 takes the same two bytes per value.
-AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.bfloat16}
 OPTIMIZER_MOMENTS = {"adamw": 2}
 
 
@@ -121,9 +120,9 @@ def activation_bytes_per_row(model: nn.Module, input_spec: InputSpec, precision:
 
 
 def step_timeline(model: nn.Module, input_spec: InputSpec, rows: int, precision: str) -> AllocationTimeline:
-    """The allocations of one forward and backward pass of `rows` random rows."""
-    if precision not in AUTOCAST_DTYPES:
-        raise ValueError(f"precision {precision!r} is not one of {', '.join(AUTOCAST_DTYPES)}")
+    """The allocations of one forward and backward pass of `rows` random rows, in `precision`
+    (a name of `tasks.core.precision.TABLE`)."""
+    mixed = named(precision).mixed
     generator = torch.Generator().manual_seed(0)
     features = torch.randn(rows, input_spec.n_features, generator=generator)
     labels = torch.randint(0, input_spec.n_classes, (rows,), generator=generator)
@@ -131,7 +130,7 @@ def step_timeline(model: nn.Module, input_spec: InputSpec, rows: int, precision:
     model.train()
     timeline = AllocationTimeline()
     with timeline:
-        with autocast(precision):
+        with autocast(mixed):
             loss = F.cross_entropy(model(features).float(), labels)
         loss.backward()
         del loss
@@ -140,9 +139,9 @@ def step_timeline(model: nn.Module, input_spec: InputSpec, rows: int, precision:
     return timeline
 
 
-def autocast(precision: str):
-    dtype = AUTOCAST_DTYPES[precision]
-    return torch.autocast("cpu", dtype=dtype) if dtype else contextlib.nullcontext()
+def autocast(mixed: bool):
+    """CPU autocast computes in bfloat16 only; fp16 takes the same two bytes per value."""
+    return torch.autocast("cpu", dtype=torch.bfloat16) if mixed else contextlib.nullcontext()
 
 
 def model_state_bytes(model: nn.Module, optimizer: str = "adamw") -> int:
@@ -173,5 +172,5 @@ def measure_footprint(model: nn.Module, input_spec: InputSpec, precision: str = 
         measure_state(model),
         activation_bytes_per_row=activation_bytes_per_row(model, input_spec, precision),
         n_features=input_spec.n_features,
-        mixed_precision=precision != "fp32",
+        mixed_precision=named(precision).mixed,
     )

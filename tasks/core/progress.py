@@ -1,12 +1,47 @@
-"""Training progress: a live bar on a terminal, plain log lines at a steady rate everywhere else."""
+"""Training progress, the same for both loops: where a run stands (what its checkpoint records), the
+line logged per epoch, and a live bar on a terminal or plain log lines at a steady rate elsewhere."""
 
 from __future__ import annotations
 
 import logging
 import sys
 import time
+from dataclasses import asdict, dataclass, field
+
+from tasks.core.config import EpochMetrics
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainingProgress:
+    """Where a run stands: the epoch in progress (from 0), the steps done in it (optimizer steps in
+    the torch loop, batches in the Keras one), and the metrics of every completed epoch. A
+    checkpoint holds it as `to_dict()`, a plain dict."""
+
+    epoch: int = 0
+    step: int = 0
+    history: list[EpochMetrics] = field(default_factory=list)
+
+    def finish_epoch(self, metrics: EpochMetrics) -> None:
+        self.history.append(metrics)
+        self.epoch, self.step = self.epoch + 1, 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, saved: dict) -> TrainingProgress:
+        history = [EpochMetrics(**metrics) for metrics in saved["history"]]
+        return cls(saved["epoch"], saved["step"], history)
+
+
+def log_epoch(metrics: EpochMetrics, epochs: int) -> None:
+    log.info(
+        "epoch %d/%d train_loss=%.4f train_acc=%.4f val_loss=%.4f val_acc=%.4f",
+        metrics.epoch, epochs, metrics.train_loss, metrics.train_accuracy,
+        metrics.val_loss, metrics.val_accuracy,
+    )  # fmt: skip
 
 
 class ProgressReporter:

@@ -9,7 +9,7 @@ import os
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
@@ -17,11 +17,13 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tasks.core.config import EpochMetrics, SplitPaths, TrainConfig, TrainingRun
+from tasks.core.config import EpochMetrics, SplitPaths, TrainConfig, TrainingRun, scheduled_learning_rate
 from tasks.core.data import read_split
 from tasks.core.keras_models import save_keras_artifact
 from tasks.core.models import InputSpec, TrainingDiverged, build, input_spec_for
+from tasks.core.precision import for_keras
 from tasks.core.preemption import PreemptionNotice
+from tasks.core.progress import TrainingProgress, log_epoch
 from tasks.core.tf_strategy import Environment, detect_environment, select_strategy
 
 log = logging.getLogger(__name__)
@@ -34,17 +36,6 @@ STATE_FILE = "training_state.json"
 class KerasOutcome:
     run: TrainingRun
     model: keras.Model
-
-
-def precision_policy(strategy_kind: str, gpu_count: int, precision: str) -> str:
-    """Keras dtype policy: bf16 on TPU, fp16 on GPU (bf16 if asked), float32 on CPU or when fp32 is asked."""
-    if precision == "fp32":
-        return "float32"
-    if strategy_kind == "tpu":
-        return "mixed_bfloat16"
-    if gpu_count == 0:
-        return "float32"
-    return "mixed_bfloat16" if precision == "bf16" else "mixed_float16"
 
 
 @contextmanager
@@ -81,35 +72,47 @@ def batches(features, labels, spec: BatchSpec, epoch: int = 0, skip: int = 0) ->
     with tf.device("/cpu:0"):
         features, labels = tf.constant(features), tf.constant(labels)
         order = epoch_order(count, spec.seed, epoch) if spec.shuffle else tf.range(count, dtype=tf.int64)
-        remaining = order[skip * spec.size :]
-    rows = tf.data.Dataset.from_tensor_slices(remaining).batch(spec.size, drop_remainder=spec.drop_remainder)
+        rows = batch_rows(order[skip * spec.size :], spec.size, spec.drop_remainder)
     gather = lambda rows: (tf.gather(features, rows), tf.gather(labels, rows))  # noqa: E731
     return rows.map(gather, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+
+
+def batch_rows(order: tf.Tensor, size: int, drop_remainder: bool) -> tf.data.Dataset:
+    """`order` cut into batches of `size` row indices: the whole batches by one reshape (a dataset of
+    single indices batched would cost a step per row, several per cent of an epoch), then the
+    short rest, if any and not dropped."""
+    whole = len(order) // size
+    rows = tf.data.Dataset.from_tensor_slices(tf.reshape(order[: whole * size], [whole, size]))
+    if drop_remainder or whole * size == len(order):
+        return rows
+    return rows.concatenate(tf.data.Dataset.from_tensors(order[whole * size :]))
 
 
 @dataclass
 class KerasData:
     """The splits ready to fit: `train_epoch(epoch=, skip=)` gives that epoch's batches from its
-    `skip`-th on; `steps` of them make an epoch."""
+    `skip`-th on; `steps` batches of `batch` rows (all replicas together) make an epoch."""
 
     train_epoch: Callable[..., tf.data.Dataset]
     val_data: tf.data.Dataset
     steps: int
+    batch: int
 
 
-def prepare_data(splits: SplitPaths, micro_batch: int, seed: int, static_shapes: bool) -> KerasData:
-    """Reads the train and validation splits; with `static_shapes` (a TPU) every validation batch is full."""
+def prepare_data(splits: SplitPaths, config: TrainConfig, replicas: int, static_shapes: bool) -> KerasData:
+    """Reads the train and validation splits; with `static_shapes` (a TPU) every validation batch is full.
+
+    A batch is one micro-batch on every replica; an epoch, whole optimizer steps of
+    `grad_accum_steps` batches each, as in the torch loop (`TrainConfig.steps_per_epoch`)."""
     x, y = read_split(splits.train, splits.feature_names, splits.label_column)
     vx, vy = read_split(splits.val, splits.feature_names, splits.label_column)
-    if len(y) < micro_batch:
-        raise ValueError(
-            f"{len(y)} training rows are fewer than one global batch ({micro_batch}); lower batch_size"
-        )
+    steps = config.steps_per_epoch(len(y)) * config.grad_accum_steps
+    batch = config.micro_batch_size(replicas) * replicas
     with tf.device("/cpu:0"):  # copied into tensors once; each epoch's `fit` gathers batches from them
         x, y = tf.constant(x), tf.constant(y)
-    train_epoch = partial(batches, x, y, BatchSpec(micro_batch, seed, shuffle=True, drop_remainder=True))
-    val_data = batches(vx, vy, BatchSpec(micro_batch, seed, shuffle=False, drop_remainder=static_shapes))
-    return KerasData(train_epoch, val_data, steps=len(y) // micro_batch)
+    train_epoch = partial(batches, x, y, BatchSpec(batch, config.seed, shuffle=True, drop_remainder=True))
+    val_data = batches(vx, vy, BatchSpec(batch, config.seed, shuffle=False, drop_remainder=static_shapes))
+    return KerasData(train_epoch, val_data, steps, batch)
 
 
 def epoch_order(count: int, seed: int, epoch: int) -> tf.Tensor:
@@ -133,41 +136,26 @@ class TrainClock(keras.callbacks.Callback):
             self._start = None
 
 
-class EpochLog(keras.callbacks.Callback):
-    def __init__(self, epochs: int):
-        super().__init__()
-        self.epochs = epochs
-
-    def on_epoch_end(self, epoch, logs=None):
-        logs = logs or {}
-        log.info(
-            "epoch %d/%d train_loss=%.4f train_acc=%.4f val_loss=%.4f val_acc=%.4f",
-            epoch + 1, self.epochs, logs.get("loss", np.nan), logs.get("accuracy", np.nan),
-            logs.get("val_loss", np.nan), logs.get("val_accuracy", np.nan),
-        )  # fmt: skip
+def batches_done(progress: TrainingProgress, steps_per_epoch: int) -> int:
+    return progress.epoch * steps_per_epoch + progress.step
 
 
-@dataclass
-class TrainingState:
-    """Where training stands: the epoch in progress (from 0), the batches done in it, and one
-    [epoch, train_loss, train_accuracy, val_loss, val_accuracy] record per completed epoch."""
-
-    epoch: int = 0
-    step: int = 0
-    history: list[list[float]] = field(default_factory=list)
-
-    def batches_done(self, steps_per_epoch: int) -> int:
-        return self.epoch * steps_per_epoch + self.step
+def random_states(model: keras.Model) -> list:
+    """The variables `save_weights` leaves out: the seed generators' states (dropout's), without
+    which a resumed run would draw other dropout masks than the uninterrupted one."""
+    weights = {id(variable) for variable in model.weights}
+    return [variable for variable in model.variables if id(variable) not in weights]
 
 
-def write_checkpoint(model: keras.Model, directory: Path, state: TrainingState) -> None:
-    """Weights (model and optimizer) under a name of their own, then the state naming them: replacing
-    the state file is the one step that commits a save, so a kill at any point leaves the previous
-    checkpoint whole."""
-    weights = f"epoch{state.epoch}-step{state.step}.weights.h5"
+def write_checkpoint(model: keras.Model, directory: Path, progress: TrainingProgress) -> None:
+    """Weights (model and optimizer) under a name of their own, then the progress naming them:
+    replacing the state file is the one step that commits a save, so a kill at any point leaves the
+    previous checkpoint whole."""
+    weights = f"epoch{progress.epoch}-step{progress.step}.weights.h5"
     model.save_weights(str(directory / weights))
     pending = directory / f"{STATE_FILE}.partial"
-    pending.write_text(json.dumps({**asdict(state), "weights": weights}))
+    seeds = [variable.numpy().tolist() for variable in random_states(model)]
+    pending.write_text(json.dumps({**progress.to_dict(), "weights": weights, "random_states": seeds}))
     os.replace(pending, directory / STATE_FILE)
     for stale in directory.glob("*.weights.h5"):
         if stale.name != weights:
@@ -175,40 +163,42 @@ def write_checkpoint(model: keras.Model, directory: Path, state: TrainingState) 
 
 
 class Checkpointing(keras.callbacks.Callback):
-    """Tracks the epoch, step and history across attempts. With a directory, saves them with the
-    weights after every epoch, every `every_steps` batches and on the preemption notice, and hands the
-    directory to `on_save` after each save.
+    """Tracks the run's `TrainingProgress` across attempts and logs each epoch's line. With a
+    directory, saves the progress with the weights after every epoch, every `every_steps` batches and
+    on the preemption notice, and hands the directory to `on_save` after each save.
 
     Ours rather than keras.callbacks.BackupAndRestore, which restores only the epoch (a mid-epoch
     backup re-trains the whole epoch) and, after a resume, records epoch 0 for a mid-epoch save made
     before the resumed run's first epoch end.
     """
 
-    def __init__(self, directory: str | None, every_steps: int, steps_per_epoch: int,
+    def __init__(self, directory: str | None, every_steps: int, steps_per_epoch: int, epochs: int,
                  on_save: Callable[[str], None] | None, preemption: PreemptionNotice | None):  # fmt: skip
         super().__init__()
         self.directory = Path(directory) if directory else None
-        self.every_steps, self.steps_per_epoch = every_steps, steps_per_epoch
+        self.every_steps, self.steps_per_epoch, self.epochs = every_steps, steps_per_epoch, epochs
         self.on_save, self.preemption = on_save, preemption
-        self.state = TrainingState()
+        self.progress = TrainingProgress()
         self.first_step = self.saved_step = 0
         if self.directory:
             self.directory.mkdir(parents=True, exist_ok=True)
 
-    def restore(self, model: keras.Model) -> TrainingState:
-        """Loads the saved weights into the compiled `model`; returns the state to resume from."""
+    def restore(self, model: keras.Model) -> TrainingProgress:
+        """Loads the saved weights into the compiled `model`; returns the progress to resume from."""
         path = self.directory / STATE_FILE if self.directory else None
         if path is None or not path.exists():
-            return self.state
+            return self.progress
         saved = json.loads(path.read_text())
         model.optimizer.build(model.trainable_variables)  # so that load_weights restores its variables
-        model.load_weights(str(self.directory / saved.pop("weights")))
-        self.state = TrainingState(**saved)
-        log.info("resuming from checkpoint: epoch %d, step %d", self.state.epoch + 1, self.state.step)
-        return self.state
+        model.load_weights(str(self.directory / saved["weights"]))
+        for variable, value in zip(random_states(model), saved["random_states"], strict=True):
+            variable.assign(value)
+        self.progress = TrainingProgress.from_dict(saved)
+        log.info("resuming from checkpoint: epoch %d, step %d", self.progress.epoch + 1, self.progress.step)
+        return self.progress
 
     def on_epoch_begin(self, epoch, logs=None):
-        self.first_step = self.saved_step = self.state.step  # > 0 in an epoch resumed mid-way
+        self.first_step = self.saved_step = self.progress.step  # > 0 in an epoch resumed mid-way
 
     def step_after(self, batch: int) -> int:
         """The epoch's batches done once `batch` ends: `batch` counts from this fit's first batch and,
@@ -216,26 +206,27 @@ class Checkpointing(keras.callbacks.Callback):
         return min(self.first_step + batch + 1, self.steps_per_epoch)
 
     def on_train_batch_end(self, batch, logs=None):
-        self.state.step = self.step_after(batch)
-        if self.state.step == self.steps_per_epoch:
+        self.progress.step = self.step_after(batch)
+        if self.progress.step == self.steps_per_epoch:
             return  # the epoch end saves, with the validation metrics
         if self.preemption is not None and self.preemption.received:
             self.stop()
-        if self.every_steps and self.state.step - self.saved_step >= self.every_steps:
+        if self.every_steps and self.progress.step - self.saved_step >= self.every_steps:
             self.save()
 
     def on_epoch_end(self, epoch, logs=None):
         logs = logs or {}
         keys = ("loss", "accuracy", "val_loss", "val_accuracy")
-        self.state.history.append([epoch + 1, *(float(logs.get(key, np.nan)) for key in keys)])
-        self.state.epoch, self.state.step = epoch + 1, 0
+        metrics = EpochMetrics(epoch + 1, *(float(logs.get(key, np.nan)) for key in keys))
+        self.progress.finish_epoch(metrics)
         self.save()
+        log_epoch(metrics, self.epochs)
 
     def save(self) -> None:
         if self.directory is None:
             return
-        write_checkpoint(self.model, self.directory, self.state)
-        self.saved_step = self.state.step
+        write_checkpoint(self.model, self.directory, self.progress)
+        self.saved_step = self.progress.step
         if self.on_save:
             self.on_save(str(self.directory))
 
@@ -245,7 +236,7 @@ class Checkpointing(keras.callbacks.Callback):
         if self.directory is None:
             log.warning("the preemption notice came with no checkpoint directory: stopping without a save")
         self.save()
-        raise self.preemption.stopped(self.state.epoch, self.state.step)
+        raise self.preemption.stopped(self.progress.epoch, self.progress.step)
 
 
 class StopOnDivergence(keras.callbacks.Callback):
@@ -261,7 +252,7 @@ class StopOnDivergence(keras.callbacks.Callback):
         loss = float((logs or {}).get("loss", 0.0))
         if not math.isfinite(loss):
             step = self.tracker.step_after(batch)
-            raise TrainingDiverged.at(self.tracker.state.epoch + 1, step, loss, self.learning_rate)
+            raise TrainingDiverged.at(self.tracker.progress.epoch + 1, step, loss, self.learning_rate)
 
 
 def notice_to_heed(preemption: PreemptionNotice | None, strategy_kind: str) -> PreemptionNotice | None:
@@ -326,18 +317,37 @@ def compile_model(
     )
 
 
-def learning_rate_schedule(config: TrainConfig, total_steps: int):
-    """`TrainConfig.learning_rate_at`, on the optimizer's iteration counter (saved with its weights)."""
-    if config.lr_schedule == "constant":
-        return config.learning_rate
-    return keras.optimizers.schedules.CosineDecay(config.learning_rate, decay_steps=total_steps)
+@keras.saving.register_keras_serializable(package="mixedml")
+class ConfigSchedule(keras.optimizers.schedules.LearningRateSchedule):
+    """`TrainConfig.learning_rate_at`, computed in the step on the optimizer's iteration counter: the
+    counter is saved with the optimizer's weights, so a resumed run continues the schedule."""
+
+    def __init__(self, schedule: str, learning_rate: float, total_steps: int):
+        self.schedule, self.learning_rate, self.total_steps = schedule, learning_rate, total_steps
+
+    def __call__(self, step):
+        step = keras.ops.cast(step, "float32")
+        rate = scheduled_learning_rate(
+            self.schedule, self.learning_rate, step, self.total_steps, keras.ops.cos
+        )
+        return keras.ops.cast(rate, "float32")
+
+    def get_config(self) -> dict:
+        return {
+            "schedule": self.schedule,
+            "learning_rate": self.learning_rate,
+            "total_steps": self.total_steps,
+        }
+
+
+def learning_rate_schedule(config: TrainConfig, total_steps: int) -> ConfigSchedule:
+    return ConfigSchedule(config.lr_schedule, config.learning_rate, total_steps)
 
 
 def fit_epochs(
     model: keras.Model,
     tracker: Checkpointing,
     data: KerasData,
-    epochs: int,
     callbacks: list,
     log_dir: str | None,
 ) -> None:
@@ -345,8 +355,8 @@ def fit_epochs(
     in their order (the divergence guard before the `tracker`, so a diverged model is never saved).
     (A stream of epochs under `steps_per_epoch` would let an epoch's last multi-step execution on a
     TPU run into the next epoch; Keras's TensorBoard closes its writers after each fit, hence a fresh one.)"""
-    for epoch in range(tracker.state.epoch, epochs):
-        train = data.train_epoch(epoch=epoch, skip=tracker.state.step)
+    for epoch in range(tracker.progress.epoch, tracker.epochs):
+        train = data.train_epoch(epoch=epoch, skip=tracker.progress.step)
         model.fit(train, validation_data=data.val_data, initial_epoch=epoch, epochs=epoch + 1, verbose=0,
                   shuffle=False, callbacks=[*callbacks, *board(log_dir)])  # fmt: skip
         if model.stop_training:  # a callback ended training early
@@ -393,35 +403,35 @@ def train_keras(
     preemption); the train loss and accuracy of an epoch resumed mid-way cover only the batches
     trained in this attempt.
     """
-    config.validate()
+    config.validate()  # as the workflow did already; a direct caller's config gets the same message
     options = options or KerasRunOptions()
     env = env or detect_environment()
     dist_strategy, kind = select_strategy(strategy, allow_fallback, env, options.resolver_factory)
     replicas = dist_strategy.num_replicas_in_sync
-    micro_batch = config.micro_batch_size(replicas) * replicas  # global batch fed per step
     keras.utils.set_random_seed(config.seed)
     if kind == "default" and env.gpu_count == 0:
         tf.config.experimental.enable_op_determinism()
-    data = prepare_data(splits, micro_batch, config.seed, static_shapes=kind == "tpu")
-    policy = precision_policy(kind, env.gpu_count, config.precision)
+    data = prepare_data(splits, config, replicas, static_shapes=kind == "tpu")
+    policy = for_keras(config.precision, kind, env.gpu_count).keras_policy
     input_spec = input_spec_for(config.model, len(splits.feature_names), splits.n_classes)
     log.info("keras: %s, %d replicas x %d rows per step, policy %s",
-             kind, replicas, micro_batch // replicas, policy)  # fmt: skip
+             kind, replicas, data.batch // replicas, policy)  # fmt: skip
     with dtype_policy(policy), dist_strategy.scope():
         model = build_compiled(config, input_spec, kind, env.gpu_count, data.steps)
+        notice = notice_to_heed(options.preemption, kind)
         tracker = Checkpointing(options.checkpoint_dir, config.checkpoint_every_steps, data.steps,
-                                options.on_checkpoint, notice_to_heed(options.preemption, kind))  # fmt: skip
-        resumed_at = tracker.restore(model).batches_done(data.steps)
+                                config.epochs, options.on_checkpoint, notice)  # fmt: skip
+        resumed_at = batches_done(tracker.restore(model), data.steps)
         start = time.perf_counter()
         clock = TrainClock()
         guard = StopOnDivergence(tracker, config.learning_rate)
-        every_fit = [guard, tracker, clock, EpochLog(config.epochs), *(options.callbacks or [])]
-        fit_epochs(model, tracker, data, config.epochs, every_fit, options.log_dir)
+        every_fit = [guard, tracker, clock, *(options.callbacks or [])]
+        fit_epochs(model, tracker, data, every_fit, options.log_dir)
         seconds = time.perf_counter() - start
     if artifact_path:
         save_keras_artifact(model, config.model, input_spec, artifact_path)
 
-    samples = (tracker.state.batches_done(data.steps) - resumed_at) * micro_batch
+    samples = (batches_done(tracker.progress, data.steps) - resumed_at) * data.batch
     run = TrainingRun(
         framework="tensorflow",
         model=config.model,
@@ -430,7 +440,7 @@ def train_keras(
         backend=step_compiler(kind, env.gpu_count),
         precision=policy,
         strategy=kind,
-        history=[EpochMetrics(*record) for record in tracker.state.history],
+        history=tracker.progress.history,
         samples_per_second=samples / clock.seconds if clock.seconds > 0 else 0.0,
         train_seconds=seconds,
     )

@@ -29,6 +29,7 @@ from tasks.core.models import (
     mlp_options,
     rebuild,
 )
+from tasks.core.precision import for_planning
 from tasks.core.probe import measure_footprint, measure_state
 
 MODEL_TYPE = "torch.nn.Module"
@@ -70,7 +71,7 @@ def footprint(spec: ModelSpec, input_spec: InputSpec, mixed_precision: bool) -> 
                     spec.builder, state.state_bytes / 2**30)  # fmt: skip
         return replace(state, n_features=n_features, mixed_precision=mixed_precision)
     model = check_model(spec, n_features, n_classes, "pytorch")
-    return measure_footprint(model, input_spec, "bf16" if mixed_precision else "fp32")
+    return measure_footprint(model, input_spec, for_planning(mixed_precision).name)
 
 
 def build_on_meta(spec: ModelSpec, input_spec: InputSpec) -> nn.Module | None:

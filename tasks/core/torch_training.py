@@ -1,7 +1,7 @@
 """The PyTorch training loop: one function per rank, DDP when launched with several workers.
 
 Run under torchrun / torch elastic (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR set) it joins the
-process group: NCCL on CUDA, gloo on CPU. Run as a plain process it trains alone.
+process group: NCCL on CUDA, gloo on CPU (`tasks.core.devices`). Run as a plain process it trains alone.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import time
 import types
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TypeVar
 
@@ -29,11 +29,13 @@ from torch.nn.parallel import DistributedDataParallel
 from tasks.core.checkpoint import TrainingCheckpoint
 from tasks.core.config import EpochMetrics, SplitPaths, TrainConfig, TrainingRun
 from tasks.core.data import read_shard
+from tasks.core.devices import DeviceFamily, family_of, local_family
 from tasks.core.memory import GRADIENT_REDUCE_BUCKET_BYTES
 from tasks.core.messages import one_line
 from tasks.core.models import TrainingDiverged, build, input_spec_for
+from tasks.core.precision import for_torch
 from tasks.core.preemption import PreemptionNotice
-from tasks.core.progress import ProgressReporter
+from tasks.core.progress import ProgressReporter, TrainingProgress, log_epoch
 from tasks.core.torch_models import save_torch_artifact
 
 log = logging.getLogger(__name__)
@@ -67,47 +69,39 @@ class DistributedContext:
     def is_distributed(self) -> bool:
         return self.world_size > 1
 
+    @property
+    def family(self) -> DeviceFamily:
+        return family_of(self.device)
+
 
 def init_distributed(timeout_s: int) -> DistributedContext:
     """Join the process group that torchrun / torch elastic described in the environment."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if torch.cuda.is_available():
-        device = torch.device("cuda", local_rank % torch.cuda.device_count())
-        torch.cuda.set_device(device)
-        backend = "nccl"
-    else:
-        device, backend = torch.device("cpu"), "gloo"
+    family = local_family()
+    device = family.local_device(int(os.environ.get("LOCAL_RANK", "0")))
     if world_size == 1:
         return DistributedContext(rank, world_size, device, "none")
     if not dist.is_initialized():
-        dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
-    return DistributedContext(rank, world_size, device, backend, votes=dist.new_group(backend="gloo"))
+        dist.init_process_group(backend=family.backend, timeout=timedelta(seconds=timeout_s))
+    return DistributedContext(rank, world_size, device, family.backend, votes=dist.new_group(backend="gloo"))
 
 
 def autocast_dtype(device: torch.device, precision: str) -> torch.dtype | None:
-    """The autocast dtype for CUDA; None (full float32) on CPU or when fp32 is asked for."""
-    if precision == "fp32" or device.type != "cuda":
-        return None
-    if precision == "fp16":
-        return torch.float16
-    # Pre-Ampere GPUs only emulate bf16, slower than fp16 with the gradient scaler.
-    native_bf16 = torch.cuda.is_bf16_supported(including_emulation=False)
-    if precision == "bf16" and not native_bf16:
-        raise ValueError(
-            f"precision='bf16' asked for but {torch.cuda.get_device_name(device)} has no native bf16 support"
-        )
-    return torch.bfloat16 if native_bf16 else torch.float16
+    """The dtype autocast computes in on `device` for `precision` (`tasks.core.precision.for_torch`);
+    None for full float32."""
+    family = family_of(device)
+    accelerator = family.describe(device) if family.autocasts else None
+    chosen = for_torch(precision, accelerator, lambda: family.native_bf16(device)).torch_autocast
+    return getattr(torch, chosen) if chosen else None
 
 
 def build_optimizer(model: nn.Module, config: TrainConfig, device: torch.device) -> torch.optim.AdamW:
-    # Fused on CUDA: one kernel for the whole update, and with the fp16 scaler no host sync per step.
     return torch.optim.AdamW(
         model.parameters(),
         lr=config.learning_rate,
         weight_decay=config.weight_decay,
-        fused=device.type == "cuda",
+        fused=family_of(device).fused_adamw,
     )
 
 
@@ -157,21 +151,6 @@ def evaluate_shard(
     return loss_sum / count, correct / count
 
 
-@dataclass
-class Progress:
-    """Where the run is: what a checkpoint must hold besides model and optimizer state."""
-
-    epoch: int = 0
-    step: int = 0  # optimizer steps done in `epoch`
-    loss_sum: float = 0.0  # this rank's running sums over those steps
-    correct: int = 0
-    optimizer_steps: int = 0
-    history: list[EpochMetrics] = field(default_factory=list)
-
-    def next_epoch(self) -> None:
-        self.epoch, self.step, self.loss_sum, self.correct = self.epoch + 1, 0, 0.0, 0
-
-
 def gather(value, ctx: DistributedContext, group: dist.ProcessGroup | None = None) -> list:
     if not ctx.is_distributed:
         return [value]
@@ -181,12 +160,7 @@ def gather(value, ctx: DistributedContext, group: dist.ProcessGroup | None = Non
 
 
 def rng_state(ctx: DistributedContext) -> dict:
-    cuda = (
-        torch.cuda.get_rng_state(ctx.device)
-        if ctx.device.type == "cuda"
-        else torch.empty(0, dtype=torch.uint8)
-    )
-    return {"cpu": torch.get_rng_state(), "cuda": cuda}
+    return {"cpu": torch.get_rng_state(), "device": ctx.family.rng_state(ctx.device)}
 
 
 class MicroBatch:
@@ -238,14 +212,11 @@ class LossWatch:
 
     def __init__(self, learning_rate: float):
         self.learning_rate = learning_rate
-        self.pending: tuple[int, int, torch.Tensor, torch.cuda.Event | None] | None = None
+        self.pending: tuple[int, int, torch.Tensor, object | None] | None = None
 
     def record(self, epoch: int, step: int, step_totals: Totals, rows: int) -> None:
         loss = (step_totals.loss_sum / rows).to("cpu", non_blocking=True)
-        event = None
-        if step_totals.loss_sum.device.type == "cuda":
-            event = torch.cuda.Event()
-            event.record()
+        event = family_of(step_totals.loss_sum.device).completion_event()
         self.pending = (epoch, step, loss, event)
 
     def vote(self, out_of_memory: bool, ctx: DistributedContext) -> bool:
@@ -369,8 +340,7 @@ def optimizer_step(run: LoopState, rows: torch.Tensor) -> Totals:
         error = caught.with_traceback(None)
     if run.watch.vote(error is not None, ctx):
         zero_gradients(optimizer, ctx)
-        if ctx.device.type == "cuda":
-            torch.cuda.empty_cache()
+        ctx.family.release_cached_memory()
         raise StepOutOfMemory(error)
     if ctx.is_distributed:
         average_gradients(run.ddp_model, ctx.world_size)
@@ -449,7 +419,10 @@ class LoopState:
     reporter: ProgressReporter
     checkpoint: TrainingCheckpoint | None = None
     stop: StopVote | None = None
-    progress: Progress = field(default_factory=Progress)
+    progress: TrainingProgress = field(default_factory=TrainingProgress)
+    optimizer_steps: int = 0  # over the whole run, across attempts
+    # This rank's loss sum and correct count over the steps done before a resume in mid-epoch.
+    carried: tuple[float, int] = (0.0, 0)
 
     @classmethod
     def start(cls, config, ctx, model, shard, checkpoint, preemption) -> LoopState:
@@ -489,12 +462,12 @@ class LoopState:
         config, ctx, progress = self.config, self.ctx, self.progress
         self.ddp_model.train()
         per_step = config.micro_batch_size(ctx.world_size) * config.grad_accum_steps
-        steps = len(self.y) // per_step
+        steps = config.steps_per_epoch(len(self.y), ctx.world_size)
         order = torch.randperm(
             len(self.y), generator=torch.Generator().manual_seed(config.seed * 1_000 + epoch)
         )
         order = order.to(self.x.device)
-        totals = Totals(self.x.device, progress.loss_sum, progress.correct)
+        totals, self.carried = Totals(self.x.device, *self.carried), (0.0, 0)
         mean_loss = lambda: totals.loss_sum.item() / (progress.step * per_step)  # noqa: E731
         for step in range(progress.step, steps):
             rows = order[step * per_step : (step + 1) * per_step]
@@ -503,7 +476,7 @@ class LoopState:
             done = self.step(rows, step)
             self.watch.record(epoch, step, done, len(rows))
             totals.add_totals(done)
-            progress.step, progress.optimizer_steps = step + 1, progress.optimizer_steps + 1
+            progress.step, self.optimizer_steps = step + 1, self.optimizer_steps + 1
             self.reporter.step(epoch, progress.step, steps, mean_loss)
             if self.stop is not None and self.stop.stop_now():
                 self.stop_on_notice(totals)
@@ -539,14 +512,12 @@ class LoopState:
         if ctx.rank != 0:
             return None
         return {
+            **progress.to_dict(),
             "model": {name: tensor.detach().cpu() for name, tensor in self.model.state_dict().items()},
             "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict(),
-            "epoch": progress.epoch,
-            "step": progress.step,
-            "optimizer_steps": progress.optimizer_steps,
+            "optimizer_steps": self.optimizer_steps,
             "micro_batch": self.micro.size,
-            "history": [asdict(epoch) for epoch in progress.history],
             "world_size": ctx.world_size,
             "ranks": ranks,
         }
@@ -555,7 +526,7 @@ class LoopState:
         """What `state_dict` saved, back in place on this rank; nothing when `state` is None."""
         if state is None:
             return
-        ctx, progress = self.ctx, self.progress
+        ctx = self.ctx
         if state["world_size"] != ctx.world_size:
             raise ValueError(
                 f"the checkpoint was written by {state['world_size']} workers but {ctx.world_size} are running; "
@@ -567,12 +538,9 @@ class LoopState:
         self.micro.size = state["micro_batch"]
         mine = state["ranks"][ctx.rank]
         torch.set_rng_state(mine["cpu"])
-        if ctx.device.type == "cuda" and mine["cuda"].numel():
-            torch.cuda.set_rng_state(mine["cuda"], ctx.device)
-        progress.epoch, progress.step = state["epoch"], state["step"]
-        progress.loss_sum, progress.correct = mine["loss_sum"], mine["correct"]
-        progress.optimizer_steps = state["optimizer_steps"]
-        progress.history = [EpochMetrics(**epoch) for epoch in state["history"]]
+        ctx.family.set_rng_state(mine["device"], ctx.device)
+        self.progress = TrainingProgress.from_dict(state)
+        self.carried, self.optimizer_steps = (mine["loss_sum"], mine["correct"]), state["optimizer_steps"]
 
     def close(self) -> None:
         if self.stop is not None:
@@ -584,7 +552,7 @@ class LoopState:
         run = TrainingRun(
             framework="pytorch",
             model=config.model,
-            device=describe_device(ctx.device),
+            device=ctx.family.describe(ctx.device),
             world_size=ctx.world_size,
             backend=ctx.backend,
             precision=str(dtype).removeprefix("torch.") if dtype else "float32",
@@ -592,15 +560,13 @@ class LoopState:
             history=self.progress.history,
             samples_per_second=samples / training_seconds if training_seconds > 0 else 0.0,
             train_seconds=seconds,
-            peak_device_memory_bytes=torch.cuda.max_memory_allocated(ctx.device)
-            if ctx.device.type == "cuda"
-            else 0,
+            peak_device_memory_bytes=ctx.family.peak_memory(ctx.device),
         )
         return TrainOutcome(
             run=run,
             rank=ctx.rank,
             shard_rows=np.asarray(shard_rows).tolist(),
-            optimizer_steps=self.progress.optimizer_steps,
+            optimizer_steps=self.optimizer_steps,
             micro_batch_size=self.micro.size,
             grad_accum_steps=-(
                 -config.micro_batch_size(ctx.world_size) * config.grad_accum_steps // self.micro.size
@@ -620,12 +586,7 @@ def load_shards(splits: SplitPaths, ctx: DistributedContext):
 def set_up(config: TrainConfig, splits: SplitPaths, ctx: DistributedContext):
     """This rank's shards and its model on the device: what fails, if it does, before any collective."""
     x, y, vx, vy, shard_rows = load_shards(splits, ctx)
-    micro = config.micro_batch_size(ctx.world_size)
-    if len(y) < micro * config.grad_accum_steps:
-        raise ValueError(
-            f"each of {ctx.world_size} ranks holds {len(y)} training rows, fewer than one optimizer step "
-            f"({micro} x {config.grad_accum_steps}); lower batch_size"
-        )
+    config.steps_per_epoch(len(y), ctx.world_size)  # refuses a shard too small for one optimizer step
     model = build(config.model, len(splits.feature_names), splits.n_classes, "pytorch").to(ctx.device)
     return x, y, vx, vy, shard_rows, model
 
@@ -689,18 +650,17 @@ def train(
     scalars there every epoch. With a `preemption` notice, the ranks stop together after the step
     during which the notice arrived, save that step and raise `Preempted`.
     """
-    config.validate()
+    config.validate()  # as the workflow did already; a direct caller's config gets the same message
     ctx = init_distributed(config.collective_timeout_s)
     torch.manual_seed(config.seed)
-    if ctx.device.type == "cpu":
+    if ctx.family.deterministic:
         torch.use_deterministic_algorithms(True)
     x, y, vx, vy, shard_rows, model = agreed_set_up(lambda: set_up(config, splits, ctx), ctx)
     run = LoopState.start(config, ctx, model, (x, y), checkpoint, preemption)
     progress, eval_batch = run.progress, max(config.micro_batch_size(ctx.world_size), 1024)
     board = event_writer(log_dir) if log_dir and ctx.rank == 0 else None
 
-    if ctx.device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(ctx.device)
+    ctx.family.reset_peak_memory(ctx.device)
     samples, training_seconds, start = 0, 0.0, time.perf_counter()
     for epoch in range(progress.epoch, config.epochs):
         epoch_start = time.perf_counter()
@@ -709,21 +669,17 @@ def train(
         share_rank0_buffers(model, ctx)
         val_loss, val_acc = evaluate_shard(run.ddp_model, vx, vy, ctx, run.dtype, batch=eval_batch)
         samples += seen
-        progress.history.append(EpochMetrics(epoch + 1, train_loss, train_acc, val_loss, val_acc))
+        metrics = EpochMetrics(epoch + 1, train_loss, train_acc, val_loss, val_acc)
+        progress.finish_epoch(metrics)
         run.reporter.epoch_end()
         if board is not None:
-            write_epoch_scalars(board, progress.history[-1], samples / max(training_seconds, 1e-9))
-        progress.next_epoch()
+            write_epoch_scalars(board, metrics, samples / max(training_seconds, 1e-9))
         if checkpoint is not None:
             run.save()
         if ctx.rank == 0:
-            log.info(
-                "epoch %d/%d train_loss=%.4f train_acc=%.4f val_loss=%.4f val_acc=%.4f",
-                epoch + 1, config.epochs, train_loss, train_acc, val_loss, val_acc,
-            )  # fmt: skip
+            log_epoch(metrics, config.epochs)
     run.close()
-    if ctx.device.type == "cuda":
-        torch.cuda.synchronize()
+    ctx.family.synchronize(ctx.device)
     seconds = time.perf_counter() - start
     if board is not None:
         board.close()
@@ -741,12 +697,6 @@ def write_epoch_scalars(board, epoch: EpochMetrics, samples_per_second: float) -
     board.add_scalar("accuracy/val", epoch.val_accuracy, epoch.epoch)
     board.add_scalar("throughput/samples_per_second", samples_per_second, epoch.epoch)
     board.flush()
-
-
-def describe_device(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return "cpu"
 
 
 def shutdown_distributed() -> None:

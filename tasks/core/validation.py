@@ -10,7 +10,8 @@ import types
 import typing
 from collections.abc import Collection, Mapping
 
-from tasks.core.config import TrainConfig
+from tasks.core.config import TrainConfig, micro_batch
+from tasks.core.data import EMBEDDED_DIGITS_LABEL, FRACTION_RULE, bad_fractions
 from tasks.core.models import ModelSpec
 
 
@@ -143,7 +144,7 @@ def batch_problems(config: TrainConfig, world_size: int, train_rows: int) -> lis
     """The batch against the workers it is split over and the training rows it is drawn from."""
     found = []
     per_step = world_size * config.grad_accum_steps
-    if config.batch_size % per_step:
+    if micro_batch(config.batch_size, world_size, config.grad_accum_steps) is None:
         fits = max(per_step, config.batch_size // per_step * per_step)
         found.append(
             f"input 'hyperparameters.batch_size' = {config.batch_size}: does not split evenly over "
@@ -173,9 +174,18 @@ def tpu_target_problems(requested: str) -> list[str]:
 
 def split_problems(val_fraction: float, test_fraction: float) -> list[str]:
     return [
-        f"input '{name}' = {value!r}: must be between 0 and 0.5; pass e.g. --{name} 0.15"
-        for name, value in (("val_fraction", val_fraction), ("test_fraction", test_fraction))
-        if not 0 < value < 0.5
+        f"input '{name}' = {value!r}: {FRACTION_RULE}; pass e.g. --{name} 0.15"
+        for name, value in bad_fractions(val_fraction, test_fraction).items()
+    ]
+
+
+def embedded_label_problems(dataset: str, label_column: str) -> list[str]:
+    """Without a dataset the embedded digits are used, and their label column is fixed."""
+    if dataset or label_column == EMBEDDED_DIGITS_LABEL:
+        return []
+    return [
+        f"input 'label_column' = {label_column!r}: the embedded digits dataset has label column "
+        f"'{EMBEDDED_DIGITS_LABEL}'; pass --label_column {EMBEDDED_DIGITS_LABEL}, or --dataset to use your own data"
     ]
 
 
