@@ -15,8 +15,8 @@ from contextlib import contextmanager  # noqa: E402
 
 # The workflow's top-level nodes, named as the plain script's phases.
 PHASE_OF_TASK = {
-    "tasks.planner.prepare_data": "preprocess",
-    "tasks.planner.train_on_target": "train",
+    "tasks.right_sizing.prepare_data": "preprocess",
+    "tasks.right_sizing.train_on_target": "train",
     "tasks.evaluate.evaluate": "evaluate",
 }
 

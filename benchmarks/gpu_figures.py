@@ -256,7 +256,7 @@ def memory_estimate(splits: SplitPaths, sizes: Sizes) -> list[GpuFigure]:
         measured = measured_peak(splits, config)
         # The footprint the planner sizes hardware by: parameters counted, activations probed on CPU.
         footprint = measure_footprint(
-            config.model, len(splits.feature_names), splits.n_classes, "pytorch", precision != "fp32"
+            config.model, len(splits.feature_names), splits.n_classes, "pytorch", precision
         )
         estimate = footprint.estimate(config.batch_size, resident_rows=resident)
         name = f"memory estimate vs torch.cuda.max_memory_allocated, {precision} ({shape(splits, config)})"

@@ -44,10 +44,10 @@ def train_with_ddp(
 ) -> TrainedModel | SetUpRefused:
     """Runs in every DDP worker; rank 0's return value becomes the task output."""
     from tasks.core.checkpoint import TrainingCheckpoint
+    from tasks.core.torch_startup import tensorboard_without_tensorflow
     from tasks.core.torch_training import (
         SetUpFailed,
         shutdown_distributed,
-        tensorboard_without_tensorflow,
         train,
     )
 

@@ -14,7 +14,6 @@ import pyarrow.dataset as ds
 from flytekit import current_context, task
 from flytekit.types.directory import FlyteDirectory
 
-import tasks.literal_types  # noqa: F401 - each boundary dataclass's Flyte type built once, before the tasks below
 from tasks.core.bundle import BundleRecord, add_metrics, load_bundle, write_bundle
 from tasks.core.config import Hardware
 from tasks.core.data import parquet_format

@@ -3,8 +3,8 @@
 flytekit builds a dataclass's literal type (a JSON schema of the whole nested dataclass, plus a
 literal type per field) again wherever an interface names it: for every task and workflow at import,
 and again when a workflow or a dynamic runs. With these dataclasses at every task boundary, that was
-most of the type engine's share of a local run. Task modules import this module before they define
-their tasks; values convert exactly as with flytekit's own dataclass transformer
+most of the type engine's share of a local run. tasks/types.py registers them where it defines its
+own, so every module that names a boundary type has them; values convert exactly as with flytekit's own dataclass transformer
 (tests/test_literal_types.py pins what this relies on), except that the hyperparameters are checked
 strictly on the way in and out (tests/test_input_rules.py).
 """
@@ -26,11 +26,10 @@ from tasks.core.compare import HardwareComparison, RunSummary
 from tasks.core.config import TrainConfig
 from tasks.core.planner import PreprocessPlan
 from tasks.core.validation import hyperparameter_problems, parse_hyperparameters, raise_for
-from tasks.types import EvaluationReport, PreparedData, ResourcePlan, TrainedModel
 
+# The core dataclasses that cross task boundaries; tasks/types.py adds its own (`register_boundary_types`).
 # The dataclasses nested in these are built with them.
-BOUNDARY_TYPES = (PreparedData, TrainedModel, ResourcePlan, EvaluationReport, TrainConfig, PreprocessPlan,
-                  RunSummary, HardwareComparison)  # fmt: skip
+CORE_BOUNDARY_TYPES = (TrainConfig, PreprocessPlan, RunSummary, HardwareComparison)
 
 
 class LiteralTypeOnce(DataclassTransformer):
@@ -70,14 +69,15 @@ def raw_value(lv: Literal) -> object:
     return json.loads(json_format.MessageToJson(lv.scalar.generic))
 
 
-def build_literal_types_once(types: tuple[type, ...]) -> LiteralTypeOnce:
-    transformer = LiteralTypeOnce()
-    for boundary_type in types:
-        TypeEngine.register_additional_type(transformer, boundary_type)
-    return transformer
+TRANSFORMER = LiteralTypeOnce()
+BOUNDARY_TYPES: list[type] = []  # as registered
 
 
-TRANSFORMER = build_literal_types_once(BOUNDARY_TYPES)
+def register_boundary_types(*task_types: type) -> None:
+    """Every boundary dataclass, the core ones and `task_types`, converted by `TRANSFORMER`."""
+    for boundary_type in (*task_types, *CORE_BOUNDARY_TYPES):
+        TypeEngine.register_additional_type(TRANSFORMER, boundary_type)
+        BOUNDARY_TYPES.append(boundary_type)
 
 
 class WholeNumbersAsFloats(DictTransformer):

@@ -10,7 +10,6 @@ from pathlib import Path
 
 from flytekit import current_context, task
 
-import tasks.literal_types  # noqa: F401 - each boundary dataclass's Flyte type built once, before the tasks below
 from tasks.core.data import SplitConfig, prepare_dataset, write_embedded_digits
 from tasks.core.validation import embedded_label_problems, raise_for
 from tasks.decks import DECKS, dataset_profile_deck

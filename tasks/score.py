@@ -16,7 +16,6 @@ from typing import NamedTuple
 from flytekit import Deck, FlyteContextManager, dynamic, map_task, task
 from flytekit.types.structured import StructuredDataset
 
-import tasks.literal_types  # noqa: F401 - each boundary dataclass's Flyte type built once, before the tasks below
 from tasks.core.accelerators import on_flyte_cluster
 from tasks.core.cuda_check import require_cuda
 from tasks.core.scoring import (

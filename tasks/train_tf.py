@@ -14,7 +14,6 @@ from flytekit import current_context, task
 from flytekit.types.directory import FlyteDirectory
 from flytekit.types.file import FlyteFile
 
-import tasks.literal_types  # noqa: F401 - each boundary dataclass's Flyte type built once, before the tasks below
 from tasks.checkpointing import flyte_checkpoint
 from tasks.core.accelerators import on_flyte_cluster
 from tasks.core.config import Hardware, TrainConfig, TrainingRun

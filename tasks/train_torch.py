@@ -23,14 +23,13 @@ from flytekit.exceptions.user import FlyteRecoverableException
 from flytekitplugins.kfpytorch import CleanPodPolicy, Elastic, RunPolicy
 from flytekitplugins.kfpytorch.task import PytorchElasticFunctionTask
 
-import tasks.literal_types  # noqa: F401 - each boundary dataclass's Flyte type built once, before the tasks below
 from tasks.core.accelerators import on_flyte_cluster
 from tasks.core.config import TrainConfig
 from tasks.core.job_completion import wait_for_rank_zero
 from tasks.core.launch import DEFAULT_LOCAL_CPU_WORKERS, local_cpu_workers, plan_launch
 from tasks.core.preemption import DEFAULT_GRACE_S
-from tasks.core.rendezvous import rendezvous_events_named_without_stack_walks
 from tasks.core.telemetry import UtilisationSampler
+from tasks.core.torch_startup import rendezvous_events_named_without_stack_walks
 from tasks.core.validation import batch_problems, raise_for
 from tasks.ddp_worker import SetUpRefused, train_with_ddp
 from tasks.decks import DECKS, training_deck

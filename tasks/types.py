@@ -126,3 +126,10 @@ class EvaluationReport:
     def __repr__(self) -> str:
         """What `pyflyte run` prints of the workflow's outputs: the summary, not every epoch and option."""
         return f"\n{self.summary()}\n"
+
+
+# Registered where they are defined, so that a task module naming them has their literal types built
+# once and the hyperparameters checked strictly (tasks/literal_types.py) before it defines its tasks.
+from tasks.literal_types import register_boundary_types  # noqa: E402 - it builds on the classes above
+
+register_boundary_types(PreparedData, TrainedModel, ResourcePlan, EvaluationReport)

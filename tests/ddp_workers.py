@@ -6,7 +6,7 @@ from typing import Any
 
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from tasks.core.rendezvous import rendezvous_events_named_without_stack_walks
+from tasks.core.torch_startup import rendezvous_events_named_without_stack_walks
 
 
 def train_and_report(config, splits) -> dict[str, Any]:

@@ -95,7 +95,7 @@ def test_the_bundle_scores_the_raw_test_split_as_the_trained_model_scores_its_st
     raw = np.column_stack([table.column(name).to_numpy() for name in prepared.table.feature_names])
     inputs = standardise(raw, prepared.table.scaler)
     if loaded.manifest.record.framework == "pytorch":
-        from tasks.core.model import predict
+        from tasks.core.torch_models import predict
 
         expected = predict(loaded.model, inputs)
     else:

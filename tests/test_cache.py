@@ -14,7 +14,7 @@ from flytekit.types.structured import StructuredDataset
 
 from tasks import preprocess as preprocess_module
 from tasks.core.config import TrainConfig
-from tasks.planner import prepare_data
+from tasks.right_sizing import prepare_data
 from tasks.storage import dataset_uri, require_local_copies
 from tests.conftest import blobs_frame
 

@@ -117,7 +117,8 @@ for task_function in pickle.loads(sys.stdin.buffer.read()):
 loaded = sorted(m for m in ("sklearn", "matplotlib", "tensorflow", "tasks.train_torch", "tasks.decks")
                 if m in sys.modules)
 assert not loaded, f"every DDP worker would import {loaded} before its first step"
-from tasks.core.torch_training import event_writer, tensorboard_without_tensorflow
+from tasks.core.torch_startup import tensorboard_without_tensorflow
+from tasks.core.torch_training import event_writer
 assert "tensorflow" not in sys.modules, "importing the training loop imported TensorFlow"
 tensorboard_without_tensorflow()
 board = event_writer(sys.argv[1])
@@ -172,7 +173,7 @@ def test_tensorflow_free_switch_is_skipped_once_tensorflow_is_loaded(tmp_path):
     import keras
     import tensorflow as tf
 
-    from tasks.core.torch_training import tensorboard_without_tensorflow
+    from tasks.core.torch_startup import tensorboard_without_tensorflow
 
     saved = sys.modules.pop(NOTF, None)
     try:
@@ -193,8 +194,8 @@ def test_every_deck_task_skips_the_pip_dependencies_page():
 
     from tasks.compare import compare
     from tasks.evaluate import evaluate
-    from tasks.planner import train_on_target
     from tasks.preprocess import preprocess
+    from tasks.right_sizing import train_on_target
     from tasks.train_tf import train_tf_gpu, train_tf_tpu
     from tasks.train_torch import train_torch, train_torch_multinode
 

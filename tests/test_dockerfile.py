@@ -16,8 +16,8 @@ from packaging.utils import canonicalize_name
 
 from tasks.compare import compare
 from tasks.evaluate import evaluate
-from tasks.planner import prepare_data, train_on_target
 from tasks.preprocess import preprocess
+from tasks.right_sizing import prepare_data, train_on_target
 from tasks.schedule import dataset_partition
 from tasks.train_tf import train_tf_gpu, train_tf_tpu
 from tasks.train_torch import train_torch, train_torch_multinode

@@ -15,7 +15,7 @@ from flytekit.interaction.click_types import JsonParamType
 from flytekit.models.literals import Binary, Literal, Scalar
 from google.protobuf import json_format, struct_pb2
 
-import tasks.literal_types  # noqa: F401 - the transformer that decodes TrainConfig strictly
+import tasks.types  # noqa: F401 - registers the transformer that decodes TrainConfig strictly
 from tasks.core.compare import RunSummary, compare_runs
 from tasks.core.config import INT_RANGES, Hardware, TrainConfig, TrainingRun
 from tasks.core.models import ModelSpec, mlp_options

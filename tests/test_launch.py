@@ -11,7 +11,7 @@ from tasks.core.launch import (
     local_cpu_workers,
     plan_launch,
 )
-from tasks.core.rendezvous import rendezvous_events_named_without_stack_walks
+from tasks.core.torch_startup import rendezvous_events_named_without_stack_walks
 
 # What the launcher reads of its inputs before any worker starts: the batch against the training rows,
 # and that the local splits' files are there (this folder stands in for them).

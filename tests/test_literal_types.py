@@ -17,6 +17,7 @@ from flytekit.types.directory import FlyteDirectory
 from flytekit.types.file import FlyteFile
 from flytekit.types.structured import StructuredDataset
 
+import tasks.types  # noqa: F401 - registers the boundary types
 from tasks.core.config import TrainConfig
 from tasks.literal_types import BOUNDARY_TYPES, TRANSFORMER, LiteralTypeOnce
 from tasks.types import ResourcePlan

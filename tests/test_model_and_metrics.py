@@ -6,8 +6,7 @@ import torch
 
 from tasks.core.config import ModelConfig
 from tasks.core.metrics import classification_metrics
-from tasks.core.model import build_mlp, predict
-from tasks.core.torch_models import load_torch_artifact
+from tasks.core.torch_models import build_mlp, load_torch_artifact, predict
 
 
 def test_mlp_shape_follows_config():

@@ -13,7 +13,6 @@ import torch
 from torch import nn
 
 from tasks.core.config import ModelConfig, TrainConfig
-from tasks.core.model import build_mlp
 from tasks.core.models import (
     MLP_DEFAULTS,
     InputSpec,
@@ -24,8 +23,8 @@ from tasks.core.models import (
     option_int,
     option_ints,
 )
-from tasks.core.probe import measure_footprint, model_state_bytes
-from tasks.core.torch_models import load_torch_artifact, save_torch_artifact
+from tasks.core.probe import model_state_bytes, probe_footprint
+from tasks.core.torch_models import build_mlp, load_torch_artifact, save_torch_artifact
 from tests.test_planner import HIGH, LOW, measured_peak_bytes
 
 HERE = "tests.test_model_builders"
@@ -217,7 +216,7 @@ def test_model_state_counts_fp32_parameters_gradients_and_two_adamw_moments():
 )
 def test_probe_estimate_matches_measured_cpu_allocation(spec, n_features, micro_batch, tmp_path):
     input_spec = InputSpec.parse(n_features, 10, spec.input_shape)
-    footprint = measure_footprint(build(spec, n_features, 10, "pytorch"), input_spec)
+    footprint = probe_footprint(build(spec, n_features, 10, "pytorch"), input_spec)
     estimate = footprint.estimate(micro_batch, on_accelerator=False)
     measured = measured_peak_bytes(
         lambda: build(spec, n_features, 10, "pytorch"), n_features, 10, micro_batch, tmp_path

@@ -50,11 +50,11 @@ def frozen_linear_keras(spec, options):
         ("tests.test_model_failures:frozen_linear", "tensorflow"),
     ],
 )
-@pytest.mark.parametrize("mixed_precision", [False, True])
-def test_a_model_with_nothing_to_train_is_refused_naming_the_reference(builder, framework, mixed_precision):
+@pytest.mark.parametrize("precision", ["fp32", "auto"])
+def test_a_model_with_nothing_to_train_is_refused_naming_the_reference(builder, framework, precision):
     with pytest.raises(ModelError) as error:
         measure_footprint(ModelSpec(builder), n_features=4, n_classes=3, framework=framework,
-                          mixed_precision=mixed_precision)  # fmt: skip
+                          precision=precision)  # fmt: skip
     assert str(error.value).startswith(f"model {builder!r} has no trainable parameters")
 
 

@@ -34,8 +34,8 @@ IMAGE_OF_TASK = {
     "tasks.train_torch.train_torch_multinode": "torch-gpu",
     "tasks.train_tf.train_tf_gpu": "tf-gpu",
     "tasks.train_tf.train_tf_tpu": "tpu",
-    "tasks.planner.prepare_data": "ml-cpu",
-    "tasks.planner.train_on_target": "ml-cpu",
+    "tasks.right_sizing.prepare_data": "ml-cpu",
+    "tasks.right_sizing.train_on_target": "ml-cpu",
 }
 
 
@@ -129,8 +129,8 @@ def depends_on(node) -> set[str]:
 def test_training_pipeline_wires_plan_preprocess_train_evaluate_publish(package):
     nodes = package.workflows["workflows.pipeline.training_pipeline"].template.nodes
     by_task = {node_tasks(node)[0]: node for node in nodes}
-    prepare = by_task["tasks.planner.prepare_data"]
-    train = by_task["tasks.planner.train_on_target"]
+    prepare = by_task["tasks.right_sizing.prepare_data"]
+    train = by_task["tasks.right_sizing.train_on_target"]
     evaluate = by_task["tasks.evaluate.evaluate"]
     publish = by_task["tasks.publish.publish_model"]
     assert len(nodes) == 4
@@ -141,7 +141,7 @@ def test_training_pipeline_wires_plan_preprocess_train_evaluate_publish(package)
 
 
 def test_planning_tasks_ask_for_no_accelerator(package):
-    for name in ("tasks.planner.prepare_data", "tasks.planner.train_on_target"):
+    for name in ("tasks.right_sizing.prepare_data", "tasks.right_sizing.train_on_target"):
         template = package.tasks[name].template
         assert not template.extended_resources.HasField("gpu_accelerator")
         assert "gpu" not in requests_of(package.tasks[name])
@@ -151,9 +151,9 @@ def test_comparison_trains_both_from_one_preparation_in_parallel(package):
     nodes = package.workflows["workflows.comparison.hardware_comparison"].template.nodes
     tasks_of = {node.id: node_tasks(node) for node in nodes}
     upstream = {node.id: depends_on(node) for node in nodes}
-    (prep,) = [i for i, t in tasks_of.items() if t == ["tasks.planner.prepare_data"]]  # the front door
+    (prep,) = [i for i, t in tasks_of.items() if t == ["tasks.right_sizing.prepare_data"]]  # the front door
     trains = [
-        i for i, t in tasks_of.items() if t == ["tasks.planner.train_on_target"]
+        i for i, t in tasks_of.items() if t == ["tasks.right_sizing.train_on_target"]
     ]  # planned, as the pipeline
     assert len(trains) == 2
     for node in trains:

@@ -55,9 +55,7 @@ def measured_peak_bytes(make_model, n_features: int, n_classes: int, micro_batch
 
 def mlp_estimate(n_features: int, n_classes: int, hidden: list[int], micro_batch: int, **where):
     """What the planner prices the built-in MLP at: `models.measure_footprint`, the probe it runs."""
-    footprint = measure_footprint(
-        mlp_spec(hidden, 0.1), n_features, n_classes, "pytorch", mixed_precision=False
-    )
+    footprint = measure_footprint(mlp_spec(hidden, 0.1), n_features, n_classes, "pytorch", precision="fp32")
     return footprint.estimate(micro_batch, **where)
 
 
@@ -99,7 +97,7 @@ def test_estimate_matches_cuda_max_memory_allocated():
 
 def footprint(trainable_mib: float, activation_bytes_per_row: float) -> ModelFootprint:
     trainable = int(trainable_mib * MIB)
-    return ModelFootprint(trainable, trainable, trainable // 4, activation_bytes_per_row, 16, False)
+    return ModelFootprint(trainable, trainable, trainable // 4, activation_bytes_per_row, 16, "fp32")
 
 
 def test_activations_optimizer_temporaries_and_the_reduce_bucket_never_add_up():
@@ -144,7 +142,7 @@ def test_the_planner_estimates_an_option_with_its_world_size():
 def workload(
     hidden: list[int], batch: int = 64, accum: int = 1, rows: int = 1257, features: int = 64
 ) -> Workload:
-    footprint = measure_footprint(mlp_spec(hidden, 0.1), features, 10, "pytorch", mixed_precision=True)
+    footprint = measure_footprint(mlp_spec(hidden, 0.1), features, 10, "pytorch", precision="bf16")
     return Workload(footprint, batch, accum, rows, 270, "pytorch")
 
 

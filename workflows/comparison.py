@@ -12,7 +12,7 @@ from tasks.core.compare import HardwareComparison
 from tasks.core.config import TrainConfig
 from tasks.evaluate import evaluate
 from tasks.hardware import DEFAULT_PRICES_PER_HOUR
-from tasks.planner import prepare_data, train_on_target
+from tasks.right_sizing import prepare_data, train_on_target
 
 # The comparison, and the model bundle each run produced (tasks/core/bundle.py).
 Compared = NamedTuple(  # noqa: UP014 - the functional form keeps the field types real classes for flytekit

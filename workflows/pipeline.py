@@ -9,8 +9,8 @@ from flytekit.types.directory import FlyteDirectory
 
 from tasks.core.config import TrainConfig
 from tasks.evaluate import evaluate
-from tasks.planner import prepare_data, train_on_target
 from tasks.publish import publish_model
+from tasks.right_sizing import prepare_data, train_on_target
 from tasks.types import EvaluationReport
 
 # What a run hands back: the report, the model bundle (tasks/core/bundle.py) and, with publish_to, the

@@ -51,21 +51,21 @@ def probe_logits(model: keras.Model, rows: int, n_features: int) -> tuple[list[i
     return list(logits.shape), bool(np.isfinite(logits).all())
 
 
-def footprint(spec: ModelSpec, input_spec: InputSpec, mixed_precision: bool) -> ModelFootprint:
+def footprint(spec: ModelSpec, input_spec: InputSpec, precision: str) -> ModelFootprint:
     """The model built and checked on CPU rows; parameters counted from its weights. Activations are
     estimated, not probed: each layer's output per row, kept for the backward pass and matched by a
     gradient of the same size (in the precision's bytes per value). A model whose layers have no
     static output shape (subclassed) gets 0, and the OOM guard covers what the plan does not see."""
     model = check_model(spec, input_spec.n_features, input_spec.n_classes, "tensorflow")
     trainable = trainable_count(model)
-    value_bytes = for_planning(mixed_precision).value_bytes
+    counted = for_planning(precision)
     return ModelFootprint(
         state_bytes=sum(int(np.prod(weight.shape)) * FP32 for weight in model.weights),
         trainable_bytes=trainable * FP32,
         trainable_count=trainable,
-        activation_bytes_per_row=2 * value_bytes * output_values_per_row(model),
+        activation_bytes_per_row=2 * counted.value_bytes * output_values_per_row(model),
         n_features=input_spec.n_features,
-        mixed_precision=mixed_precision,
+        precision=counted.name,
     )
 
 

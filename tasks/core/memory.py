@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tasks.core.precision import FP32 as FULL_PRECISION
-from tasks.core.precision import for_planning
+from tasks.core.precision import named
 
 FP32 = FULL_PRECISION.value_bytes  # the features, and the weights the optimizer updates, are float32
 CUDA_CONTEXT_BYTES = 600 * 2**20
@@ -80,7 +80,7 @@ class ModelFootprint:
     trainable_count: int
     activation_bytes_per_row: float  # 0 when they could not be measured
     n_features: int
-    mixed_precision: bool
+    precision: str  # the name in tasks/core/precision.py the estimate counts: "fp32" or "bf16"
 
     def estimate(
         self,
@@ -98,7 +98,7 @@ class ModelFootprint:
         if on_accelerator:
             overhead = CUDA_CONTEXT_BYTES if framework == "pytorch" else TF_RUNTIME_BYTES
         ddp = framework == "pytorch" and world_size > 1
-        precision = for_planning(self.mixed_precision)
+        precision = named(self.precision)
         estimate = MemoryEstimate(
             parameters=self.state_bytes,
             gradients=self.trainable_bytes,

@@ -318,13 +318,12 @@ def check_logits(spec: ModelSpec, model, n_features: int, n_classes: int, framew
         )
 
 
-def measure_footprint(
-    spec: ModelSpec, n_features: int, n_classes: int, framework: str, mixed_precision: bool
-):
+def measure_footprint(spec: ModelSpec, n_features: int, n_classes: int, framework: str, precision: str):
     """The model checked (as `check_model`) and its training memory per worker, a
-    `tasks.core.memory.ModelFootprint`: what the planner sizes accelerators by."""
+    `tasks.core.memory.ModelFootprint`: what the planner sizes accelerators by, for the `precision`
+    the user asked for."""
     input_spec = input_spec_for(spec, n_features, n_classes)
-    return framework_module(framework).footprint(spec, input_spec, mixed_precision)
+    return framework_module(framework).footprint(spec, input_spec, precision)
 
 
 def spec_problems(spec: ModelSpec) -> str:

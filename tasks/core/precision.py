@@ -62,6 +62,7 @@ def for_keras(asked: str, strategy_kind: str, gpu_count: int) -> Precision:
     return BF16 if asked == "bf16" else FP16
 
 
-def for_planning(mixed: bool) -> Precision:
-    """The precision the memory estimate counts: two bytes a value under any mixed precision."""
-    return BF16 if mixed else FP32
+def for_planning(asked: str) -> Precision:
+    """The precision the memory estimate counts for the one the user asked for (a `PRECISIONS` name):
+    two bytes a value under any mixed precision, which is what every choice but fp32 may give."""
+    return FP32 if asked == "fp32" else BF16

@@ -21,18 +21,18 @@ from dataclasses import replace
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from tasks.core.memory import ModelFootprint
 from tasks.core.models import InputSpec
 from tasks.core.precision import named
+from tasks.core.torch_startup import EagerDispatchMode
 
 PROBE_ROWS = 8
 OPTIMIZER_MOMENTS = {"adamw": 2}
 
 
-class AllocationTimeline(TorchDispatchMode):
+class AllocationTimeline(EagerDispatchMode):
     """Tensor storage the ops run under it allocate and free, in order.
 
     Views and in-place results share their input's storage and allocate nothing; a storage is freed
@@ -45,14 +45,6 @@ class AllocationTimeline(TorchDispatchMode):
         self.allocations: list[int] = []  # bytes, by allocation
         self.events: list[tuple[int, int]] = []  # (allocation, +1 allocated / -1 freed)
         self.surviving: set[int] = set()  # allocations still live when the timeline closed
-
-    @classmethod
-    def _should_skip_dynamo(cls) -> bool:
-        """No: torch would wrap `__torch_dispatch__` to keep torch.compile out of it, and that
-        wrapper imports torch._dynamo (over a second of CPU) on its first op. The probe runs eager
-        ops only. torch documents this override on `TorchDispatchMode._should_skip_dynamo`;
-        test_model_builders pins it."""
-        return False
 
     def __exit__(self, *exc):
         self.surviving = set(self.allocation.values())
@@ -162,15 +154,15 @@ def measure_state(model: nn.Module) -> ModelFootprint:
         trainable_count=sum(p.numel() for p in trainable),
         activation_bytes_per_row=0.0,
         n_features=0,
-        mixed_precision=False,
+        precision="fp32",
     )
 
 
-def measure_footprint(model: nn.Module, input_spec: InputSpec, precision: str = "fp32") -> ModelFootprint:
+def probe_footprint(model: nn.Module, input_spec: InputSpec, precision: str = "fp32") -> ModelFootprint:
     """Parameters counted, activations probed on CPU; build the model fresh for it."""
     return replace(
         measure_state(model),
         activation_bytes_per_row=activation_bytes_per_row(model, input_spec, precision),
         n_features=input_spec.n_features,
-        mixed_precision=named(precision).mixed,
+        precision=precision,
     )

@@ -13,7 +13,6 @@ from torch import nn
 
 from tasks.core.config import ModelConfig
 from tasks.core.memory import ModelFootprint
-from tasks.core.model import build_mlp
 from tasks.core.models import (
     InputSpec,
     ModelSpec,
@@ -30,12 +29,29 @@ from tasks.core.models import (
     rebuild,
 )
 from tasks.core.precision import for_planning
-from tasks.core.probe import measure_footprint, measure_state
+from tasks.core.probe import measure_state, probe_footprint
 
 MODEL_TYPE = "torch.nn.Module"
 # Above this many bytes of parameters, the planner counts the model without building it on CPU.
 PROBE_LIMIT_BYTES = 2**30
 log = logging.getLogger(__name__)
+
+
+def build_mlp(config: ModelConfig) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    width = config.n_features
+    for hidden in config.hidden_sizes:
+        layers += [nn.Linear(width, hidden), nn.ReLU(), nn.Dropout(config.dropout)]
+        width = hidden
+    layers.append(nn.Linear(width, config.n_classes))
+    return nn.Sequential(*layers)
+
+
+@torch.no_grad()
+def predict(model: nn.Module, features, batch_size: int = 8192):
+    """Class predictions for a float32 numpy array, in batches."""
+    inputs = torch.from_numpy(features)
+    return torch.cat([model(chunk).argmax(dim=1) for chunk in inputs.split(batch_size)]).numpy()
 
 
 def is_model(value: object) -> bool:
@@ -58,7 +74,7 @@ def probe_logits(model: nn.Module, rows: int, n_features: int) -> tuple[list[int
     return list(logits.shape), logits.is_meta or bool(torch.isfinite(logits).all())
 
 
-def footprint(spec: ModelSpec, input_spec: InputSpec, mixed_precision: bool) -> ModelFootprint:
+def footprint(spec: ModelSpec, input_spec: InputSpec, precision: str) -> ModelFootprint:
     """Counted on the meta device first, so a model too large for this pod allocates nothing; one
     within `PROBE_LIMIT_BYTES` is then built, checked on CPU rows and probed for its activations."""
     n_features, n_classes = input_spec.n_features, input_spec.n_classes
@@ -69,9 +85,9 @@ def footprint(spec: ModelSpec, input_spec: InputSpec, mixed_precision: bool) -> 
         check_trainable(spec, meta_model, "pytorch")
         log.warning("model %r: %.1f GiB of parameters, above the probe's limit; activations not probed",
                     spec.builder, state.state_bytes / 2**30)  # fmt: skip
-        return replace(state, n_features=n_features, mixed_precision=mixed_precision)
+        return replace(state, n_features=n_features, precision=for_planning(precision).name)
     model = check_model(spec, n_features, n_classes, "pytorch")
-    return measure_footprint(model, input_spec, for_planning(mixed_precision).name)
+    return probe_footprint(model, input_spec, for_planning(precision).name)
 
 
 def build_on_meta(spec: ModelSpec, input_spec: InputSpec) -> nn.Module | None:

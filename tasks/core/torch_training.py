@@ -10,9 +10,7 @@ import inspect
 import logging
 import math
 import os
-import sys
 import time
-import types
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -622,17 +620,6 @@ def event_writer(log_dir: str):
     from torch.utils.tensorboard import SummaryWriter
 
     return SummaryWriter(log_dir)
-
-
-def tensorboard_without_tensorflow() -> None:
-    """Make TensorBoard's event writer use its own TensorFlow-free file I/O (its `notf` switch).
-
-    Otherwise the first event file imports TensorFlow when installed, as in the GPU image: seconds
-    per rank before training starts. Process-wide and final (TensorFlow's own
-    `tf.summary` stops working), so only DDP worker processes, which never run TensorFlow, call it.
-    """
-    if "tensorflow" not in sys.modules:
-        sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("tensorboard.compat.notf"))
 
 
 def train(

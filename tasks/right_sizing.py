@@ -16,7 +16,6 @@ from functools import partial
 
 from flytekit import Deck, Resources, dynamic
 
-import tasks.literal_types  # noqa: F401 - each boundary dataclass's Flyte type built once, before the tasks below
 from tasks.core.config import TrainConfig
 from tasks.core.data import BATCH_ROWS, dataset_fingerprint, describe_input
 from tasks.core.models import measure_footprint
@@ -108,7 +107,7 @@ def workload(prepared: PreparedData, target: str, config: TrainConfig) -> Worklo
         len(prepared.table.feature_names),
         len(prepared.table.class_labels),
         framework,
-        mixed_precision=config.precision != "fp32",
+        config.precision,
     )
     return Workload(
         footprint=footprint,
