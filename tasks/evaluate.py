@@ -1,7 +1,8 @@
 """Evaluation on CPU: write the model bundle, then score the held-out test split through it.
 
 The test split holds the raw feature values, and the bundle's loader standardises them as a user's
-scoring of the same rows later does: the report and that scoring cannot disagree.
+scoring of the same rows later does: the report and that scoring cannot disagree. The split is streamed
+one row group at a time, as scoring streams its input: memory does not grow with the split.
 """
 
 from __future__ import annotations
@@ -10,14 +11,12 @@ import logging
 from pathlib import Path
 from typing import NamedTuple
 
-import pyarrow.dataset as ds
 from flytekit import current_context, task
 from flytekit.types.directory import FlyteDirectory
 
 from tasks.core.bundle import BundleRecord, add_metrics, load_bundle, write_bundle
 from tasks.core.config import Hardware
-from tasks.core.data import parquet_format
-from tasks.core.metrics import classification_metrics
+from tasks.core.scoring import split_metrics
 from tasks.decks import DECKS, evaluation_deck
 from tasks.hardware import ML_CPU_IMAGE, SMALL_CPU, guaranteed
 from tasks.logs import setup_logging
@@ -60,10 +59,8 @@ def evaluate(prepared: PreparedData, trained: TrainedModel, plan: ResourcePlan |
     record = BundleRecord.of(prepared.table, trained.run, billed, prepared.fingerprint)
     write_bundle(folder, trained.artifact.download(), record)
     bundle = load_bundle(folder)
-    test = ds.dataset(local_path(prepared.test, "test split"), format=parquet_format()).to_table()
-    predicted = bundle.predict_codes(test)
-    labels = test.column(prepared.table.label_column).to_numpy()
-    metrics = classification_metrics(labels, predicted, prepared.table.class_labels)
+    test = local_path(prepared.test, "test split")
+    metrics = split_metrics(bundle, test, prepared.table.label_column, prepared.table.class_labels)
     add_metrics(folder, metrics)
     report = EvaluationReport(
         metrics=metrics,

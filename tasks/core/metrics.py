@@ -36,6 +36,19 @@ def classification_metrics(
     return metrics_from_confusion(confusion_matrix(y_true, y_pred, labels=codes), class_labels)
 
 
+class ConfusionCounts:
+    """The confusion counts (true class by row, predicted by column) added batch by batch: what a
+    streamed scoring or evaluation holds instead of its rows."""
+
+    def __init__(self, n_classes: int) -> None:
+        self.counts = np.zeros((n_classes, n_classes), dtype=np.int64)
+
+    def add(self, truth: np.ndarray, predicted: np.ndarray) -> None:
+        """One batch's class codes, each in `range(n_classes)`."""
+        n = len(self.counts)
+        self.counts += np.bincount(truth * n + predicted, minlength=n * n).reshape(n, n)
+
+
 def metrics_from_confusion(confusion: np.ndarray, class_labels: list[str]) -> ClassificationMetrics:
     """The metrics from the confusion counts (true class by row, predicted by column): what a streamed
     scoring sums piece by piece, each (true, predicted) pair weighted by its count."""

@@ -5,6 +5,7 @@ dataset's URI, every feature column, the first rows' values) and cuts the input 
 of a folder, and large parquet files by row groups. `score_piece` streams one piece in record batches
 into its own part of the output folder; `summarise` adds the pieces' label counts into a report.
 `score_dataset` runs the three in one process; the scoring workflow maps `score_piece` over pods.
+`split_metrics` streams a prepared split through the bundle the same way, for the evaluation's report.
 
 Memory stays bounded by a record batch: a part holds the input's non-feature columns as they are (ids,
 the label), the predicted class label in `prediction`, and one probability column per class.
@@ -39,7 +40,7 @@ from tasks.core.data import (
     remote_errors,
 )
 from tasks.core.messages import preview, shorten
-from tasks.core.metrics import ClassificationMetrics, metrics_from_confusion
+from tasks.core.metrics import ClassificationMetrics, ConfusionCounts, metrics_from_confusion
 from tasks.core.planner import CatalogEntry
 from tasks.core.publish import join, resolve_bundle
 
@@ -328,16 +329,28 @@ def piece_dataset(job: ScoringJob, piece: ScoringPiece) -> ds.Dataset:
         whole = ds.dataset([path], schema=schema, format=file_format, filesystem=filesystem)
         (fragment,) = whole.get_fragments()
         if isinstance(fragment, ds.ParquetFileFragment):
-            # One fragment per row group: pyarrow decodes ahead within a fragment as far as a slower
-            # consumer lets it, so a fragment as large as the piece would hold most of it in memory.
-            groups = piece.row_groups or [group.id for group in fragment.row_groups]
-            return ds.FileSystemDataset(
-                [fragment.subset(row_group_ids=[group]) for group in groups],
-                schema,
-                file_format,
-                whole.filesystem,
-            )
+            fragments = row_group_fragments(fragment, piece.row_groups)
+            return ds.FileSystemDataset(fragments, schema, file_format, whole.filesystem)
     return whole
+
+
+def row_group_fragments(
+    fragment: ds.ParquetFileFragment, groups: list[int] | None = None
+) -> list[ds.Fragment]:
+    """One fragment per row group (of all, or of `groups`): pyarrow decodes ahead within a fragment as
+    far as a slower consumer lets it, so a fragment as large as a file would hold most of it in memory."""
+    groups = groups or [group.id for group in fragment.row_groups]
+    return [fragment.subset(row_group_ids=[group]) for group in groups]
+
+
+def scored_batches(
+    bundle: Bundle, dataset: ds.Dataset, source: str, first_row: int = 0
+) -> Iterator[tuple[pa.RecordBatch, np.ndarray]]:
+    """Each record batch of `dataset` in file order, with its class probabilities."""
+    rows = first_row
+    for batch in iter_batches(dataset, source):
+        yield batch, bundle.predict_proba(batch, source, rows)
+        rows += batch.num_rows
 
 
 class LabelTally:
@@ -345,19 +358,18 @@ class LabelTally:
 
     def __init__(self, bundle: Bundle, label_column: str):
         self.label_column = label_column
-        self.n = len(bundle.class_labels)
         self.numeric = bundle.manifest.record.label_kind in ("integer", "float")
         self.code_of = {
             label_key(label, self.numeric): code for code, label in enumerate(bundle.class_labels)
         }
-        self.counts = np.zeros(self.n * self.n, dtype=np.int64)
+        self.confusion = ConfusionCounts(len(bundle.class_labels))
         self.unmatched = 0
         self.examples: list[str] = []
 
     def add(self, batch: pa.RecordBatch, predicted: np.ndarray) -> None:
         truth = self.codes(batch.column(self.label_column))
         known = truth >= 0
-        self.counts += np.bincount(truth[known] * self.n + predicted[known], minlength=self.n * self.n)
+        self.confusion.add(truth[known], predicted[known])
         self.unmatched += int((~known).sum())
 
     def codes(self, labels: pa.Array) -> np.ndarray:
@@ -373,7 +385,7 @@ class LabelTally:
         return lookup[encoded.indices.fill_null(len(values)).to_numpy(zero_copy_only=False)]
 
     def result(self) -> tuple[list[list[int]], int, list[str]]:
-        return self.counts.reshape(self.n, self.n).tolist(), self.unmatched, self.examples
+        return self.confusion.counts.tolist(), self.unmatched, self.examples
 
 
 def label_key(value: object, numeric: bool) -> str | None:
@@ -438,8 +450,7 @@ def score_piece(job: ScoringJob, piece: ScoringPiece, bundle: Bundle | None = No
         filesystem.makedirs(folder, exist_ok=True)
     rows = 0
     with part_writer(filesystem, part, layout) as writer:
-        for batch in iter_batches(dataset, piece.file):
-            probabilities = bundle.predict_proba(batch, piece.file, piece.first_row + rows)
+        for batch, probabilities in scored_batches(bundle, dataset, piece.file, piece.first_row):
             codes = probabilities.argmax(axis=1)
             writer.write_batch(layout.batch(batch, codes, probabilities))
             if tally:
@@ -447,6 +458,23 @@ def score_piece(job: ScoringJob, piece: ScoringPiece, bundle: Bundle | None = No
             rows += batch.num_rows
     confusion, unmatched, examples = tally.result() if tally else ([], 0, [])
     return PieceResult(piece.index, file_uri(filesystem, part), rows, confusion, unmatched, examples)
+
+
+# ---- a prepared split's metrics ------------------------------------------------------------------------
+
+
+def split_metrics(
+    bundle: Bundle, path: str, label_column: str, class_labels: list[str]
+) -> ClassificationMetrics:
+    """The metrics of a prepared split (raw feature values, class codes in `label_column`) as the bundle
+    scores it, streamed one row group at a time: memory holds a record batch and the confusion counts."""
+    split = ds.dataset(path, format=parquet_format())
+    by_row_group = [part for fragment in split.get_fragments() for part in row_group_fragments(fragment)]
+    split = ds.FileSystemDataset(by_row_group, split.schema, split.format, split.filesystem)
+    confusion = ConfusionCounts(len(class_labels))
+    for batch, probabilities in scored_batches(bundle, split, path):
+        confusion.add(batch.column(label_column).to_numpy(), probabilities.argmax(axis=1))
+    return metrics_from_confusion(confusion.counts, class_labels)
 
 
 # ---- the report -----------------------------------------------------------------------------------------
