@@ -28,6 +28,7 @@ from benchmarks.measure import (
     interleave,
     median_phases,
 )
+from benchmarks.scale_bench import scale
 from benchmarks.scoring_bench import scoring
 from benchmarks.synthetic import write_table
 from tasks.core.config import SplitPaths, TrainConfig
@@ -43,6 +44,7 @@ FULL = {
     "loop_rounds": 5,
     "scoring_rows": (1_000_000, 10_000_000),
     "scoring_rounds": 5,
+    "scale_rows": (1_000_000, 8_000_000),
 }
 SMOKE = {
     "pipeline_rows": 4_000,
@@ -53,6 +55,7 @@ SMOKE = {
     "loop_rounds": 1,
     "scoring_rows": (4_000, 40_000),
     "scoring_rounds": 1,
+    "scale_rows": (4_000, 32_000),
 }
 FEATURES, BATCH = 64, 512
 
@@ -238,7 +241,7 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, to check the harness")
     parser.add_argument("--json", help="also write the figures to this file")
     parser.add_argument(
-        "--only", choices=["orchestration", "preprocess", "loops", "scoring"], help="run one group"
+        "--only", choices=["orchestration", "preprocess", "loops", "scoring", "scale"], help="run one group"
     )
     parser.add_argument("--rows", type=int, help="rows of the orchestration table (default 1,000,000)")
     parser.add_argument("--epochs", type=int, help="epochs of the pipeline and the loops (default 1)")
@@ -267,6 +270,7 @@ def main() -> None:
             "preprocess": lambda: preprocessing(work, sizes["preprocess_rows"]),
             "loops": lambda: training_loops(work, sizes["loop_rows"], sizes["epochs"], sizes["loop_rounds"]),
             "scoring": lambda: scoring(work, sizes["scoring_rows"], sizes["scoring_rounds"]),
+            "scale": lambda: scale(work, sizes["scale_rows"]),
         }
         figures = []
         for name, run in groups.items():

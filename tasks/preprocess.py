@@ -1,4 +1,8 @@
-"""Preprocessing on CPU: validate the input table, split it, standardise it."""
+"""Preprocessing on CPU: validate the input table, split it, standardise it.
+
+In one pod (`preprocess`), or, for an input too large for one, in pieces that map tasks read at once
+(`preprocess_in_pieces`, tasks/core/pieces.py): the same rows in each split either way.
+"""
 
 from __future__ import annotations
 
@@ -6,17 +10,24 @@ import hashlib
 import importlib.util
 import logging
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
-from flytekit import current_context, task
+import numpy as np
+from flytekit import FlyteContextManager, Resources, current_context, map_task, task
+from flytekit.types.file import FlyteFile
+from flytekit.types.structured import StructuredDataset
 
-from tasks.core.data import SplitConfig, prepare_dataset, write_embedded_digits
+from tasks.core.data import PreparedTable, ScalerStats, SplitConfig, prepare_dataset, write_embedded_digits
+from tasks.core.moments import FeatureMoments
+from tasks.core.pieces import DataPiece, assign_pieces, collected, merged_scaler, piece_moments, write_piece
+from tasks.core.planner import PreprocessPlan
 from tasks.core.validation import embedded_label_problems, raise_for
 from tasks.decks import DECKS, dataset_profile_deck
-from tasks.hardware import CPU_IMAGE, PREPROCESS_CPU, guaranteed
+from tasks.hardware import CPU_IMAGE, PREPROCESS_CPU, SMALL_CPU, guaranteed
 from tasks.logs import setup_logging
 from tasks.storage import parquet_dataset
-from tasks.types import PreparedData
+from tasks.types import PieceSplits, PreparedData
 
 log = logging.getLogger(__name__)
 # How reports name the input when no dataset was given.
@@ -39,18 +50,19 @@ def code_version(*modules: str) -> str:
     return digest.hexdigest()[:16]
 
 
-PREPROCESS_CODE_VERSION = code_version("tasks.core.data", "tasks.preprocess")
-
-
-# Cached: the key is the inputs, including the data's fingerprint (so a rewritten file at the same
-# URI recomputes), plus the hash of the code above.
-@task(
-    container_image=CPU_IMAGE,
-    **guaranteed(PREPROCESS_CPU),
-    cache=True,
-    cache_version=PREPROCESS_CODE_VERSION,
-    **DECKS,
+PREPROCESS_CODE_VERSION = code_version(
+    "tasks.core.data", "tasks.core.moments", "tasks.core.pieces", "tasks.preprocess"
 )
+# Every preprocessing task is cached: the key is the inputs, including the data's fingerprint (so a
+# rewritten file at the same URI recomputes), plus the hash of the code above. The pieces' keys hold
+# the cached label scan's output, which names the folder they write: a rerun finds their parts there.
+CACHED = {"cache": True, "cache_version": PREPROCESS_CODE_VERSION}
+# A piece is idempotent (it rewrites its own parts): a lost pod costs only its retry.
+PIECE_ATTEMPTS = {"retries": 2}
+PIECE_CONCURRENCY = 16  # pods reading the input at once
+
+
+@task(container_image=CPU_IMAGE, **guaranteed(PREPROCESS_CPU), **CACHED, **DECKS)
 def preprocess(
     dataset: str,
     label_column: str,
@@ -66,6 +78,12 @@ def preprocess(
     out_dir = scratch / "prepared"
     prepared = prepare_dataset(uri, label_column, str(out_dir), split)
     table = replace(prepared.table, source=dataset or EMBEDDED_SOURCE)
+    report_prepared(table)
+    splits = {name: parquet_dataset(str(Path(path).parent)) for name, path in prepared.paths.items()}
+    return PreparedData(**splits, table=table, fingerprint=dataset_fingerprint)
+
+
+def report_prepared(table: PreparedTable) -> None:
     log.info(
         "prepared %s: %s rows, %d features, %d classes",
         table.source,
@@ -76,5 +94,80 @@ def preprocess(
     for note in table.notes:  # also in the report; logged here as the run goes
         log.warning("%s", note)
     dataset_profile_deck(table)
-    splits = {name: parquet_dataset(str(Path(path).parent)) for name, path in prepared.paths.items()}
-    return PreparedData(**splits, table=table, fingerprint=dataset_fingerprint)
+
+
+@task(container_image=CPU_IMAGE, **guaranteed(PREPROCESS_CPU), **CACHED)
+def assign_piece_splits(
+    dataset: str,
+    label_column: str,
+    val_fraction: float,
+    test_fraction: float,
+    seed: int,
+    dataset_fingerprint: str,
+    pieces: list[DataPiece],
+) -> PieceSplits:
+    """Every row's class and split, from the label column alone, and the folder the pieces write to."""
+    setup_logging()
+    split = SplitConfig(val_fraction=val_fraction, test_fraction=test_fraction, seed=seed)
+    assignment = str(Path(current_context().working_directory) / "assignment.npy")
+    output = FlyteContextManager.current_context().file_access.get_random_remote_directory()
+    layout = assign_pieces(dataset, label_column, split, pieces, output, assignment)
+    log.info(
+        "%s: %d rows in %d pieces, written under %s", dataset, layout.first_rows[-1], len(pieces), output
+    )
+    return PieceSplits(layout=layout, assignment=FlyteFile(assignment), fingerprint=dataset_fingerprint)
+
+
+def local_assignment(splits: PieceSplits) -> np.ndarray:
+    return np.load(splits.assignment.download(), mmap_mode="r")
+
+
+@task(container_image=CPU_IMAGE, **guaranteed(PREPROCESS_CPU), **CACHED, **PIECE_ATTEMPTS)
+def piece_train_moments(splits: PieceSplits, piece: DataPiece) -> dict:
+    """The piece's feature values checked, and the moments of its train rows (`FeatureMoments.to_dict`)."""
+    setup_logging()
+    return piece_moments(splits.layout, piece, local_assignment(splits)).to_dict()
+
+
+@task(container_image=CPU_IMAGE, **guaranteed(SMALL_CPU), **CACHED)
+def merge_piece_moments(splits: PieceSplits, moments: list[dict]) -> ScalerStats:
+    setup_logging()
+    return merged_scaler(splits.layout, [FeatureMoments.from_dict(piece) for piece in moments])
+
+
+@task(container_image=CPU_IMAGE, **guaranteed(PREPROCESS_CPU), **CACHED, **PIECE_ATTEMPTS)
+def write_piece_splits(splits: PieceSplits, scaler: ScalerStats, piece: DataPiece) -> dict[str, int]:
+    """The piece's part of each split; the rows written, by split."""
+    setup_logging()
+    return write_piece(splits.layout, piece, local_assignment(splits), scaler)
+
+
+@task(container_image=CPU_IMAGE, **guaranteed(SMALL_CPU), **CACHED, **DECKS)
+def collect_piece_splits(
+    splits: PieceSplits, scaler: ScalerStats, written: list[dict[str, int]]
+) -> PreparedData:
+    """The folders of parts as the splits, once every piece wrote its rows."""
+    setup_logging()
+    prepared = collected(splits.layout, scaler, written)
+    report_prepared(prepared.table)
+    folders = {
+        name: StructuredDataset(uri=path, file_format="parquet") for name, path in prepared.paths.items()
+    }
+    return PreparedData(**folders, table=prepared.table, fingerprint=splits.fingerprint)
+
+
+def preprocess_in_pieces(
+    inputs: dict, pieces: list[DataPiece], plan: PreprocessPlan, plan_resources: bool
+) -> PreparedData:
+    """`preprocess`'s result from map tasks over `pieces`, for a @dynamic to run: `inputs` are
+    `preprocess`'s. The label scan gets the planned memory; the pieces that of a few batches."""
+    splits = assign_piece_splits(**inputs, pieces=pieces)
+    mapped = partial(map_task, concurrency=PIECE_CONCURRENCY)
+    moments = mapped(partial(piece_train_moments, splits=splits))(piece=pieces)
+    scaler = merge_piece_moments(splits=splits, moments=moments)
+    written = mapped(partial(write_piece_splits, splits=splits, scaler=scaler))(piece=pieces)
+    if plan_resources:
+        for node, mem in ((splits, plan.mem), (moments, plan.piece_mem), (written, plan.piece_mem)):
+            sized = Resources(cpu=plan.cpu, mem=mem)
+            node.with_overrides(requests=sized, limits=sized)
+    return collect_piece_splits(splits=splits, scaler=scaler, written=written)

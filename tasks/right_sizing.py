@@ -19,6 +19,7 @@ from flytekit import Deck, Resources, dynamic
 from tasks.core.config import TrainConfig
 from tasks.core.data import BATCH_ROWS, dataset_fingerprint, describe_input
 from tasks.core.models import measure_footprint
+from tasks.core.pieces import DataPiece, plan_pieces
 from tasks.core.planner import (
     PlanError,
     PreprocessPlan,
@@ -40,7 +41,7 @@ from tasks.hardware import (
     guaranteed,
 )
 from tasks.logs import setup_logging
-from tasks.preprocess import preprocess
+from tasks.preprocess import preprocess, preprocess_in_pieces
 from tasks.targets import TARGETS
 from tasks.types import PreparedData, ResourcePlan, TrainedModel
 
@@ -49,12 +50,18 @@ EMBEDDED_DIGITS_SHAPE = (1797, 65, 600_000)  # rows, columns, bytes as parquet
 EMBEDDED_FINGERPRINT = f"embedded-digits-scikit-learn-{importlib.metadata.version('scikit-learn')}"
 
 
-def size_preprocessing(dataset: str) -> PreprocessPlan:
+def size_preprocessing(dataset: str, label_column: str) -> tuple[PreprocessPlan, list[DataPiece]]:
+    """The plan, and the pieces that read the input where the plan asks for more than one pod (none
+    where one does: an input of a single file and row group is one piece however large)."""
     if not dataset:
         rows, columns, size = EMBEDDED_DIGITS_SHAPE
-        return plan_preprocessing(size, rows, columns, BATCH_ROWS, CPU_NODE)
+        return plan_preprocessing(size, rows, columns, BATCH_ROWS, CPU_NODE), []
     stats = describe_input(dataset)
-    return plan_preprocessing(stats.bytes, stats.rows, stats.columns, BATCH_ROWS, CPU_NODE)
+    plan = plan_preprocessing(stats.bytes, stats.rows, stats.columns, BATCH_ROWS, CPU_NODE)
+    pieces = plan_pieces(dataset, label_column, plan.pieces) if plan.pieces > 1 else []
+    if len(pieces) < 2:
+        return replace(plan, pieces=1, piece_mem=""), []
+    return replace(plan, pieces=len(pieces)), pieces
 
 
 @dynamic(container_image=ML_CPU_IMAGE, **guaranteed(SMALL_CPU), **DECKS)
@@ -67,7 +74,8 @@ def prepare_data(
     hyperparameters: TrainConfig,
     plan_resources: bool,
 ) -> tuple[PreparedData, PreprocessPlan]:
-    """Check every input, size the preprocessing pod from the input's metadata, then preprocess.
+    """Check every input, size the preprocessing from the input's metadata, then preprocess: in one
+    pod, or in pieces for an input past the planner's PIECE_BYTES or PIECE_ROWS.
 
     Runs first and on CPU, so a bad input fails here, before any accelerator is requested.
     """
@@ -76,16 +84,17 @@ def prepare_data(
         problems(target, hyperparameters, TARGETS, val_fraction, test_fraction)
         + embedded_label_problems(dataset, label_column)
     )
-    plan = size_preprocessing(dataset)
+    plan, pieces = size_preprocessing(dataset, label_column)
     log.info(
-        "preprocess plan: %s CPU, %s for %d rows x %d columns",
+        "preprocess plan: %s CPU, %s for %d rows x %d columns, in %d pieces",
         plan.cpu,
         plan.mem,
         plan.input_rows,
         plan.input_columns,
+        plan.pieces,
     )
     # Only what the split depends on: a change of epochs or learning rate reuses the cached splits.
-    prepared = preprocess(
+    inputs = dict(
         dataset=dataset,
         label_column=label_column,
         val_fraction=val_fraction,
@@ -93,6 +102,9 @@ def prepare_data(
         seed=hyperparameters.seed,
         dataset_fingerprint=dataset_fingerprint(dataset) if dataset else EMBEDDED_FINGERPRINT,
     )
+    if pieces:
+        return preprocess_in_pieces(inputs, pieces, plan, plan_resources), plan
+    prepared = preprocess(**inputs)
     if plan_resources:
         sized = Resources(cpu=plan.cpu, mem=plan.mem)
         prepared = prepared.with_overrides(requests=sized, limits=sized)
@@ -117,6 +129,7 @@ def workload(prepared: PreparedData, target: str, config: TrainConfig) -> Worklo
         val_rows=prepared.table.rows["val"],
         framework=framework,
         min_micro_batch=config.min_micro_batch_size,
+        data_placement=config.data_placement,
     )
 
 
@@ -145,7 +158,10 @@ def train_on_target(
     log.info("%s", report.summary())
     plan_deck(report)
     if report.applied:
-        hyperparameters = replace(hyperparameters, grad_accum_steps=report.training.grad_accum_steps)
+        plan = report.training
+        hyperparameters = replace(
+            hyperparameters, grad_accum_steps=plan.grad_accum_steps, data_placement=plan.data_placement
+        )
     training_target = TARGETS[target]
     trained = training_target.task(prepared=prepared, hyperparameters=hyperparameters)
     if report.applied:

@@ -12,6 +12,7 @@ from tasks.core.config import Hardware, SplitPaths, TrainingRun
 from tasks.core.data import PreparedTable
 from tasks.core.metrics import ClassificationMetrics
 from tasks.core.models import describe_spec
+from tasks.core.pieces import PieceLayout
 from tasks.core.planner import OptionFit, PreprocessPlan, TrainingPlan
 from tasks.storage import local_path
 
@@ -32,6 +33,16 @@ class PreparedData:
         return self.table.split_paths(
             local_path(self.train, "train split"), local_path(self.val, "val split")
         )
+
+
+@dataclass
+class PieceSplits:
+    """What the pieces of one preprocessing share (tasks/core/pieces.py): where their rows lie and
+    the split of every row (.npy, one byte a row)."""
+
+    layout: PieceLayout
+    assignment: FlyteFile
+    fingerprint: str = ""  # the input data's fingerprint, as the preprocessing cache key had it
 
 
 @dataclass
@@ -65,7 +76,7 @@ class ResourcePlan:
             lines.append(
                 f"  estimated peak {plan.estimated_peak_gib:.2f} GiB per device; micro-batch "
                 f"{plan.micro_batch_size} x {plan.grad_accum_steps} accumulation x {plan.choice.devices} devices "
-                f"= batch {plan.effective_batch_size}"
+                f"= batch {plan.effective_batch_size}; training rows: {plan.data_placement}"
             )
         lines.append(
             f"  preprocess: {self.preprocess.cpu} CPU, {self.preprocess.mem} for "
@@ -132,4 +143,4 @@ class EvaluationReport:
 # once and the hyperparameters checked strictly (tasks/literal_types.py) before it defines its tasks.
 from tasks.literal_types import register_boundary_types  # noqa: E402 - it builds on the classes above
 
-register_boundary_types(PreparedData, TrainedModel, ResourcePlan, EvaluationReport)
+register_boundary_types(PreparedData, PieceSplits, TrainedModel, ResourcePlan, EvaluationReport)

@@ -1,9 +1,10 @@
 """A training process for the kill-and-resume test:
-`python -m tests.checkpoint_worker SPLITS CKPT OUT SLOW MODEL`.
+`python -m tests.checkpoint_worker SPLITS CKPT OUT SLOW MODEL [PLACEMENT]`.
 
 SPLITS is the JSON of a SplitPaths, CKPT a checkpoint directory ("" for none), OUT where to save
 the final parameters and history, SLOW "1" to pause after each step so the test can kill it
-mid-epoch, MODEL the JSON of the ModelSpec to train.
+mid-epoch, MODEL the JSON of the ModelSpec to train, PLACEMENT the config's data placement (streamed
+rows shuffle in windows of 50, so that a resume lands inside a window).
 """
 
 from __future__ import annotations
@@ -32,8 +33,12 @@ def slow_down() -> None:
     torch_training.optimizer_step = step
 
 
-def train_and_save(splits: SplitPaths, checkpoint_dir: str, out: str, model: ModelSpec) -> None:
-    config = TrainConfig(epochs=3, batch_size=16, seed=7, model=model)
+def train_and_save(
+    splits: SplitPaths, checkpoint_dir: str, out: str, model: ModelSpec, placement: str = "auto"
+) -> None:
+    config = TrainConfig(epochs=3, batch_size=16, seed=7, model=model, data_placement=placement)
+    if placement == "stream":
+        config.shuffle_buffer_rows = 50
     checkpoint = TrainingCheckpoint(checkpoint_dir, every_steps=2) if checkpoint_dir else None
     if checkpoint is not None and (state := checkpoint.load()) is not None:
         print(f"RESUMING epoch={state['epoch']} step={state['step']}", flush=True)
@@ -45,12 +50,12 @@ def train_and_save(splits: SplitPaths, checkpoint_dir: str, out: str, model: Mod
     )  # fmt: skip
 
 
-def main(splits_json: str, checkpoint_dir: str, out: str, slow: str, model_json: str) -> None:
+def main(splits_json: str, checkpoint_dir: str, out: str, slow: str, model_json: str, placement: str) -> None:
     if slow == "1":
         slow_down()
     splits, model = SplitPaths(**json.loads(splits_json)), ModelSpec(**json.loads(model_json))
-    train_and_save(splits, checkpoint_dir, out, model)
+    train_and_save(splits, checkpoint_dir, out, model, placement)
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:6])
+    main(*sys.argv[1:6], *(sys.argv[6:7] or ["auto"]))

@@ -130,3 +130,18 @@ def train_until_one_rank_diverges(config, splits, diverging_rank: int, diverging
     finally:
         torch_training.shutdown_distributed()
     return {"error": None, "steps_run": len(calls)}
+
+
+def train_recording_reads(config, splits) -> dict[str, Any]:
+    """Train and report, with the training split's row ids that this rank's reader read."""
+    from tasks.core.data import RankPart
+
+    real_read, read = RankPart.read_block, []
+
+    def read_block(part, block, *args):
+        if part.path == splits.train:
+            read.extend(range(block.first_id, block.first_id + block.rows))
+        return real_read(part, block, *args)
+
+    RankPart.read_block = read_block
+    return {**train_and_report(config, splits), "read_rows": read}

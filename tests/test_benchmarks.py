@@ -129,3 +129,22 @@ def test_best_rates_take_each_sides_fastest_run():
 
 def test_smoke_scoring_prints_every_figure_with_a_ratio(tmp_path):
     smoke_figures(tmp_path, "scoring")
+
+
+def test_scale_group_writes_part_folders_and_sums_a_process_tree(tmp_path):
+    """The scale group's pieces, at no cost (its pipeline runs are `make bench`'s, minutes long)."""
+    import psutil
+    import pyarrow.parquet as pq
+
+    from benchmarks.scale_bench import tree_rss
+    from benchmarks.synthetic import write_parts
+
+    files = write_parts(str(tmp_path / "table"), 1003, 4, features=3)
+    assert [Path(file).name for file in files] == [f"part-{i:05d}.parquet" for i in range(4)]
+    assert [pq.ParquetFile(file).metadata.num_rows for file in files] == [251, 251, 251, 250]
+    with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]) as child:
+        try:
+            me = psutil.Process()
+            assert tree_rss(me) > me.memory_info().rss  # the child's memory counts too
+        finally:
+            child.kill()

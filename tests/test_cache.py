@@ -67,11 +67,21 @@ def test_a_different_split_is_not_served_from_the_cache(tmp_path, preprocess_cal
 
 
 def test_cache_version_follows_the_preprocessing_code():
-    from tasks.preprocess import PREPROCESS_CODE_VERSION, code_version, preprocess
+    from tasks.preprocess import PREPROCESS_CODE_VERSION, code_version
 
-    assert preprocess.metadata.cache and preprocess.metadata.cache_version == PREPROCESS_CODE_VERSION
-    assert code_version("tasks.core.data", "tasks.preprocess") == PREPROCESS_CODE_VERSION
-    assert code_version("tasks.core.data") != PREPROCESS_CODE_VERSION
+    modules = ("tasks.core.data", "tasks.core.moments", "tasks.core.pieces", "tasks.preprocess")
+    assert code_version(*modules) == PREPROCESS_CODE_VERSION
+    assert code_version(*modules[:-1]) != PREPROCESS_CODE_VERSION
+    tasks = (
+        preprocess_module.preprocess,  # one pod, and each step of the pieces
+        preprocess_module.assign_piece_splits,
+        preprocess_module.piece_train_moments,
+        preprocess_module.merge_piece_moments,
+        preprocess_module.write_piece_splits,
+        preprocess_module.collect_piece_splits,
+    )
+    for task in tasks:
+        assert task.metadata.cache and task.metadata.cache_version == PREPROCESS_CODE_VERSION, task.name
 
 
 def test_a_cached_split_whose_files_were_removed_fails_before_any_worker_starts(

@@ -17,6 +17,7 @@ import torch
 from tasks.core.checkpoint import STATE_FILE
 from tasks.core.models import ModelSpec
 from tests import checkpoint_worker
+from tests.streaming_splits import small_row_groups
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -29,11 +30,13 @@ MODELS = {
     "mlp": ModelSpec("mlp", options={"hidden_sizes": "32,16", "dropout": 0.2}),
     "cnn": ModelSpec("cnn", "2x2", {"channels": "4,8", "dropout": 0.2}),
 }
+# (model, data placement): streamed rows resume inside a shuffle window of a split of small row groups.
+RUNS = [("mlp", "auto"), ("cnn", "auto"), ("mlp", "stream")]
 
 
-def worker(splits, checkpoint_dir: str, out: Path, slow: bool, model: ModelSpec) -> list[str]:
+def worker(splits, checkpoint_dir: str, out: Path, slow: bool, model: ModelSpec, placement: str) -> list[str]:
     return [sys.executable, "-m", "tests.checkpoint_worker", json.dumps(asdict(splits)), checkpoint_dir, str(out),
-            "1" if slow else "0", json.dumps(asdict(model))]  # fmt: skip
+            "1" if slow else "0", json.dumps(asdict(model)), placement]  # fmt: skip
 
 
 def run(command: list[str]) -> subprocess.CompletedProcess:
@@ -42,13 +45,13 @@ def run(command: list[str]) -> subprocess.CompletedProcess:
     return result
 
 
-def uninterrupted_here(splits, out: Path, model: ModelSpec) -> None:
+def uninterrupted_here(splits, out: Path, model: ModelSpec, placement: str) -> None:
     """The worker's run without a checkpoint, in this process: the same code and one thread, as the
     worker processes get (ENV)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        checkpoint_worker.train_and_save(splits, "", str(out), model)
+        checkpoint_worker.train_and_save(splits, "", str(out), model, placement)
     finally:
         torch.set_num_threads(threads)
 
@@ -65,13 +68,14 @@ def wait_for_mid_epoch_checkpoint(path: Path, process: subprocess.Popen, timeout
     raise AssertionError("no mid-epoch checkpoint appeared")
 
 
-@pytest.mark.parametrize("model", list(MODELS))
-def test_killed_and_resumed_run_matches_an_uninterrupted_run(model, blob_splits, tmp_path):
+@pytest.mark.parametrize("model, placement", RUNS)
+def test_killed_and_resumed_run_matches_an_uninterrupted_run(model, placement, blob_splits, tmp_path):
     spec = MODELS[model]
-    uninterrupted_here(blob_splits, tmp_path / "uninterrupted.pt", spec)
+    splits = small_row_groups(blob_splits, tmp_path / "splits") if placement == "stream" else blob_splits
+    uninterrupted_here(splits, tmp_path / "uninterrupted.pt", spec, placement)
 
     checkpoint_dir = tmp_path / "checkpoint"
-    process = subprocess.Popen(worker(blob_splits, str(checkpoint_dir), tmp_path / "never.pt", slow=True, model=spec),
+    process = subprocess.Popen(worker(splits, str(checkpoint_dir), tmp_path / "never.pt", True, spec, placement),
                                cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
     try:
         saved = wait_for_mid_epoch_checkpoint(checkpoint_dir / STATE_FILE, process)
@@ -81,7 +85,7 @@ def test_killed_and_resumed_run_matches_an_uninterrupted_run(model, blob_splits,
     assert process.returncode == -9
     assert not (tmp_path / "never.pt").exists()
 
-    resumed = run(worker(blob_splits, str(checkpoint_dir), tmp_path / "resumed.pt", slow=False, model=spec))
+    resumed = run(worker(splits, str(checkpoint_dir), tmp_path / "resumed.pt", False, spec, placement))
     assert "RESUMING epoch=" in resumed.stdout
     resumed_epoch = int(resumed.stdout.split("epoch=")[1].split()[0])
     assert resumed_epoch >= saved["epoch"] >= 1

@@ -20,6 +20,11 @@ pytestmark = pytest.mark.slow
 
 IMAGE_OF_TASK = {
     "tasks.preprocess.preprocess": "cpu",
+    "tasks.preprocess.assign_piece_splits": "cpu",
+    "tasks.preprocess.piece_train_moments": "cpu",
+    "tasks.preprocess.merge_piece_moments": "cpu",
+    "tasks.preprocess.write_piece_splits": "cpu",
+    "tasks.preprocess.collect_piece_splits": "cpu",
     "tasks.compare.check_prices": "cpu",
     "tasks.compare.compare": "cpu",
     "tasks.schedule.dataset_partition": "cpu",

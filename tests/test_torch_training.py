@@ -152,7 +152,9 @@ def test_evaluation_reads_its_totals_back_once(monkeypatch):
     monkeypatch.setattr(torch.Tensor, "item", no_item)
     monkeypatch.setattr(torch.Tensor, "tolist", counted_tolist)
     single = DistributedContext(rank=0, world_size=1, device=torch.device("cpu"), backend="none")
-    loss, accuracy = evaluate_shard(model, x, y, single, dtype=None, batch=8)  # 7 batches
+    loss, accuracy = evaluate_shard(
+        model, zip(x.split(8), y.split(8), strict=True), single, dtype=None
+    )  # 7 batches
     monkeypatch.undo()
     assert transfers == [torch.Size([3])]
     assert (loss, accuracy) == pytest.approx(expected)

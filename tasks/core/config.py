@@ -14,6 +14,9 @@ PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 TF_STRATEGIES = ("auto", "tpu", "multi_worker", "mirrored", "default")
 # "cosine": the learning rate decays from learning_rate to 0 over the run's optimizer steps.
 LR_SCHEDULES = ("cosine", "constant")
+# Where the torch loop keeps its training rows: on the device, in pinned host memory, or streamed
+# from the split's files; "auto" is the device unless the planner chose otherwise.
+DATA_PLACEMENTS = ("auto", "device", "host", "stream")
 # Each integer field's range: the seed is numpy's; the others fit int64 arithmetic and timedelta with room.
 INT_RANGES = {
     "epochs": (1, 10**6),
@@ -23,6 +26,7 @@ INT_RANGES = {
     "checkpoint_every_steps": (0, 10**9),
     "collective_timeout_s": (1, 7 * 24 * 3600),  # a week
     "min_micro_batch_size": (1, 10**9),
+    "shuffle_buffer_rows": (1, 10**9),
 }
 
 # `TrainConfig.min_micro_batch_size` by default, which the planner's `Workload` also defaults to.
@@ -83,6 +87,12 @@ class TrainConfig:
     # The smallest micro-batch: the planner lowers it no further to fit a device, and the
     # out-of-memory guard halves it down to this size, then gives up.
     min_micro_batch_size: int = MIN_MICRO_BATCH_SIZE
+    # The torch loop's placement of its training rows (DATA_PLACEMENTS); every placement trains on
+    # the same rows in the same order (`tasks.core.shards.epoch_order`).
+    data_placement: str = "auto"
+    # Rows shuffled together: a shard of at most this many rows is fully permuted each epoch; a larger
+    # one is shuffled by row group, then within windows of this many rows (what streaming holds).
+    shuffle_buffer_rows: int = 1 << 20
 
     @classmethod
     def from_json(cls, text: str) -> TrainConfig:
@@ -104,6 +114,7 @@ class TrainConfig:
             ("lr_schedule", self.lr_schedule in LR_SCHEDULES, f"not one of {', '.join(LR_SCHEDULES)}"),
             ("precision", self.precision in PRECISIONS, f"not one of {', '.join(PRECISIONS)}"),
             ("tf_strategy", self.tf_strategy in TF_STRATEGIES, f"not one of {', '.join(TF_STRATEGIES)}"),
+            ("data_placement", self.data_placement in DATA_PLACEMENTS, f"not one of {', '.join(DATA_PLACEMENTS)}"),
         ]  # fmt: skip
         found: dict[str, str] = {}
         for name, ok, rule in rules:

@@ -15,7 +15,7 @@ import re
 import tempfile
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 
 import fsspec
@@ -30,8 +30,11 @@ import pyarrow.parquet as pq
 
 from tasks.core.config import SplitPaths
 from tasks.core.messages import LINE_CHARS, one_line, preview, shorten
+from tasks.core.moments import FeatureMoments
 
 FORMATS_BY_SUFFIX = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv"}
+COMPRESSED_SUFFIXES = {".gz", ".bz2", ".zst"}
+UNNAMED_FORMAT = "no format in the name"
 SPLITS = ("train", "val", "test")
 # The split kept as raw feature values: evaluation scores it through the model bundle's loader, as a
 # user scores the original rows; the others are standardised for the training loops.
@@ -50,6 +53,8 @@ FIRST_ROWS = 5  # of a feature's bad values, the rows an error lists
 # A label column's kind, by its numpy dtype's kind (any other is "string"), and how the text of its
 # class labels turns back into its values.
 LABEL_KINDS = {"i": "integer", "u": "integer", "f": "float", "b": "boolean"}
+NUMBER_TYPES_BY_KIND = {"integer": (pa.int64(),), "float": (pa.float64(),)}
+NUMBER_TYPES = (pa.int64(), pa.float64())  # tried in turn on CSV labels: see `clean_labels`
 LABEL_PARSERS = {"string": str, "integer": int, "float": float, "boolean": lambda text: text == "True"}
 # pyarrow's CSV errors number columns from 0 and rows as lines of the file, header included.
 CSV_COLUMN_ERROR = re.compile(r"In CSV column #(\d+): (?:Row #(\d+): )?(.*)", re.DOTALL)
@@ -133,16 +138,45 @@ class PreparedSplits:
 
 
 def detect_format(uri: str) -> str:
-    suffixes = [s.lower() for s in Path(uri.rstrip("/")).suffixes]
+    """A file's format from its name; a folder's from the names of its part files, whatever its own."""
+    filesystem, path = filesystem_for(uri)
+    with remote_errors(uri):
+        if filesystem.isdir(path):
+            return folder_format(uri, part_files(filesystem, path))
+    if found := format_by_name(uri):
+        return found
+    raise DatasetError(
+        f"{uri}: cannot tell the file format from its name; use one of {', '.join(sorted(FORMATS_BY_SUFFIX))}"
+    )
+
+
+def format_by_name(name: str) -> str | None:
+    """'parquet' or 'csv' from a name's suffixes, compressed ones included (data.csv.gz); else None."""
+    suffixes = [s.lower() for s in PurePosixPath(name.rstrip("/")).suffixes]
     for suffix in reversed(suffixes):
         if suffix in FORMATS_BY_SUFFIX:
             return FORMATS_BY_SUFFIX[suffix]
-    if suffixes and suffixes[-1] in {".gz", ".bz2", ".zst"} and len(suffixes) > 1:
-        return detect_format(uri.rsplit(".", 1)[0])
-    raise DatasetError(
-        f"{uri}: cannot tell the file format from its name; use one of "
-        f"{', '.join(sorted(FORMATS_BY_SUFFIX))} (a directory of parquet files must end in .parquet)"
-    )
+    if len(suffixes) > 1 and suffixes[-1] in COMPRESSED_SUFFIXES:
+        return format_by_name(name.rstrip("/").rsplit(".", 1)[0])
+    return None
+
+
+def folder_format(uri: str, files: list[str]) -> str:
+    """The one format of a folder's part files; files named without a format take the folder's name's
+    (as Hadoop writes part-00000). A folder mixing formats is refused, naming a file of each."""
+    if not files:
+        raise DatasetError(f"{uri}: the directory holds no data files with rows")
+    by_format = {format_by_name(file) or format_by_name(uri) or UNNAMED_FORMAT: file for file in files}
+    if len(by_format) > 1:
+        named = " and ".join(f"{kind} ({file})" for kind, file in sorted(by_format.items()))
+        raise DatasetError(f"{uri}: the folder mixes file formats: {named}; keep one format per folder")
+    (kind,) = by_format
+    if kind == UNNAMED_FORMAT:
+        raise DatasetError(
+            f"{uri}: cannot tell the format of its part files (e.g. {files[0]}) from their names; "
+            f"name them with one of {', '.join(sorted(FORMATS_BY_SUFFIX))}"
+        )
+    return kind
 
 
 @contextmanager
@@ -289,9 +323,7 @@ def open_dataset(uri: str, label_column: str | None = None) -> ds.Dataset:
         raise DatasetError(f"{uri}: the file is empty (0 bytes)")
     remote = not isinstance(filesystem, fsspec.implementations.local.LocalFileSystem)
     with remote_errors(uri):
-        source = part_files(filesystem, path) if is_dir else path
-        if not source:
-            raise DatasetError(f"{uri}: the directory holds no data files with rows")
+        source = part_files(filesystem, path) if is_dir else path  # a folder has some: `detect_format`
         try:
             if file_format == "csv":
                 pa_format, schema = csv_format_and_schema(filesystem, source, label_column)
@@ -594,9 +626,9 @@ def scan_labels(dataset: ds.Dataset, uri: str, label_column: str, features: list
     return pa.chunked_array(label_chunks, type=dataset.schema.field(label_column).type)
 
 
-def as_numbers(labels: pa.ChunkedArray) -> pa.ChunkedArray:
+def as_numbers(labels: pa.ChunkedArray, kinds: tuple[pa.DataType, ...] = NUMBER_TYPES) -> pa.ChunkedArray:
     """Text labels that are all integers (or all numbers) as int64 (float64), else unchanged."""
-    for kind in (pa.int64(), pa.float64()):
+    for kind in kinds:
         try:
             return pc.cast(labels, kind)
         except pa.ArrowInvalid:
@@ -619,18 +651,21 @@ def refuse_missing_labels(labels: pa.ChunkedArray, uri: str, label_column: str) 
         )
 
 
-def clean_labels(labels: pa.ChunkedArray, uri: str, label_column: str, from_csv: bool) -> np.ndarray:
+def clean_labels(
+    labels: pa.ChunkedArray, uri: str, label_column: str, from_csv: bool, kind: str | None = None
+) -> np.ndarray:
     """Labels as classes: text stripped of surrounding whitespace, and missing labels refused.
 
     CSV labels are read as text; a column of numbers among them is read back as numbers, so
-    digits 0-9 sort as numbers and a float label 'nan' counts as missing.
+    digits 0-9 sort as numbers and a float label 'nan' counts as missing. Labels that are some rows
+    of an input pass its `kind` (`label_kind`): their text is read as the whole column's values are.
     """
     if pa.types.is_dictionary(labels.type):
         labels = pc.cast(labels, labels.type.value_type)
     if pa.types.is_string(labels.type) or pa.types.is_large_string(labels.type):
         labels = pc.utf8_trim_whitespace(labels)
         if from_csv:
-            labels = as_numbers(labels)
+            labels = as_numbers(labels, NUMBER_TYPES if kind is None else NUMBER_TYPES_BY_KIND.get(kind, ()))
     refuse_missing_labels(labels, uri, label_column)
     return labels.to_numpy()
 
@@ -789,28 +824,48 @@ def column_values(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
     return column.to_numpy(zero_copy_only=False)
 
 
-def fit_scaler(dataset: ds.Dataset, uri: str, features: list[str], assignment: np.ndarray) -> ScalerStats:
-    from sklearn.preprocessing import StandardScaler
-
-    scaler = StandardScaler()
-    low = np.full(len(features), np.inf)
-    high = -low
+def train_moments(
+    dataset: ds.Dataset,
+    uri: str,
+    features: list[str],
+    assignment: np.ndarray,
+    first_row: int = 0,
+    check_values: bool = False,
+) -> FeatureMoments:
+    """The feature moments of the train rows, merged batch by batch. `assignment` holds the splits of
+    the dataset's rows, the first of which is row `first_row` of the input; `check_values` checks every
+    feature value first (`check_finite`), where `scan_labels` has not."""
+    moments = FeatureMoments.empty(len(features))
     offset = 0
-    with np.errstate(over="ignore", invalid="ignore"):  # an overflowing statistic is refused by name below
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflowing statistic is refused by name later
         for batch in iter_batches(dataset, uri, columns=features):
-            in_train = assignment[offset : offset + batch.num_rows] == 0
+            if check_values:
+                check_finite(batch, features, first_row + offset, uri)
+            in_train = assignment[offset : offset + batch.num_rows] == SPLITS.index("train")
             offset += batch.num_rows
             if in_train.any():
                 train = batch_features(batch, features, np.float64)[in_train]
-                scaler.partial_fit(train)
-                low, high = np.minimum(low, train.min(axis=0)), np.maximum(high, train.max(axis=0))
-    constant = low == high
-    check_scaler(scaler.mean_, scaler.var_, constant, features, uri)
+                moments = moments.merge(FeatureMoments.of(train))
+    return moments
+
+
+def fitted_scaler(moments: FeatureMoments, features: list[str], uri: str) -> ScalerStats:
+    """The standardisation the train rows' moments give, refused by column where float64 cannot hold it."""
+    constant = moments.constant
+    check_scaler(moments.mean, moments.variance, constant, features, uri)
     # A column constant in training standardises to exactly 0: its value as the mean (a running mean
-    # of 1e39s is off by rounding) and scale 1, as scikit-learn gives a constant column.
-    mean = np.where(constant, low, scaler.mean_)
-    scale = np.where(constant, 1.0, scaler.scale_)
-    return ScalerStats(mean=mean.tolist(), scale=scale.tolist())
+    # of 1e39s is off by rounding) and scale 1, as scikit-learn's StandardScaler scales a column whose
+    # variance is within rounding of 0.
+    with np.errstate(over="ignore", invalid="ignore"):
+        scale = np.where(constant | near_constant(moments), 1.0, np.sqrt(moments.variance))
+    return ScalerStats(mean=np.where(constant, moments.low, moments.mean).tolist(), scale=scale.tolist())
+
+
+def near_constant(moments: FeatureMoments) -> np.ndarray:
+    """scikit-learn's bound on the rounding error of a computed variance (Chan, Golub and LeVeque)."""
+    eps, count = np.finfo(np.float64).eps, moments.count
+    with np.errstate(over="ignore"):
+        return moments.variance <= count * eps * moments.variance + (count * moments.mean * eps) ** 2
 
 
 def check_scaler(
@@ -841,15 +896,19 @@ def split_schema(features: list[str], label_column: str, split: str) -> pa.Schem
 
 
 def write_splits(
-    dataset: ds.Dataset, uri: str, prepared: PreparedSplits, codes: np.ndarray, assignment: np.ndarray
+    dataset: ds.Dataset,
+    uri: str,
+    prepared: PreparedSplits,
+    codes: np.ndarray,
+    assignment: np.ndarray,
+    first_row: int = 0,
 ) -> None:
-    """Append each batch's rows to the split they belong to: standardised, or raw in the raw split."""
+    """Append each batch's rows to the split they belong to: standardised, or raw in the raw split.
+    `codes` and `assignment` hold the dataset's rows, the first of which is row `first_row` of the input;
+    `prepared.paths` may be fsspec URIs."""
     features, label = prepared.table.feature_names, prepared.table.label_column
     schemas = {name: split_schema(features, label, name) for name in SPLITS}
-    # Dictionary encoding never pays off for float features; skipping it halves write time.
-    writers = {
-        name: pq.ParquetWriter(prepared.paths[name], schemas[name], use_dictionary=False) for name in SPLITS
-    }
+    writers = {name: split_writer(prepared.paths[name], schemas[name]) for name in SPLITS}
     try:
         offset = 0
         for batch in iter_batches(dataset, uri, columns=features):
@@ -858,7 +917,7 @@ def write_splits(
             raw = batch_features(batch, features, np.float64)
             with np.errstate(over="ignore"):  # refused by name below
                 scaled = standardise(raw, prepared.table.scaler)
-            check_standardised(scaled, raw, features, rows.start, uri)
+            check_standardised(scaled, raw, features, first_row + rows.start, uri)
             for index, name in enumerate(SPLITS):
                 keep = assignment[rows] == index
                 if keep.any():
@@ -870,6 +929,15 @@ def write_splits(
     finally:
         for writer in writers.values():
             writer.close()
+
+
+def split_writer(path: str, schema: pa.Schema) -> pq.ParquetWriter:
+    """A writer for a local file, or through fsspec for a remote one (a piece writes to the bucket)."""
+    filesystem, file = filesystem_for(path)
+    if isinstance(filesystem, fsspec.implementations.local.LocalFileSystem):
+        filesystem = None  # pyarrow's own, which writes faster than through fsspec
+    # Dictionary encoding never pays off for float features; skipping it halves write time.
+    return pq.ParquetWriter(file, schema, filesystem=filesystem, use_dictionary=False)
 
 
 def check_standardised(
@@ -886,6 +954,52 @@ def check_standardised(
     )
 
 
+@dataclass
+class RowSplit:
+    """Every row's class code and split, decided from the label column of the whole input: the same
+    rows land in each split however many pieces then read the features."""
+
+    codes: np.ndarray
+    class_labels: list[str]
+    label_kind: str
+    assignment: np.ndarray  # one byte per row: its index in SPLITS
+
+    @classmethod
+    def of(cls, labels: np.ndarray, uri: str, label_column: str, split: SplitConfig) -> RowSplit:
+        """From the cleaned labels of every row (`clean_labels`), refusing a split the rows cannot fill."""
+        codes, class_labels = encode_labels(labels, uri, label_column)
+        check_split_sizes(codes, class_labels, split, uri, label_column)
+        assignment = checked_assignment(codes, class_labels, split, uri)
+        return cls(codes, class_labels, label_kind(labels), assignment)
+
+    def table(
+        self, features: list[str], label_column: str, uri: str, left_out: dict[str, str]
+    ) -> PreparedTable:
+        """What the splits hold, but the scaler: fitted afterwards on the train rows (`fitted_scaler`)."""
+        counts = np.bincount(self.codes, minlength=len(self.class_labels))
+        return PreparedTable(
+            feature_names=features,
+            label_column=label_column,
+            class_labels=self.class_labels,
+            class_counts={c: int(n) for c, n in zip(self.class_labels, counts, strict=True)},
+            rows={name: int((self.assignment == i).sum()) for i, name in enumerate(SPLITS)},
+            scaler=ScalerStats(mean=[], scale=[]),
+            source=uri,
+            label_kind=self.label_kind,
+            notes=[*left_out.values(), *label_case_warnings(self.class_labels)],
+        )
+
+
+def split_files(out_dir: str, part: int = 0) -> dict[str, str]:
+    """Each split's part file number `part` under `out_dir` (a local folder or an fsspec URI): a split
+    is a folder of parts, one per piece of the input that wrote it."""
+    filesystem, root = filesystem_for(out_dir)
+    paths = {name: f"{out_dir.rstrip('/')}/{name}/part-{part:05d}.parquet" for name in SPLITS}
+    for name in SPLITS:
+        filesystem.makedirs(f"{root.rstrip('/')}/{name}", exist_ok=True)
+    return paths
+
+
 def prepare_dataset(uri: str, label_column: str, out_dir: str, split: SplitConfig) -> PreparedSplits:
     """Validate `uri` and write train/val/test parquet files under `out_dir`: standardised train and
     val splits, and the test split's raw features (`RAW_SPLIT`)."""
@@ -894,29 +1008,11 @@ def prepare_dataset(uri: str, label_column: str, out_dir: str, split: SplitConfi
     features = feature_columns(dataset.schema, label_column, uri, left_out)
     from_csv = isinstance(dataset.format, ds.CsvFileFormat)
     labels = clean_labels(scan_labels(dataset, uri, label_column, features), uri, label_column, from_csv)
-    codes, class_labels = encode_labels(labels, uri, label_column)
-    check_split_sizes(codes, class_labels, split, uri, label_column)
-    assignment = checked_assignment(codes, class_labels, split, uri)
-    scaler = fit_scaler(dataset, uri, features, assignment)
-
-    paths = {}
-    for name in SPLITS:
-        split_dir = Path(out_dir) / name
-        split_dir.mkdir(parents=True, exist_ok=True)
-        paths[name] = str(split_dir / "part-00000.parquet")
-    table = PreparedTable(
-        feature_names=features,
-        label_column=label_column,
-        class_labels=class_labels,
-        class_counts={c: int(n) for c, n in zip(class_labels, np.bincount(codes), strict=True)},
-        rows={name: int((assignment == i).sum()) for i, name in enumerate(SPLITS)},
-        scaler=scaler,
-        source=uri,
-        label_kind=label_kind(labels),
-        notes=[*left_out.values(), *label_case_warnings(class_labels)],
-    )
-    prepared = PreparedSplits(paths=paths, table=table)
-    write_splits(dataset, uri, prepared, codes, assignment)
+    rows = RowSplit.of(labels, uri, label_column, split)
+    scaler = fitted_scaler(train_moments(dataset, uri, features, rows.assignment), features, uri)
+    table = replace(rows.table(features, label_column, uri, left_out), scaler=scaler)
+    prepared = PreparedSplits(paths=split_files(out_dir), table=table)
+    write_splits(dataset, uri, prepared, rows.codes, rows.assignment)
     return prepared
 
 
@@ -943,31 +1039,14 @@ def read_split(path: str, feature_names: list[str], label_column: str) -> tuple[
 def read_shard(
     path: str, feature_names: list[str], label_column: str, rank: int, world_size: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Rows `rank, rank + world_size, ...` of a split, streamed so other ranks' rows are never kept.
+    """This rank's part of a split (`rank_part`), read from its own row groups alone.
 
-    Returns (features, labels, row ids). Shards are padded by repeating their first rows so every
-    rank holds ceil(n / world_size) rows and DDP ranks run the same number of steps.
+    Returns (features, labels, row ids), padded as `rank_part` says so that every rank holds
+    ceil(n / world_size) rows and DDP ranks run the same number of steps.
     """
-    split = ds.dataset(path, format=parquet_format())
-    feature_parts, label_parts, id_parts = [], [], []
-    offset = 0
-    for batch in split.to_batches(batch_size=BATCH_ROWS, columns=[*feature_names, label_column]):
-        ids = np.arange(offset, offset + batch.num_rows)
-        offset += batch.num_rows
-        mine = ids % world_size == rank
-        if mine.any():
-            feature_parts.append(batch_features(batch, feature_names)[mine])
-            label_parts.append(batch.column(label_column).to_numpy()[mine].astype(np.int64))
-            id_parts.append(ids[mine])
-    if not id_parts:
-        raise DatasetError(
-            f"{path}: rank {rank} of {world_size} got no rows; the split has only {offset} rows"
-        )
-    features, labels, ids = (np.concatenate(p) for p in (feature_parts, label_parts, id_parts))
-    missing = math.ceil(offset / world_size) - len(ids)
-    if missing:
-        features, labels, ids = (np.concatenate([a, a[:missing]]) for a in (features, labels, ids))
-    return features, labels, ids
+    part = rank_part(path, rank, world_size)
+    features, labels = part.read(part.blocks, feature_names, label_column)
+    return features, labels, part.row_ids()
 
 
 @dataclass
@@ -1012,3 +1091,92 @@ def dataset_fingerprint(uri: str) -> str:
 
 # What fsspec filesystems report about a file's version: local mtime, S3 ETag, GCS generation/md5.
 VERSION_KEYS = ("mtime", "created", "ETag", "LastModified", "generation", "md5Hash", "etag", "last_modified")
+
+
+@dataclass(frozen=True)
+class Block:
+    """Rows [start, stop) of row group `row_group` of a split's file; `first_id` is the split's row id
+    of its first row (rows count through the split's files in order)."""
+
+    file: str
+    row_group: int
+    start: int
+    stop: int
+    first_id: int
+
+    @property
+    def rows(self) -> int:
+        return self.stop - self.start
+
+
+@dataclass
+class RankPart:
+    """A rank's part of a prepared split: a contiguous range of its rows, cut into blocks at the
+    files' row groups, so that the rank reads its own row groups alone (a row group that straddles
+    two ranks' ranges is decoded by both, each keeping its own rows). The ranges of n rows over
+    `world_size` ranks differ by one row at most; a shorter one ends with a copy of its first row,
+    so that every rank takes the same number of steps."""
+
+    path: str
+    filesystem: pa_fs.FileSystem
+    blocks: list[Block]
+
+    @property
+    def rows(self) -> int:
+        return sum(block.rows for block in self.blocks)
+
+    def row_ids(self) -> np.ndarray:
+        return np.concatenate([np.arange(b.first_id, b.first_id + b.rows) for b in self.blocks])
+
+    def read_block(
+        self, block: Block, feature_names: list[str], label_column: str
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """One block's (features float32, label codes int64), read from its row group alone."""
+        with self.filesystem.open_input_file(block.file) as source:
+            group = pq.ParquetFile(source).read_row_group(
+                block.row_group, columns=[*feature_names, label_column]
+            )
+        rows = group.slice(block.start, block.rows)
+        return batch_features(rows, feature_names), rows.column(label_column).to_numpy().astype(np.int64)
+
+    def read(
+        self, blocks: list[Block], feature_names: list[str], label_column: str
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """`blocks` laid end to end."""
+        features, labels = zip(
+            *(self.read_block(b, feature_names, label_column) for b in blocks), strict=True
+        )
+        return np.concatenate(features), np.concatenate(labels)
+
+
+def row_groups(path: str) -> tuple[pa_fs.FileSystem, list[tuple[str, int, int]]]:
+    """A split's filesystem and its row groups as (file, index, rows), in the order the rows count."""
+    split = ds.dataset(path, format=parquet_format())
+    groups = []
+    for file in split.files:
+        metadata = pq.read_metadata(file, filesystem=split.filesystem)
+        groups += [
+            (file, index, metadata.row_group(index).num_rows) for index in range(metadata.num_row_groups)
+        ]
+    return split.filesystem, groups
+
+
+def rank_part(path: str, rank: int, world_size: int) -> RankPart:
+    """Rank `rank`'s part of the split at `path` (a parquet file or a folder of parts): see `RankPart`."""
+    filesystem, groups = row_groups(path)
+    total = sum(rows for _, _, rows in groups)
+    first, stop = rank * total // world_size, (rank + 1) * total // world_size
+    if first == stop:
+        raise DatasetError(
+            f"{path}: rank {rank} of {world_size} got no rows; the split has only {total} rows"
+        )
+    blocks, group_start = [], 0
+    for file, index, rows in groups:
+        low, high = max(first, group_start), min(stop, group_start + rows)
+        if low < high:
+            blocks.append(Block(file, index, low - group_start, high - group_start, low))
+        group_start += rows
+    if stop - first < math.ceil(total / world_size):
+        head = blocks[0]
+        blocks.append(Block(head.file, head.row_group, head.start, head.start + 1, head.first_id))
+    return RankPart(path, filesystem, blocks)

@@ -3,7 +3,8 @@
 A `ModelFootprint` is what a model costs per worker: its parameter side counted from the built model
 and its activations per row, probed on CPU for any torch model by `tasks.core.probe`. The estimate
 counts what the training loop keeps on the device: fp32 parameters, gradients and AdamW's two moment
-buffers, the training/validation shard (the loop moves its shard to the device once) and, under
+buffers, the training/validation shard (when the rows are placed on the device; rows in host memory
+or streamed from the files are not resident: `tasks.core.planner.estimate_for`) and, under
 mixed precision, the autocast copies of the weights; and the largest of three things that are never
 live together: the activations autograd saves per sample times the micro-batch (forward and
 backward), the optimizer step's temporaries (after the backward has freed the activations), and
@@ -92,7 +93,8 @@ class ModelFootprint:
     ) -> MemoryEstimate:
         """Peak memory of one worker/replica training with `micro_batch` rows per step.
 
-        `resident_rows` are the dataset rows kept on the device (this worker's train + val shard);
+        `resident_rows` are the dataset rows kept on the device (this worker's train + val shard
+        under the "device" placement, else none);
         `world_size` the data-parallel workers (torch DDP ranks, or TensorFlow replicas)."""
         overhead = 0
         if on_accelerator:

@@ -14,6 +14,10 @@ from tasks.core.memory import MemoryEstimate, ModelFootprint
 
 # Leave headroom for what the estimate does not see (fragmentation spikes, library workspaces).
 USABLE_MEMORY_FRACTION = 0.9
+# Where the torch loop may keep its training rows (`TrainConfig.data_placement`), in the order the
+# planner tries them: on the device (fastest) when the shard fits beside the model, else streamed
+# from the split's files, which holds a bounded buffer whatever the table's size.
+AUTO_PLACEMENTS = ("device", "stream")
 
 
 class PlanError(ValueError):
@@ -52,6 +56,7 @@ class TrainingPlan:
     effective_batch_size: int
     options: list[OptionFit]
     notes: list[str] = field(default_factory=list)
+    data_placement: str = "device"  # where the torch loop keeps its training rows
 
 
 @dataclass
@@ -60,7 +65,9 @@ class PreprocessPlan:
     input_rows: int
     input_columns: int
     cpu: str
-    mem: str
+    mem: str  # of the pod that holds every row's label: the one pod, or the label scan of the pieces
+    pieces: int = 1  # more than 1: the features are read by this many pods at once (tasks/core/pieces.py)
+    piece_mem: str = ""  # of each of those pods, which hold a few batches and no labels
 
 
 @dataclass
@@ -72,17 +79,41 @@ class Workload:
     val_rows: int
     framework: str
     min_micro_batch: int = MIN_MICRO_BATCH_SIZE  # the run's `TrainConfig.min_micro_batch_size`
+    data_placement: str = "auto"  # the run's `TrainConfig.data_placement`
+
+    def placements(self) -> tuple[str, ...]:
+        """The placements the planner may choose: the torch loop's, unless the run names one;
+        the Keras loop keeps its rows where it always does (counted as on the device)."""
+        if self.framework != "pytorch":
+            return ("device",)
+        return AUTO_PLACEMENTS if self.data_placement == "auto" else (self.data_placement,)
 
 
-def estimate_for(workload: Workload, entry: CatalogEntry, accum: int) -> MemoryEstimate | None:
-    """Per-device estimate on `entry`, or None if the batch does not split over it evenly."""
+def estimate_for(
+    workload: Workload, entry: CatalogEntry, accum: int, placement: str = "device"
+) -> MemoryEstimate | None:
+    """Per-device estimate on `entry` with the training rows at `placement`, or None if the batch
+    does not split over it evenly. Only the "device" placement keeps the shard on the device."""
     micro = micro_batch(workload.batch_size, entry.devices, accum)
     if micro is None:
         return None
-    resident = math.ceil(workload.train_rows / entry.devices) + math.ceil(workload.val_rows / entry.devices)
+    resident = 0
+    if placement == "device":
+        resident = math.ceil(workload.train_rows / entry.devices) + math.ceil(
+            workload.val_rows / entry.devices
+        )
     return workload.footprint.estimate(
         micro, resident, workload.framework, on_accelerator=True, world_size=entry.devices
     )
+
+
+def placed_estimate(workload: Workload, entry: CatalogEntry, accum: int) -> tuple[str, MemoryEstimate | None]:
+    """The first placement whose estimate fits `entry`, with that estimate; else the last tried."""
+    for placement in workload.placements():
+        estimate = estimate_for(workload, entry, accum, placement)
+        if fits(estimate, entry):
+            break
+    return placement, estimate
 
 
 def fits(estimate: MemoryEstimate | None, entry: CatalogEntry) -> bool:
@@ -101,11 +132,27 @@ def accumulation_steps(workload: Workload) -> list[int]:
 def plan_training(workload: Workload, catalog: list[CatalogEntry]) -> TrainingPlan:
     by_price = sorted(catalog, key=lambda entry: entry.price_per_hour)
     for accum in accumulation_steps(workload):
-        estimates = {entry.name: estimate_for(workload, entry, accum) for entry in by_price}
+        placed = {entry.name: placed_estimate(workload, entry, accum) for entry in by_price}
+        estimates = {name: estimate for name, (_, estimate) in placed.items()}
         fitting = [entry for entry in by_price if fits(estimates[entry.name], entry)]
         if fitting:
-            return make_plan(workload, fitting[0], accum, estimates, by_price)
+            plan = make_plan(workload, fitting[0], accum, estimates, by_price)
+            plan.data_placement = placed[fitting[0].name][0]
+            plan.notes += placement_notes(workload, fitting[0], plan.data_placement)
+            return plan
     raise PlanError(too_large_message(workload, by_price))
+
+
+def placement_notes(workload: Workload, choice: CatalogEntry, placement: str) -> list[str]:
+    """Why the training rows go where they go, when the planner chose."""
+    if len(workload.placements()) == 1:
+        return []
+    if placement == "device":
+        return [f"training rows on the device: this rank's shard fits in {choice.name} beside the model"]
+    return [
+        f"training rows streamed from the split's files: {workload.train_rows:,} training rows do not "
+        f"fit in {choice.name} beside the model, so each rank reads its part as the epoch goes"
+    ]
 
 
 def make_plan(workload, choice, accum, estimates, catalog) -> TrainingPlan:
@@ -158,13 +205,14 @@ def plan_preprocessing(
     input_bytes: int, rows: int, columns: int, batch_rows: int, node: MachineType
 ) -> PreprocessPlan:
     """CPU/memory for the streaming preprocess: labels and split assignment for every row, a few
-    copies of one record batch, and the interpreter with pandas/pyarrow/scikit-learn loaded.
+    copies of one record batch, and the interpreter with pandas/pyarrow/scikit-learn loaded. Past
+    PIECE_BYTES or PIECE_ROWS, pieces of about that size read the features (`preprocess_pieces`).
 
     The memory is capped at what `node`, the largest CPU node, can give a pod; a table that would
     need more raises PlanError."""
     per_row = 16 + 1  # label value (numeric or short string) + one byte of split assignment
     batch = 6 * min(rows, batch_rows) * columns * 8
-    needed_gib = (768 * 2**20 + rows * per_row + batch) / 2**30
+    needed_gib = (PREPROCESS_BASE_BYTES + rows * per_row + batch) / 2**30
     largest_gib = math.floor(node.allocatable_memory_gib)
     if needed_gib > largest_gib:
         raise PlanError(
@@ -173,6 +221,26 @@ def plan_preprocessing(
             f"{largest_gib} GiB: split the input into smaller tables, or add a larger CPU node pool and "
             "name it as CPU_NODE in tasks/hardware.py"
         )
-    mem_gib = min(max(1, math.ceil(needed_gib * 1.25)), largest_gib)
     cpu = "1" if input_bytes < 256 * 2**20 else "2" if input_bytes < 4 * 2**30 else "4"
-    return PreprocessPlan(input_bytes, rows, columns, cpu, f"{mem_gib}Gi")
+    pieces = preprocess_pieces(input_bytes, rows)
+    piece_gib = (PREPROCESS_BASE_BYTES + batch) / 2**30
+    return PreprocessPlan(
+        input_bytes, rows, columns, cpu, pod_memory(needed_gib, largest_gib), pieces,
+        pod_memory(piece_gib, largest_gib) if pieces > 1 else "",
+    )  # fmt: skip
+
+
+# The interpreter with pandas, pyarrow and scikit-learn loaded.
+PREPROCESS_BASE_BYTES = 768 * 2**20
+# Inputs larger than either are preprocessed in pieces of about that size, at most MAX_PIECES of
+# them. Read when planning, so that a test may lower them.
+PIECE_BYTES, PIECE_ROWS, MAX_PIECES = 2**30, 4_000_000, 64
+
+
+def preprocess_pieces(input_bytes: int, rows: int) -> int:
+    pieces = max(math.ceil(input_bytes / PIECE_BYTES), math.ceil(rows / PIECE_ROWS), 1)
+    return min(pieces, MAX_PIECES)
+
+
+def pod_memory(needed_gib: float, largest_gib: int) -> str:
+    return f"{min(max(1, math.ceil(needed_gib * 1.25)), largest_gib)}Gi"

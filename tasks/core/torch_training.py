@@ -12,7 +12,7 @@ import math
 import os
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
+from contextlib import closing, nullcontext
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TypeVar
@@ -26,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from tasks.core.checkpoint import TrainingCheckpoint
 from tasks.core.config import EpochMetrics, SplitPaths, TrainConfig, TrainingRun
-from tasks.core.data import read_shard
+from tasks.core.data import rank_part
 from tasks.core.devices import DeviceFamily, family_of, local_family
 from tasks.core.memory import GRADIENT_REDUCE_BUCKET_BYTES
 from tasks.core.messages import one_line
@@ -34,6 +34,7 @@ from tasks.core.models import TrainingDiverged, build, input_spec_for
 from tasks.core.precision import for_torch
 from tasks.core.preemption import PreemptionNotice
 from tasks.core.progress import ProgressReporter, TrainingProgress, log_epoch
+from tasks.core.shards import TrainingRows
 from tasks.core.torch_models import save_torch_artifact
 
 log = logging.getLogger(__name__)
@@ -136,16 +137,16 @@ class Totals:
 
 
 @torch.no_grad()
-def evaluate_shard(
-    model: nn.Module, x: torch.Tensor, y: torch.Tensor, ctx, dtype, batch: int
-) -> tuple[float, float]:
+def evaluate_shard(model: nn.Module, batches, ctx, dtype) -> tuple[float, float]:
+    """Mean loss and accuracy over every rank's `batches` of (x, y) on the device."""
     model.eval()
-    totals = Totals(x.device)
-    for xb, yb in zip(x.split(batch), y.split(batch), strict=True):
+    totals, rows = Totals(ctx.device), 0
+    for xb, yb in batches:
         with torch.autocast(ctx.device.type, dtype=dtype, enabled=dtype is not None):
             logits = model(xb)
         totals.add(F.cross_entropy(logits.float(), yb, reduction="sum"), logits, yb)
-    loss_sum, correct, count = totals.all_reduced(len(y), ctx)
+        rows += len(yb)
+    loss_sum, correct, count = totals.all_reduced(rows, ctx)
     return loss_sum / count, correct / count
 
 
@@ -296,32 +297,33 @@ def no_forward_buffer_sync() -> dict:
     return {"broadcast_buffers": False}
 
 
-def accumulate_gradients(run: LoopState, rows: torch.Tensor, micro: int) -> Totals:
-    """Forward and backward over `rows` in micro-batches of `micro`, gradients summed on this rank.
+def accumulate_gradients(run: LoopState, rows: tuple[torch.Tensor, torch.Tensor], micro: int) -> Totals:
+    """Forward and backward over the step's `rows` (x, y) in micro-batches of `micro`, gradients
+    summed on this rank.
 
     Under DDP no backward communicates (`no_sync`): a rank that runs out of memory mid-step would
     leave the bucket all-reduces it had started unmatched on its peers.
     """
-    model, x, y, dtype = run.ddp_model, run.x, run.y, run.dtype
-    chunks = rows.split(micro)
-    totals = Totals(x.device)
+    model, dtype = run.ddp_model, run.dtype
+    chunks = list(zip(*(column.split(micro) for column in rows), strict=True))
+    totals = Totals(run.ctx.device)
     # Per-step Python and small-op overhead shows on fast devices: no autocast context or loss
     # rescaling unless they do something.
     autocast = torch.autocast(run.ctx.device.type, dtype=dtype) if dtype is not None else nullcontext()
     local = model.no_sync() if isinstance(model, DistributedDataParallel) else nullcontext()
     with local:
-        for chunk in chunks:
+        for x, y in chunks:
             with autocast:
-                logits = model(x[chunk])
-                loss = F.cross_entropy(logits.float(), y[chunk])
-            share = loss if len(chunks) == 1 else loss * (len(chunk) / len(rows))
+                logits = model(x)
+                loss = F.cross_entropy(logits.float(), y)
+            share = loss if len(chunks) == 1 else loss * (len(y) / len(rows[1]))
             run.scaler.scale(share).backward()
-            totals.add(loss.detach() * len(chunk), logits, y[chunk])
+            totals.add(loss.detach() * len(y), logits, y)
     return totals
 
 
-def optimizer_step(run: LoopState, rows: torch.Tensor) -> Totals:
-    """One optimizer step over `rows`, in micro-batches of `run.micro.size`; returns its loss and
+def optimizer_step(run: LoopState, rows: tuple[torch.Tensor, torch.Tensor]) -> Totals:
+    """One optimizer step over `rows` (x, y), in micro-batches of `run.micro.size`; returns its loss and
     accuracy sums as device tensors (no host sync per step).
 
     Every rank votes on whether any of them ran out of memory (and, in the same vote, whether the
@@ -397,7 +399,7 @@ def share_rank0_buffers(model: nn.Module, ctx: DistributedContext) -> None:
 @dataclass
 class LoopState:
     """What the training loop needs, in one place: the model, its optimizer and precision, this
-    rank's training shard, where the run is, and the votes that every step takes part in.
+    rank's training rows, where the run is, and the votes that every step takes part in.
 
     `step` is one optimizer step behind the collective out-of-memory guard, `train_epoch` one pass
     over the shard, and `state_dict` / `load_state_dict` the checkpoint, built and restored side by side.
@@ -411,8 +413,7 @@ class LoopState:
     scaler: torch.amp.GradScaler
     dtype: torch.dtype | None  # autocast dtype; None for full float32
     micro: MicroBatch
-    x: torch.Tensor  # this rank's training shard, on the device
-    y: torch.Tensor
+    rows: TrainingRows  # this rank's training and validation rows, where the plan placed them
     watch: LossWatch
     reporter: ProgressReporter
     checkpoint: TrainingCheckpoint | None = None
@@ -423,8 +424,8 @@ class LoopState:
     carried: tuple[float, int] = (0.0, 0)
 
     @classmethod
-    def start(cls, config, ctx, model, shard, checkpoint, preemption) -> LoopState:
-        """A fresh run of `model` on `shard` (x, y), resumed from `checkpoint`'s saved state, if any."""
+    def start(cls, config, ctx, model, rows, checkpoint, preemption) -> LoopState:
+        """A fresh run of `model` on `rows` (`TrainingRows`), resumed from `checkpoint`'s saved state, if any."""
         micro = config.micro_batch_size(ctx.world_size)
         ddp_model = wrap_in_ddp(model) if ctx.is_distributed else model
         optimizer = build_optimizer(model, config, ctx.device)
@@ -434,7 +435,7 @@ class LoopState:
             scaler=torch.amp.GradScaler(ctx.device.type, enabled=dtype == torch.float16),
             dtype=dtype,
             micro=MicroBatch(micro, minimum=min(micro, config.min_micro_batch_size)),
-            x=shard[0], y=shard[1],
+            rows=rows,
             watch=LossWatch(config.learning_rate),
             reporter=ProgressReporter(config.epochs, enabled=ctx.rank == 0),
             checkpoint=checkpoint,
@@ -444,13 +445,13 @@ class LoopState:
             run.load_state_dict(checkpoint.load())
         return run
 
-    def step(self, rows: torch.Tensor, step: int) -> Totals:
+    def step(self, rows: tuple[torch.Tensor, torch.Tensor], step: int) -> Totals:
         """The optimizer step, retried with half the micro-batch on every rank while any runs out of memory."""
         while True:
             try:
                 return optimizer_step(self, rows)
             except StepOutOfMemory as dropped:
-                self.micro.halve(dropped.error, step, len(rows))
+                self.micro.halve(dropped.error, step, len(rows[1]))
 
     def train_epoch(self, epoch: int) -> tuple[float, float, int]:
         """One pass over this rank's shard, from `progress.step` on (non-zero when resuming mid-epoch).
@@ -460,26 +461,23 @@ class LoopState:
         config, ctx, progress = self.config, self.ctx, self.progress
         self.ddp_model.train()
         per_step = config.micro_batch_size(ctx.world_size) * config.grad_accum_steps
-        steps = config.steps_per_epoch(len(self.y), ctx.world_size)
-        order = torch.randperm(
-            len(self.y), generator=torch.Generator().manual_seed(config.seed * 1_000 + epoch)
-        )
-        order = order.to(self.x.device)
-        totals, self.carried = Totals(self.x.device, *self.carried), (0.0, 0)
+        steps = config.steps_per_epoch(self.rows.rows, ctx.world_size)
+        totals, self.carried = Totals(ctx.device, *self.carried), (0.0, 0)
         mean_loss = lambda: totals.loss_sum.item() / (progress.step * per_step)  # noqa: E731
-        for step in range(progress.step, steps):
-            rows = order[step * per_step : (step + 1) * per_step]
-            for group in self.optimizer.param_groups:
-                group["lr"] = config.learning_rate_at(epoch * steps + step, config.epochs * steps)
-            done = self.step(rows, step)
-            self.watch.record(epoch, step, done, len(rows))
-            totals.add_totals(done)
-            progress.step, self.optimizer_steps = step + 1, self.optimizer_steps + 1
-            self.reporter.step(epoch, progress.step, steps, mean_loss)
-            if self.stop is not None and self.stop.stop_now():
-                self.stop_on_notice(totals)
-            if self.checkpoint is not None and self.checkpoint.due(progress.step):
-                self.save(totals)
+        # Closed on a stop or an error too, so that a background reader ends with the epoch.
+        with closing(self.rows.epoch(config, epoch, progress.step, steps, per_step)) as batches:
+            for step, rows in enumerate(batches, start=progress.step):
+                for group in self.optimizer.param_groups:
+                    group["lr"] = config.learning_rate_at(epoch * steps + step, config.epochs * steps)
+                done = self.step(rows, step)
+                self.watch.record(epoch, step, done, per_step)
+                totals.add_totals(done)
+                progress.step, self.optimizer_steps = step + 1, self.optimizer_steps + 1
+                self.reporter.step(epoch, progress.step, steps, mean_loss)
+                if self.stop is not None and self.stop.stop_now():
+                    self.stop_on_notice(totals)
+                if self.checkpoint is not None and self.checkpoint.due(progress.step):
+                    self.save(totals)
         self.watch.vote(False, ctx)  # the epoch's last step, before anything reads or saves its result
         loss_total, correct_total, seen = totals.all_reduced(steps * per_step, ctx)
         return loss_total / seen, correct_total / seen, seen
@@ -573,20 +571,21 @@ class LoopState:
         )
 
 
-def load_shards(splits: SplitPaths, ctx: DistributedContext):
-    """This rank's training shard and validation shard, moved to the device once."""
-    x, y, rows = read_shard(splits.train, splits.feature_names, splits.label_column, ctx.rank, ctx.world_size)
-    vx, vy, _ = read_shard(splits.val, splits.feature_names, splits.label_column, ctx.rank, ctx.world_size)
-    to_device = lambda a: torch.from_numpy(a).to(ctx.device, non_blocking=True)  # noqa: E731
-    return to_device(x), to_device(y), to_device(vx), to_device(vy), rows
+def load_shards(config: TrainConfig, splits: SplitPaths, ctx: DistributedContext) -> TrainingRows:
+    """This rank's parts of the training and validation splits, placed as `config.data_placement`
+    says ("auto": on the device)."""
+    placement = "device" if config.data_placement == "auto" else config.data_placement
+    train_part, val_part = (rank_part(path, ctx.rank, ctx.world_size) for path in (splits.train, splits.val))
+    columns = (splits.feature_names, splits.label_column)
+    return TrainingRows(placement, train_part, val_part, columns, ctx.device)
 
 
 def set_up(config: TrainConfig, splits: SplitPaths, ctx: DistributedContext):
-    """This rank's shards and its model on the device: what fails, if it does, before any collective."""
-    x, y, vx, vy, shard_rows = load_shards(splits, ctx)
-    config.steps_per_epoch(len(y), ctx.world_size)  # refuses a shard too small for one optimizer step
+    """This rank's rows and its model on the device: what fails, if it does, before any collective."""
+    rows = load_shards(config, splits, ctx)
+    config.steps_per_epoch(rows.rows, ctx.world_size)  # refuses a shard too small for one optimizer step
     model = build(config.model, len(splits.feature_names), splits.n_classes, "pytorch").to(ctx.device)
-    return x, y, vx, vy, shard_rows, model
+    return rows, model
 
 
 class SetUpFailed(ValueError):
@@ -642,8 +641,8 @@ def train(
     torch.manual_seed(config.seed)
     if ctx.family.deterministic:
         torch.use_deterministic_algorithms(True)
-    x, y, vx, vy, shard_rows, model = agreed_set_up(lambda: set_up(config, splits, ctx), ctx)
-    run = LoopState.start(config, ctx, model, (x, y), checkpoint, preemption)
+    rows, model = agreed_set_up(lambda: set_up(config, splits, ctx), ctx)
+    run = LoopState.start(config, ctx, model, rows, checkpoint, preemption)
     progress, eval_batch = run.progress, max(config.micro_batch_size(ctx.world_size), 1024)
     board = event_writer(log_dir) if log_dir and ctx.rank == 0 else None
 
@@ -654,7 +653,7 @@ def train(
         train_loss, train_acc, seen = run.train_epoch(epoch)
         training_seconds += time.perf_counter() - epoch_start  # the loop alone: no validation, no saving
         share_rank0_buffers(model, ctx)
-        val_loss, val_acc = evaluate_shard(run.ddp_model, vx, vy, ctx, run.dtype, batch=eval_batch)
+        val_loss, val_acc = evaluate_shard(run.ddp_model, rows.validation(eval_batch), ctx, run.dtype)
         samples += seen
         metrics = EpochMetrics(epoch + 1, train_loss, train_acc, val_loss, val_acc)
         progress.finish_epoch(metrics)
@@ -674,7 +673,7 @@ def train(
     if ctx.rank == 0 and artifact_path:
         spec = input_spec_for(config.model, len(splits.feature_names), splits.n_classes)
         save_torch_artifact(model, config.model, spec, artifact_path)
-    return run.outcome(shard_rows, samples, training_seconds, seconds)
+    return run.outcome(rows.train.row_ids(), samples, training_seconds, seconds)
 
 
 def write_epoch_scalars(board, epoch: EpochMetrics, samples_per_second: float) -> None:

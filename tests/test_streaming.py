@@ -1,0 +1,158 @@
+"""The torch loop's training rows: one epoch order for every placement, each rank reading its own
+part of the split, and the planner's choice of where the rows go."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tasks.core import data, shards
+from tasks.core.config import TrainConfig
+from tasks.core.models import measure_footprint, mlp_spec
+from tasks.core.planner import CatalogEntry, PlanError, Workload, plan_training
+from tasks.core.shards import epoch_order, epoch_windows, streamed_rows
+from tasks.core.torch_training import train
+from tasks.hardware import GPU_CATALOG
+from tests.streaming_splits import small_row_groups
+
+LAYOUTS = [[23] * 12 + [4], [100], [7, 1, 30, 2, 50]]
+
+
+@pytest.fixture(autouse=True)
+def single_process(monkeypatch):
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture(scope="module")
+def row_group_splits(blob_splits, tmp_path_factory):
+    return small_row_groups(blob_splits, tmp_path_factory.mktemp("row-groups"))
+
+
+@pytest.mark.parametrize("blocks", LAYOUTS)
+@pytest.mark.parametrize("buffer_rows", [1, 16, 40, 10**6])
+def test_the_epoch_order_is_a_deterministic_permutation(blocks, buffer_rows):
+    order = epoch_order(blocks, seed=3, epoch=2, buffer_rows=buffer_rows)
+    assert sorted(order.tolist()) == list(range(sum(blocks)))
+    np.testing.assert_array_equal(order, epoch_order(blocks, seed=3, epoch=2, buffer_rows=buffer_rows))
+    if buffer_rows > 1:  # a buffer of one row shuffles blocks alone, and [100] is one block
+        assert not np.array_equal(order, epoch_order(blocks, seed=3, epoch=3, buffer_rows=buffer_rows))
+
+
+def test_a_part_within_the_buffer_is_fully_permuted_as_the_loop_always_did():
+    generator = torch.Generator().manual_seed(7 * 1_000 + 1)
+    expected = torch.randperm(283, generator=generator).numpy()
+    np.testing.assert_array_equal(epoch_order([23] * 12 + [7], seed=7, epoch=1, buffer_rows=283), expected)
+
+
+def test_a_window_holds_at_most_the_buffer_and_comes_from_consecutive_blocks():
+    blocks = LAYOUTS[0]
+    windows = list(epoch_windows(blocks, seed=0, epoch=0, buffer_rows=40))
+    assert [len(w.order) for w in windows] == [40] * 7  # 280 rows
+    assert all(sum(stop - first for _, first, stop in w.pieces) == len(w.order) for w in windows)
+    visited = [block for w in windows for block, _, _ in w.pieces]
+    assert sorted(set(visited)) == list(range(len(blocks)))  # each block read once, in one run of windows
+    assert [b for i, b in enumerate(visited) if i == 0 or visited[i - 1] != b] == list(dict.fromkeys(visited))
+
+
+@pytest.mark.parametrize("skip", [0, 1, 39, 40, 95, 279])
+def test_streamed_rows_are_the_epoch_order_from_any_row_on(skip):
+    blocks = LAYOUTS[0]
+    starts = np.cumsum([0, *blocks])
+    read = []
+
+    def read_block(index: int):
+        read.append(index)
+        ids = np.arange(starts[index], starts[index + 1])
+        return ids.astype(np.float32)[:, None], ids
+
+    windows = epoch_windows(blocks, seed=5, epoch=1, buffer_rows=40)
+    streamed = np.concatenate([y for _, y in streamed_rows(windows, read_block, skip)])
+    np.testing.assert_array_equal(streamed, epoch_order(blocks, seed=5, epoch=1, buffer_rows=40)[skip:])
+    skipped_windows = list(epoch_windows(blocks, seed=5, epoch=1, buffer_rows=40))[: skip // 40]
+    untouched = {b for w in skipped_windows for b, _, _ in w.pieces} - {b for b in read}
+    assert len(read) == len(set(read)) and (skip < 40 or untouched)  # skipped windows are not read
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 7])
+def test_rank_parts_are_disjoint_equal_and_read_from_their_own_row_groups(row_group_splits, world_size):
+    split_rows = data.rank_part(row_group_splits.train, 0, 1).rows
+    parts = [data.rank_part(row_group_splits.train, rank, world_size) for rank in range(world_size)]
+    ids = [part.row_ids() for part in parts]
+    assert {len(i) for i in ids} == {-(-split_rows // world_size)}
+    assert set().union(*map(set, ids)) == set(range(split_rows))
+    for rank in range(world_size):
+        own = set(ids[rank])
+        assert not own & set().union(*(set(i) for r, i in enumerate(ids) if r != rank))
+        assert len(own) >= len(ids[rank]) - 1  # padding repeats one of the rank's own rows at most
+        assert np.all(np.diff(ids[rank][: len(own)]) == 1)  # a contiguous range
+    features, labels = data.read_split(row_group_splits.train, row_group_splits.feature_names, "species")
+    x, y, row_ids = data.read_shard(
+        row_group_splits.train, row_group_splits.feature_names, "species", world_size - 1, world_size
+    )
+    np.testing.assert_array_equal(x, features[row_ids])
+    np.testing.assert_array_equal(y, labels[row_ids])
+
+
+def parameters(outcome) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in outcome.model.parameters()]
+
+
+def test_every_placement_trains_the_same_rows_in_the_same_order(row_group_splits):
+    runs = {
+        placement: train(
+            TrainConfig(epochs=2, batch_size=16, seed=4, data_placement=placement, shuffle_buffer_rows=50),
+            row_group_splits,
+        )
+        for placement in ("device", "host", "stream")
+    }
+    device = runs.pop("device")
+    assert device.run.history[-1].val_accuracy >= 0.9
+    for outcome in runs.values():
+        assert outcome.run.history == device.run.history
+        for a, b in zip(parameters(outcome), parameters(device), strict=True):
+            assert torch.equal(a, b)
+
+
+def test_the_placement_is_one_the_loop_knows():
+    assert TrainConfig(data_placement="stream").problems() == {}
+    assert "data_placement" in TrainConfig(data_placement="disk").problems()
+
+
+def digits_workload(rows: int, val_rows: int, placement: str = "auto") -> Workload:
+    footprint = measure_footprint(mlp_spec([256, 128], 0.1), 64, 10, "pytorch", precision="bf16")
+    return Workload(footprint, 64, 1, rows, val_rows, "pytorch", data_placement=placement)
+
+
+SMALL_GPU = [CatalogEntry("small", "gpu", "nvidia-l4", "", memory_gib=4, devices=1, price_per_hour=1.0)]
+
+
+def test_the_planner_keeps_the_embedded_digits_on_the_device():
+    plan = plan_training(digits_workload(1257, 270), GPU_CATALOG)
+    assert plan.data_placement == "device"
+    assert any("on the device" in note for note in plan.notes)
+
+
+def test_a_table_larger_than_the_device_is_streamed_not_refused():
+    huge = digits_workload(200_000_000, 40_000_000)  # about 60 GiB of rows
+    plan = plan_training(huge, SMALL_GPU)
+    assert plan.data_placement == "stream" and plan.choice.name == "small"
+    assert plan.estimate.data == 0 and "streamed" in " ".join(plan.notes)
+    assert plan_training(digits_workload(200_000_000, 40_000_000, "host"), SMALL_GPU).data_placement == "host"
+    with pytest.raises(PlanError):  # the run asked for the device: the rows must fit there
+        plan_training(digits_workload(200_000_000, 40_000_000, "device"), SMALL_GPU)
+
+
+def test_streamed_reads_are_bounded_by_the_buffer(row_group_splits, monkeypatch):
+    """A streamed epoch reads each of its blocks once and never holds more than a window and a block."""
+    reads, real = [], data.RankPart.read_block
+    monkeypatch.setattr(
+        data.RankPart, "read_block", lambda self, block, *a: reads.append(block) or real(self, block, *a)
+    )
+    config = TrainConfig(epochs=1, batch_size=16, seed=1, data_placement="stream", shuffle_buffer_rows=50)
+    train(config, row_group_splits)
+    part = data.rank_part(row_group_splits.train, 0, 1)
+    train_reads = [block for block in reads if block.file.endswith(".parquet") and "train" in block.file]
+    assert sorted(train_reads, key=lambda b: (b.file, b.row_group)) == part.blocks
+    assert shards.PREFETCH_STEPS >= 1
