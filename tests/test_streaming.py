@@ -156,3 +156,31 @@ def test_streamed_reads_are_bounded_by_the_buffer(row_group_splits, monkeypatch)
     train_reads = [block for block in reads if block.file.endswith(".parquet") and "train" in block.file]
     assert sorted(train_reads, key=lambda b: (b.file, b.row_group)) == part.blocks
     assert shards.PREFETCH_STEPS >= 1
+
+
+def test_the_cpu_family_hands_batches_over_in_order_unchanged():
+    from tasks.core.devices import CPU
+
+    batches = [(torch.arange(3) + i, torch.ones(2) * i) for i in range(4)]
+    handed = list(CPU.copied_ahead(iter(batches), torch.device("cpu")))
+    assert len(handed) == 4
+    for (x, y), (hx, hy) in zip(batches, handed, strict=True):
+        assert torch.equal(x, hx) and torch.equal(y, hy)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_streamed_batches_copied_a_step_ahead_train_as_the_device_resident_shard(row_group_splits):
+    """On CUDA the stream's copies run on a side stream, a step ahead: the result must not change."""
+    runs = {
+        placement: train(
+            TrainConfig(epochs=2, batch_size=16, seed=4, data_placement=placement, shuffle_buffer_rows=50,
+                        precision="fp32"),
+            row_group_splits,
+        )
+        for placement in ("device", "stream")
+    }  # fmt: skip
+    assert runs["device"].run.device != "cpu"
+    assert runs["stream"].run.history == runs["device"].run.history
+    for a, b in zip(parameters(runs["stream"]), parameters(runs["device"]), strict=True):
+        assert torch.equal(a, b)

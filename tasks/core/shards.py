@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from tasks.core.data import RankPart
+from tasks.core.devices import family_of
 
 Rows = tuple[np.ndarray, np.ndarray]  # (features float32, label codes int64)
 PREFETCH_STEPS = 2  # batches a background reader keeps ready ahead of the loop
@@ -109,7 +110,7 @@ def rebatched(parts: Iterable[Rows], rows_per_batch: int, batches: int | None = 
 
 def prefetched(batches: Iterator, device: torch.device) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """`batches` (numpy or CPU tensors) made by a background thread while the loop trains, pinned
-    where the device is a GPU and copied to the device without blocking the host."""
+    where the device is a GPU, and copied to the device a step ahead (`DeviceFamily.copied_ahead`)."""
     ready: queue.Queue = queue.Queue(PREFETCH_STEPS)
     stop, done = threading.Event(), object()
 
@@ -130,20 +131,23 @@ def prefetched(batches: Iterator, device: torch.device) -> Iterator[tuple[torch.
         except BaseException as error:  # re-raised in the loop's thread
             hand_over(error)
 
-    reader = threading.Thread(target=produce, name="training-rows", daemon=True)
-    reader.start()
-    try:
+    def handed_over() -> Iterator[tuple[torch.Tensor, ...]]:
         while (item := ready.get()) is not done:
             if isinstance(item, BaseException):
                 raise item
-            yield tuple(column.to(device, non_blocking=True) for column in item)
+            yield item
+
+    reader = threading.Thread(target=produce, name="training-rows", daemon=True)
+    reader.start()
+    try:
+        yield from family_of(device).copied_ahead(handed_over(), device)
     finally:
         stop.set()
         reader.join()
 
 
 def pinned(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-    return tensor.pin_memory() if device.type == "cuda" else tensor
+    return tensor.pin_memory() if family_of(device).pins_host_memory else tensor
 
 
 class TrainingRows:
