@@ -53,7 +53,7 @@ def train_with_ddp(
 
     setup_logging()
     tensorboard_without_tensorflow()  # a spawned worker process: TensorFlow never runs here
-    splits = prepared.local_splits()
+    splits = prepared.splits_in_place()  # each rank reads its own row groups, nothing downloaded whole
     workdir = Path(current_context().working_directory)
     artifact = workdir / "model.pt"
     try:

@@ -27,6 +27,14 @@ def local_path(dataset: StructuredDataset, name: str = "dataset") -> str:
     return destination
 
 
+def stored_path(dataset: StructuredDataset, name: str = "dataset") -> str:
+    """Where the dataset's parquet is stored, read in place: a local path (checked to exist) or a URI."""
+    uri = dataset_uri(dataset)
+    if FlyteContextManager.current_context().file_access.is_remote(uri):
+        return uri
+    return existing_local(uri, name)
+
+
 def existing_local(path: str, name: str) -> str:
     """The path, if its files are still there. A local run's task outputs live in a temporary folder,
     while flytekit's local cache (in the home folder) keeps pointing at them after that folder is gone."""

@@ -14,7 +14,7 @@ from tasks.core.metrics import ClassificationMetrics
 from tasks.core.models import describe_spec
 from tasks.core.pieces import PieceLayout
 from tasks.core.planner import OptionFit, PreprocessPlan, TrainingPlan
-from tasks.storage import local_path
+from tasks.storage import local_path, stored_path
 
 
 @dataclass
@@ -27,6 +27,13 @@ class PreparedData:
     test: StructuredDataset
     table: PreparedTable
     fingerprint: str = ""  # the input data's fingerprint, as the preprocessing cache key had it
+
+    def splits_in_place(self) -> SplitPaths:
+        """The train/val splits where they are stored (a local path or an object-store URI): each torch
+        rank reads its own row groups from there instead of every rank downloading whole splits."""
+        return self.table.split_paths(
+            stored_path(self.train, "train split"), stored_path(self.val, "val split")
+        )
 
     def local_splits(self) -> SplitPaths:
         """The train/val splits on this machine's disk, as the training loops read them."""

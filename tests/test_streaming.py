@@ -184,3 +184,23 @@ def test_cuda_streamed_batches_copied_a_step_ahead_train_as_the_device_resident_
     assert runs["stream"].run.history == runs["device"].run.history
     for a, b in zip(parameters(runs["stream"]), parameters(runs["device"]), strict=True):
         assert torch.equal(a, b)
+
+
+def test_a_rank_reads_its_part_straight_from_an_object_store_uri(row_group_splits):
+    """What a cluster pod does with a split in the object store: no download of the whole split, the
+    rank's row groups read through fsspec (an in-memory filesystem stands in for the bucket)."""
+    import fsspec
+
+    memory = fsspec.filesystem("memory")
+    memory.put(row_group_splits.train, "/bucket/train", recursive=True)
+    local, remote = (
+        data.rank_part(row_group_splits.train, 1, 2),
+        data.rank_part("memory://bucket/train", 1, 2),
+    )
+    np.testing.assert_array_equal(remote.row_ids(), local.row_ids())
+    columns = (row_group_splits.feature_names, "species")
+    for got, expected in zip(
+        remote.read(remote.blocks, *columns), local.read(local.blocks, *columns), strict=True
+    ):
+        np.testing.assert_array_equal(got, expected)
+    memory.rm("/bucket", recursive=True)

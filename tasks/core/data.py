@@ -1150,8 +1150,13 @@ class RankPart:
 
 
 def row_groups(path: str) -> tuple[pa_fs.FileSystem, list[tuple[str, int, int]]]:
-    """A split's filesystem and its row groups as (file, index, rows), in the order the rows count."""
-    split = ds.dataset(path, format=parquet_format())
+    """A split's filesystem and its row groups as (file, index, rows), in the order the rows count.
+    `path` may be an object-store URI: the rows are then read from there, a row group at a time."""
+    filesystem, root = filesystem_for(path)
+    if isinstance(filesystem, fsspec.implementations.local.LocalFileSystem):
+        split = ds.dataset(path, format=parquet_format())
+    else:
+        split = ds.dataset(root, filesystem=filesystem, format=parquet_format(remote=True))
     groups = []
     for file in split.files:
         metadata = pq.read_metadata(file, filesystem=split.filesystem)
