@@ -204,3 +204,16 @@ def test_a_rank_reads_its_part_straight_from_an_object_store_uri(row_group_split
     ):
         np.testing.assert_array_equal(got, expected)
     memory.rm("/bucket", recursive=True)
+
+
+@pytest.mark.parametrize("batches", [None, 3])
+def test_rebatching_lays_parts_end_to_end_and_cuts_whole_batches(batches):
+    parts = [
+        (np.arange(n * 2).reshape(n, 2) + 100 * i, np.arange(n) + 100 * i) for i, n in enumerate([5, 1, 9, 2])
+    ]
+    cut = list(shards.rebatched(iter(parts), 4, batches))
+    whole_x, whole_y = np.concatenate([x for x, _ in parts]), np.concatenate([y for _, y in parts])
+    expected = len(whole_y) // 4 + 1 if batches is None else batches
+    assert [len(y) for _, y in cut] == [4] * (expected - 1) + [4 if batches else len(whole_y) % 4]
+    np.testing.assert_array_equal(np.concatenate([x for x, _ in cut]), whole_x[: sum(len(y) for _, y in cut)])
+    np.testing.assert_array_equal(np.concatenate([y for _, y in cut]), whole_y[: sum(len(y) for _, y in cut)])

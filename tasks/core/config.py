@@ -92,7 +92,7 @@ class TrainConfig:
     data_placement: str = "auto"
     # Rows shuffled together: a shard of at most this many rows is fully permuted each epoch; a larger
     # one is shuffled by row group, then within windows of this many rows (what streaming holds).
-    shuffle_buffer_rows: int = 1 << 20
+    shuffle_buffer_rows: int = 1 << 18
 
     @classmethod
     def from_json(cls, text: str) -> TrainConfig:

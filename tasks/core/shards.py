@@ -22,6 +22,7 @@ from tasks.core.devices import family_of
 
 Rows = tuple[np.ndarray, np.ndarray]  # (features float32, label codes int64)
 PREFETCH_STEPS = 2  # batches a background reader keeps ready ahead of the loop
+GATHER_ROWS = 65_536  # a window's rows handed over at a time, in training order
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,8 @@ def epoch_order(block_rows: list[int], seed: int, epoch: int, buffer_rows: int) 
 
 def streamed_rows(windows: Iterable[Window], read_block: Callable[[int], Rows], skip: int) -> Iterator[Rows]:
     """Each window's rows in training order, read block by block, after the first `skip` rows: a
-    window wholly skipped is never read. Holds one window and one block at a time."""
+    window wholly skipped is never read. Holds one window and one block at a time, and hands the
+    window over in chunks of `GATHER_ROWS`, so no second copy of the whole window is made."""
     cached: tuple[int, Rows] | None = None
     for window in windows:
         if skip >= len(window.order):
@@ -84,28 +86,38 @@ def streamed_rows(windows: Iterable[Window], read_block: Callable[[int], Rows], 
             if cached is None or cached[0] != block:
                 cached = (block, read_block(block))
             pieces.append(tuple(column[first:stop] for column in cached[1]))
-        order = window.order[skip:]
-        skip = 0
-        yield tuple(np.concatenate(column)[order] for column in zip(*pieces, strict=True))
+        held = tuple(np.concatenate(column) for column in zip(*pieces, strict=True))
+        order, skip = window.order[skip:], 0
+        for start in range(0, len(order), GATHER_ROWS):
+            rows = order[start : start + GATHER_ROWS]
+            yield tuple(column[rows] for column in held)
 
 
 def rebatched(parts: Iterable[Rows], rows_per_batch: int, batches: int | None = None) -> Iterator[Rows]:
     """`parts` laid end to end, cut into batches of `rows_per_batch` rows (the last may be short
-    where `batches` is None; else only `batches` full ones)."""
-    held: list[Rows] = []
-    count, made = 0, 0
-    for part in parts:
-        held.append(part)
-        count += len(part[1])
-        while count >= rows_per_batch and (batches is None or made < batches):
-            x, y = (np.concatenate(column) for column in zip(*held, strict=True))
-            yield x[:rows_per_batch], y[:rows_per_batch]
-            made += 1
-            held, count = [(x[rows_per_batch:], y[rows_per_batch:])], count - rows_per_batch
-        if batches is not None and made == batches:
-            return
-    if count and batches is None:
-        yield tuple(np.concatenate(column) for column in zip(*held, strict=True))
+    where `batches` is None; else only `batches` full ones). A batch within one part is a view of it;
+    only a batch that straddles parts is copied."""
+    filling: list[Rows] = []
+    filled, made = 0, 0
+    for x, y in parts:
+        start = 0
+        while start < len(y):
+            take = min(rows_per_batch - filled, len(y) - start)
+            filling.append((x[start : start + take], y[start : start + take]))
+            filled, start = filled + take, start + take
+            if filled == rows_per_batch:
+                yield joined(filling)
+                filling, filled, made = [], 0, made + 1
+                if made == batches:
+                    return
+    if filled and batches is None:
+        yield joined(filling)
+
+
+def joined(pieces: list[Rows]) -> Rows:
+    if len(pieces) == 1:
+        return pieces[0]
+    return tuple(np.concatenate(column) for column in zip(*pieces, strict=True))
 
 
 def prefetched(batches: Iterator, device: torch.device) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
