@@ -85,9 +85,10 @@ class ResourcePlan:
                 f"{plan.micro_batch_size} x {plan.grad_accum_steps} accumulation x {plan.choice.devices} devices "
                 f"= batch {plan.effective_batch_size}; training rows: {plan.data_placement}"
             )
+        pre = self.preprocess
+        pieces = f", then {pre.pieces} pieces of {pre.piece_mem} each" if pre.pieces > 1 else ""
         lines.append(
-            f"  preprocess: {self.preprocess.cpu} CPU, {self.preprocess.mem} for "
-            f"{self.preprocess.input_rows:,} rows x {self.preprocess.input_columns} columns"
+            f"  preprocess: {pre.cpu} CPU, {pre.mem}{pieces} for {pre.input_rows:,} rows x {pre.input_columns} columns"
         )
         if plan:
             lines += [option_line(option, option.name == plan.choice.name) for option in plan.options]

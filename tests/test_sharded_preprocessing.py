@@ -185,3 +185,17 @@ def test_prepare_data_maps_the_pieces_of_an_input_past_the_threshold(tmp_path, m
     folders = {name: dataset_uri(getattr(prepared, name)) for name in SPLITS}
     assert all(len(list(Path(path).glob("part-*.parquet"))) == plan.pieces for path in folders.values())
     assert_same_splits(data.PreparedSplits(folders, prepared.table), one_pod)
+
+
+def test_the_plan_summary_says_when_preprocessing_runs_in_pieces():
+    from tasks.core.planner import PreprocessPlan
+    from tasks.types import ResourcePlan
+
+    def summary(**pieces) -> str:
+        plan = PreprocessPlan(10 * 2**30, 40_000_000, 65, "2", "3Gi", **pieces)
+        return ResourcePlan(applied=True, target="gpu", framework="pytorch", preprocess=plan).summary()
+
+    assert "preprocess: 2 CPU, 3Gi, then 10 pieces of 2Gi each for 40,000,000 rows x 65 columns" in summary(
+        pieces=10, piece_mem="2Gi"
+    )
+    assert "preprocess: 2 CPU, 3Gi for 40,000,000 rows" in summary()
