@@ -217,3 +217,24 @@ def test_rebatching_lays_parts_end_to_end_and_cuts_whole_batches(batches):
     assert [len(y) for _, y in cut] == [4] * (expected - 1) + [4 if batches else len(whole_y) % 4]
     np.testing.assert_array_equal(np.concatenate([x for x, _ in cut]), whole_x[: sum(len(y) for _, y in cut)])
     np.testing.assert_array_equal(np.concatenate([y for _, y in cut]), whole_y[: sum(len(y) for _, y in cut)])
+
+
+def test_prepared_splits_have_small_row_groups_so_ranks_decode_little_of_each_other(tmp_path):
+    """A rank reads its part a row group at a time: the split's groups bound what two neighbours both
+    decode (the one group straddling their ranges)."""
+    import pyarrow.parquet as pq
+
+    from tests.conftest import blobs_frame
+
+    source = tmp_path / "blobs.parquet"
+    blobs_frame(n_rows=2 * data.SPLIT_ROW_GROUP_ROWS).to_parquet(source, index=False)
+    prepared = data.prepare_dataset(
+        str(source), "species", str(tmp_path / "prepared"), data.SplitConfig(seed=0)
+    )
+    metadata = pq.read_metadata(prepared.paths["train"])
+    sizes = [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
+    assert max(sizes) <= data.SPLIT_ROW_GROUP_ROWS and len(sizes) >= 2
+    for rank in range(2):
+        part = data.rank_part(prepared.paths["train"], rank, 2)
+        decoded = sum(sizes[group] for group in {block.row_group for block in part.blocks})
+        assert decoded - part.rows <= data.SPLIT_ROW_GROUP_ROWS  # one straddling group's other rows

@@ -40,6 +40,10 @@ SPLITS = ("train", "val", "test")
 # user scores the original rows; the others are standardised for the training loops.
 RAW_SPLIT = "test"
 BATCH_ROWS = 65_536
+# The prepared splits' row groups, at most: a training rank reads its part a row group at a time and
+# the streamed epoch shuffles row groups, so small ones bound what two neighbouring ranks both decode
+# (the one straddling their ranges) and mix the stream finely.
+SPLIT_ROW_GROUP_ROWS = 16_384
 # Batches decoded ahead of the one in use: bounds memory (pyarrow reads 16 ahead by default).
 READAHEAD_BATCHES = 2
 EMBEDDED_DIGITS_LABEL = "label"
@@ -925,7 +929,8 @@ def write_splits(
                     by_column = np.ascontiguousarray(values[keep].T)  # one copy; each row is a column
                     columns = [pa.array(column) for column in by_column]
                     columns.append(pa.array(codes[rows][keep]))
-                    writers[name].write_table(pa.Table.from_arrays(columns, schema=schemas[name]))
+                    table = pa.Table.from_arrays(columns, schema=schemas[name])
+                    writers[name].write_table(table, row_group_size=SPLIT_ROW_GROUP_ROWS)
     finally:
         for writer in writers.values():
             writer.close()
