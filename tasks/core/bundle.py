@@ -43,6 +43,7 @@ from tasks.core.data import (
     check_numeric,
     check_standardised,
     filesystem_for,
+    is_local,
     remote_errors,
     standardise,
     typed_labels,
@@ -264,7 +265,7 @@ def load_bundle(path_or_uri: str) -> Bundle:
         raise BundleError(str(error)) from error
     manifest = read_manifest(filesystem, folder, path_or_uri)
     weights = posixpath.join(folder, manifest.files["weights"])
-    if isinstance(filesystem, fsspec.implementations.local.LocalFileSystem):
+    if is_local(filesystem):
         return Bundle(manifest, load_weights(manifest, weights, path_or_uri))
     with tempfile.TemporaryDirectory(prefix="mixedml-bundle-") as local:
         copy = os.path.join(local, PurePosixPath(weights).name)

@@ -208,6 +208,19 @@ def filesystem_for(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
             raise DatasetError(f"{uri}: cannot open this URI: {err}") from err
 
 
+def is_local(filesystem: fsspec.AbstractFileSystem) -> bool:
+    return isinstance(filesystem, fsspec.implementations.local.LocalFileSystem)
+
+
+def row_group_fragments(
+    fragment: ds.ParquetFileFragment, groups: list[int] | None = None
+) -> list[ds.Fragment]:
+    """One fragment per row group (of all, or of `groups`): pyarrow decodes ahead within a fragment as
+    far as a slower consumer lets it, so a fragment as large as a file would hold most of it in memory."""
+    groups = groups or [group.id for group in fragment.row_groups]
+    return [fragment.subset(row_group_ids=[group]) for group in groups]
+
+
 def parquet_format(remote: bool = False) -> ds.ParquetFileFormat:
     """Pre-buffering reads whole row groups at once: fewer requests to an object store, but on a
     local disk it holds most of a file in memory, so it is used for remote files only."""
@@ -325,7 +338,7 @@ def open_dataset(uri: str, label_column: str | None = None) -> ds.Dataset:
     is_dir = info.get("type") == "directory"
     if not is_dir and info.get("size") == 0:
         raise DatasetError(f"{uri}: the file is empty (0 bytes)")
-    remote = not isinstance(filesystem, fsspec.implementations.local.LocalFileSystem)
+    remote = not is_local(filesystem)
     with remote_errors(uri):
         source = part_files(filesystem, path) if is_dir else path  # a folder has some: `detect_format`
         try:
@@ -939,7 +952,7 @@ def write_splits(
 def split_writer(path: str, schema: pa.Schema) -> pq.ParquetWriter:
     """A writer for a local file, or through fsspec for a remote one (a piece writes to the bucket)."""
     filesystem, file = filesystem_for(path)
-    if isinstance(filesystem, fsspec.implementations.local.LocalFileSystem):
+    if is_local(filesystem):
         filesystem = None  # pyarrow's own, which writes faster than through fsspec
     # Dictionary encoding never pays off for float features; skipping it halves write time.
     return pq.ParquetWriter(file, schema, filesystem=filesystem, use_dictionary=False)
@@ -1125,6 +1138,7 @@ class RankPart:
     path: str
     filesystem: pa_fs.FileSystem
     blocks: list[Block]
+    opened: dict[str, pq.ParquetFile] = field(default_factory=dict, repr=False)  # footer read once a file
 
     @property
     def rows(self) -> int:
@@ -1137,10 +1151,11 @@ class RankPart:
         self, block: Block, feature_names: list[str], label_column: str
     ) -> tuple[np.ndarray, np.ndarray]:
         """One block's (features float32, label codes int64), read from its row group alone."""
-        with self.filesystem.open_input_file(block.file) as source:
-            group = pq.ParquetFile(source).read_row_group(
-                block.row_group, columns=[*feature_names, label_column]
-            )
+        if block.file not in self.opened:
+            self.opened[block.file] = pq.ParquetFile(self.filesystem.open_input_file(block.file))
+        group = self.opened[block.file].read_row_group(
+            block.row_group, columns=[*feature_names, label_column]
+        )
         rows = group.slice(block.start, block.rows)
         return batch_features(rows, feature_names), rows.column(label_column).to_numpy().astype(np.int64)
 
@@ -1158,7 +1173,7 @@ def row_groups(path: str) -> tuple[pa_fs.FileSystem, list[tuple[str, int, int]]]
     """A split's filesystem and its row groups as (file, index, rows), in the order the rows count.
     `path` may be an object-store URI: the rows are then read from there, a row group at a time."""
     filesystem, root = filesystem_for(path)
-    if isinstance(filesystem, fsspec.implementations.local.LocalFileSystem):
+    if is_local(filesystem):
         split = ds.dataset(path, format=parquet_format())
     else:
         split = ds.dataset(root, filesystem=filesystem, format=parquet_format(remote=True))

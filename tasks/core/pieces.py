@@ -34,6 +34,7 @@ from tasks.core.data import (
     iter_batches,
     non_feature_columns,
     open_dataset,
+    row_group_fragments,
     split_files,
     train_moments,
     write_splits,
@@ -109,7 +110,7 @@ def piece_dataset(dataset: ds.Dataset, piece: DataPiece) -> ds.Dataset:
     for fragment in dataset.get_fragments():
         if fragment.path in wanted:
             groups = wanted[fragment.path]
-            fragments += [fragment.subset(row_group_ids=[g]) for g in groups] if groups else [fragment]
+            fragments += row_group_fragments(fragment, groups) if groups else [fragment]
     return ds.FileSystemDataset(fragments, dataset.schema, dataset.format, dataset.filesystem)
 
 

@@ -206,7 +206,7 @@ def plan_preprocessing(
 ) -> PreprocessPlan:
     """CPU/memory for the streaming preprocess: labels and split assignment for every row, a few
     copies of one record batch, and the interpreter with pandas/pyarrow/scikit-learn loaded. Past
-    PIECE_BYTES or PIECE_ROWS, pieces of about that size read the features (`preprocess_pieces`).
+    PIECE_BYTES or PIECE_ROWS, pieces of about that size read the features (`preprocess_in_pieces`).
 
     The memory is capped at what `node`, the largest CPU node, can give a pod; a table that would
     need more raises PlanError."""

@@ -34,10 +34,12 @@ from tasks.core.data import (
     describe_input,
     detect_format,
     filesystem_for,
+    is_local,
     iter_batches,
     open_dataset,
     parquet_format,
     remote_errors,
+    row_group_fragments,
 )
 from tasks.core.messages import preview, shorten
 from tasks.core.metrics import ClassificationMetrics, ConfusionCounts, metrics_from_confusion
@@ -219,10 +221,6 @@ def check_output(output: str) -> None:
         raise DatasetError(f"{output}: the output folder already holds files; name a new or empty folder")
 
 
-def is_local(filesystem: fsspec.AbstractFileSystem) -> bool:
-    return isinstance(filesystem, fsspec.implementations.local.LocalFileSystem)
-
-
 def file_uri(filesystem: fsspec.AbstractFileSystem, path: str) -> str:
     return path if is_local(filesystem) else filesystem.unstrip_protocol(path)
 
@@ -332,15 +330,6 @@ def piece_dataset(job: ScoringJob, piece: ScoringPiece) -> ds.Dataset:
             fragments = row_group_fragments(fragment, piece.row_groups)
             return ds.FileSystemDataset(fragments, schema, file_format, whole.filesystem)
     return whole
-
-
-def row_group_fragments(
-    fragment: ds.ParquetFileFragment, groups: list[int] | None = None
-) -> list[ds.Fragment]:
-    """One fragment per row group (of all, or of `groups`): pyarrow decodes ahead within a fragment as
-    far as a slower consumer lets it, so a fragment as large as a file would hold most of it in memory."""
-    groups = groups or [group.id for group in fragment.row_groups]
-    return [fragment.subset(row_group_ids=[group]) for group in groups]
 
 
 def scored_batches(

@@ -179,10 +179,11 @@ class TrainingRows:
         self.block_rows = [block.rows for block in train.blocks]
         self.held: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         if placement != "stream":
+            # Not pinned as a whole: each gathered batch is a new tensor, which `prefetched` pins.
             where = device if placement == "device" else torch.device("cpu")
             for name, part in (("train", train), ("val", val)):
                 x, y = part.read(part.blocks, *columns)
-                self.held[name] = tuple(pinned(torch.from_numpy(a), device).to(where) for a in (x, y))
+                self.held[name] = (torch.from_numpy(x).to(where), torch.from_numpy(y).to(where))
 
     @property
     def rows(self) -> int:

@@ -11,6 +11,7 @@ Under another torch or TensorBoard release they do nothing, and tests/test_torch
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.metadata
 import sys
 import types
@@ -26,6 +27,7 @@ def release(package: str) -> str:
     return ".".join(importlib.metadata.version(package).split(".")[:2])
 
 
+@functools.cache  # read where a patch applies, once per process: the installed releases do not change
 def checked(package: str, releases: tuple[str, ...]) -> bool:
     try:
         return release(package) in releases
