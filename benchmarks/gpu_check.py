@@ -6,8 +6,8 @@ their goals, every check as passed, failed or skipped with the reason. Exits non
 fails; a missed goal is reported, not a failure. Without CUDA every step is skipped, saying so.
 
 Needs only torch, numpy, pandas, pyarrow and scikit-learn, and no install of this project: nothing
-it imports needs flytekit. The CUDA-only pytest tests run where pytest and flytekit are installed;
-the NVML check where nvidia-ml-py is.
+it imports needs flytekit. The CUDA-only pytest tests (which import no flytekit either) run where
+pytest is installed; the NVML check where nvidia-ml-py is.
 """
 
 from __future__ import annotations
@@ -82,10 +82,7 @@ def cuda_test_files() -> list[str]:
 def cuda_tests() -> str:
     """The CUDA-only pytest tests (`-m cuda`), in a child process."""
     gpu.require_cuda()
-    gpu.require_modules(
-        ("pytest", "the other steps check the same without it"),
-        ("flytekit", "the tests' conftest.py and tests/test_planner.py import it"),
-    )
+    gpu.require_modules(("pytest", "the other steps check the same without it"))
     files = cuda_test_files()
     gpu.expect(bool(files), "no test module holds a test marked cuda")
     command = [sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider", *files]

@@ -243,3 +243,10 @@ def completed_attempt(train_spec, train_inputs, tmp_path_factory):
         train_spec, train_inputs, root / "attempt-1", str(root / "attempt-0" / "checkpoint")
     )
     return SimpleNamespace(workdir=root / "attempt-1", outputs=outputs, model=output(outputs, TrainedModel))
+
+
+@pytest.fixture
+def single_process(monkeypatch):
+    """No torchrun environment: the loop trains as one process, whatever the shell running the tests set."""
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)

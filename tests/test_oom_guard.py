@@ -12,11 +12,7 @@ from tasks.core.config import TrainConfig
 from tasks.core.models import ModelSpec, mlp_spec
 from tests.oom_workers import build_with_oom_in_backward
 
-
-@pytest.fixture(autouse=True)
-def single_process(monkeypatch):
-    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
-        monkeypatch.delenv(name, raising=False)
+pytestmark = pytest.mark.usefixtures("single_process")
 
 
 def failing_until(micro_size: int, monkeypatch) -> list[int]:

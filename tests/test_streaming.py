@@ -19,10 +19,7 @@ from tests.streaming_splits import small_row_groups
 LAYOUTS = [[23] * 12 + [4], [100], [7, 1, 30, 2, 50]]
 
 
-@pytest.fixture(autouse=True)
-def single_process(monkeypatch):
-    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(name, raising=False)
+pytestmark = pytest.mark.usefixtures("single_process")
 
 
 @pytest.fixture(scope="module")
@@ -166,24 +163,6 @@ def test_the_cpu_family_hands_batches_over_in_order_unchanged():
     assert len(handed) == 4
     for (x, y), (hx, hy) in zip(batches, handed, strict=True):
         assert torch.equal(x, hx) and torch.equal(y, hy)
-
-
-@pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_cuda_streamed_batches_copied_a_step_ahead_train_as_the_device_resident_shard(row_group_splits):
-    """On CUDA the stream's copies run on a side stream, a step ahead: the result must not change."""
-    runs = {
-        placement: train(
-            TrainConfig(epochs=2, batch_size=16, seed=4, data_placement=placement, shuffle_buffer_rows=50,
-                        precision="fp32"),
-            row_group_splits,
-        )
-        for placement in ("device", "stream")
-    }  # fmt: skip
-    assert runs["device"].run.device != "cpu"
-    assert runs["stream"].run.history == runs["device"].run.history
-    for a, b in zip(parameters(runs["stream"]), parameters(runs["device"]), strict=True):
-        assert torch.equal(a, b)
 
 
 def test_a_rank_reads_its_part_straight_from_an_object_store_uri(row_group_splits):

@@ -16,11 +16,7 @@ from tasks.core.torch_training import (
     train,
 )
 
-
-@pytest.fixture(autouse=True)
-def single_process(monkeypatch):
-    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(name, raising=False)
+pytestmark = pytest.mark.usefixtures("single_process")
 
 
 def parameters(outcome) -> list[torch.Tensor]:
@@ -158,18 +154,3 @@ def test_evaluation_reads_its_totals_back_once(monkeypatch):
     monkeypatch.undo()
     assert transfers == [torch.Size([3])]
     assert (loss, accuracy) == pytest.approx(expected)
-
-
-@pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_cuda_auto_precision_prefers_native_bf16():
-    expected = torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
-    assert autocast_dtype(torch.device("cuda"), "auto") == expected
-    assert autocast_dtype(torch.device("cuda"), "fp32") is None
-
-
-@pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_adamw_is_fused_on_cuda():
-    optimizer = build_optimizer(torch.nn.Linear(2, 2).cuda(), TrainConfig(), torch.device("cuda"))
-    assert optimizer.defaults["fused"] is True

@@ -23,6 +23,11 @@ from tasks.core.precision import FP32 as FULL_PRECISION
 from tasks.core.precision import named
 
 FP32 = FULL_PRECISION.value_bytes  # the features, and the weights the optimizer updates, are float32
+# How close the estimate's tensor bytes come to the allocator's measured peak (over parameters,
+# gradients, optimizer state, activations and temporaries), as the tests and the GPU check hold it:
+# up to 35% high (it picks hardware: erring high is the safe side; it counts two parameter-sized
+# optimizer temporaries that foreach AdamW does not always hold at the peak), at most 10% low.
+ESTIMATE_LOW, ESTIMATE_HIGH = 0.90, 1.35
 CUDA_CONTEXT_BYTES = 600 * 2**20
 ALLOCATOR_SLACK = 0.10
 TF_RUNTIME_BYTES = 1024 * 2**20
