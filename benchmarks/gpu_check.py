@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from benchmarks import gpu_figures as gpu
+from benchmarks import gpu_scoring
 from benchmarks.measure import REPO
 
 PASS, FAIL, SKIPPED = "pass", "FAIL", "skipped"
@@ -105,7 +106,10 @@ def gpu_steps(work: gpu.Workspace, peak_flops: float) -> list[Step]:
         Step("figure: memory estimate vs measured peak", lambda: gpu.memory_estimate(work.memory_splits, sizes)),
         Step("fp16 autocast with the gradient scaler", lambda: gpu.fp16_with_scaler(work.memory_splits)),
         Step("out-of-memory guard on a real CUDA OOM", lambda: gpu.oom_guard(work.memory_splits, sizes)),
+        Step("out-of-memory guard, two ranks sharing the GPU",
+             lambda: gpu.collective_oom_guard(work.memory_splits, sizes)),
         Step("single-GPU DDP over NCCL, end to end", lambda: gpu.nccl_ddp(work.memory_splits)),
+        Step("figure: scoring on the GPU vs the CPU", lambda: gpu_scoring.scoring_on_gpu(work.root, sizes)),
         Step("NVML telemetry", gpu.nvml_telemetry),
     ]  # fmt: skip
 

@@ -12,12 +12,13 @@ import importlib.util
 import math
 import os
 import time
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from contextlib import contextmanager, nullcontext
+from dataclasses import asdict, dataclass, replace
 from datetime import timedelta
 from functools import cached_property
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
 import torch
 import torch.distributed as dist
@@ -37,6 +38,7 @@ DEFAULT_PEAK_BF16_FLOPS = 989e12
 # The out-of-memory check caps the allocator at this multiple of the peak the calibration run
 # measured: room for that micro-batch (and allocator rounding), not for four times it.
 OOM_CAP_OVER_PEAK = 1.5
+CAPPED_RANK = 1  # the rank that runs out of memory in the two-rank check; rank 0 has the GPU's memory
 # Model FLOP utilisation goals: of the datasheet peak, and of what a bare matmul of the layer's size
 # reaches on this GPU in the same run (the part of the gap that is the loop's, not the chip's).
 MFU_OF_PEAK, MFU_OF_BARE_MATMUL = 0.50, 0.65
@@ -107,12 +109,13 @@ class Sizes:
     memory_rows: int  # the model-dominated runs: memory estimate, out-of-memory guard, fp16, NCCL
     memory_batch: int
     memory_hidden: int
+    scoring_rows: int  # the table the GPU scores (the CPU side scores a tenth of it)
     rounds: int
 
 
 # 4M x 256 float32 features: about 4 GB on the device; a step is milliseconds, far past launch overhead.
-FULL = Sizes(4_000_000, 256, 8192, (4096, 4096), 8192, 8192, 131_072, 16_384, 8192, rounds=3)
-SMOKE = Sizes(32_768, 64, 1024, (512, 512), 1024, 1024, 16_384, 2048, 2048, rounds=1)
+FULL = Sizes(4_000_000, 256, 8192, (4096, 4096), 8192, 8192, 131_072, 16_384, 8192, 1_000_000, rounds=3)
+SMOKE = Sizes(32_768, 64, 1024, (512, 512), 1024, 1024, 16_384, 2048, 2048, 40_960, rounds=1)
 
 
 def peak_bf16_flops() -> float:
@@ -368,11 +371,16 @@ def train_on_one_rank_group(config: TrainConfig, splits: SplitPaths, backend: st
     return asdict(run)
 
 
-def launch_one_worker(entrypoint, *args):
-    """`entrypoint(*args)` in one worker started as torchrun starts it; returns its result."""
-    launch = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=1, run_id="gpu-check", rdzv_backend="c10d",
+def launch_workers(entrypoint, *args, nproc: int = 1) -> list:
+    """`entrypoint(*args)` in `nproc` workers started as torchrun starts them; their results by rank."""
+    launch = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id="gpu-check", rdzv_backend="c10d",
                           rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1, start_method="spawn")  # fmt: skip
-    return elastic_launch(launch, entrypoint)(*args)[0]
+    results = elastic_launch(launch, entrypoint)(*args)
+    return [results[rank] for rank in range(nproc)]
+
+
+def launch_one_worker(entrypoint, *args):
+    return launch_workers(entrypoint, *args)[0]
 
 
 def ddp_finding(run: dict, config: TrainConfig, backend: str = "nccl") -> str:
@@ -394,6 +402,81 @@ def nccl_ddp(splits: SplitPaths) -> str:
     expect(dist.is_nccl_available(), "this torch build has no NCCL")
     config = TrainConfig(epochs=2, batch_size=2048, grad_accum_steps=2, model=mlp_spec([512, 512]))
     return ddp_finding(launch_one_worker(train_on_one_rank_group, config, splits, "nccl"), config)
+
+
+def train_two_ranks_on_one_gpu(
+    config: TrainConfig, splits: SplitPaths, capped_rank: int, cap_bytes: int | None
+) -> dict:
+    """Worker process: one of two ranks training DDP on the same GPU, `capped_rank`'s allocator held
+    to `cap_bytes` (None: no cap, where there is no GPU to cap).
+
+    Over gloo, which all-reduces CUDA tensors through host memory: NCCL refuses two ranks on one
+    device ("Duplicate GPU detected", ncclInvalidUsage, at the communicator's set-up). The loop puts
+    local rank 1 on device 1 modulo the device count, so both ranks share the one GPU.
+    """
+    plain = torch_training.init_distributed
+
+    def gloo_group(timeout_s: int) -> torch_training.DistributedContext:
+        dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_s))
+        return replace(plain(timeout_s), backend=dist.get_backend())
+
+    torch_training.init_distributed = gloo_group
+    capped = int(os.environ["RANK"]) == capped_rank and cap_bytes is not None
+    try:
+        with memory_cap(cap_bytes) if capped else nullcontext():
+            outcome = torch_training.train(config, splits)
+    finally:
+        torch_training.shutdown_distributed()
+    return {
+        "backend": outcome.run.backend,
+        "micro_batch_size": outcome.micro_batch_size,
+        "grad_accum_steps": outcome.grad_accum_steps,
+        "optimizer_steps": outcome.optimizer_steps,
+        "losses": [epoch.train_loss for epoch in outcome.run.history],
+        "parameters": [p.detach().cpu().numpy() for p in outcome.model.parameters()],
+    }
+
+
+def collective_guard_finding(ranks: list[dict], config: TrainConfig, expected_steps: int) -> str:
+    """What two ranks must show when one of them ran out of memory: the same smaller micro-batch on
+    both, the effective batch and every optimizer step kept, the same parameters."""
+    per_rank = config.batch_size // len(ranks)
+    for rank, run in enumerate(ranks):
+        expect(run["backend"] == "gloo", f"rank {rank} trained over {run['backend']!r}, not gloo")
+        expect(all(map(math.isfinite, run["losses"])), f"rank {rank}'s training losses {run['losses']}")
+        expect(run["optimizer_steps"] == expected_steps,
+               f"rank {rank} took {run['optimizer_steps']} optimizer steps instead of {expected_steps}")  # fmt: skip
+    micro = {run["micro_batch_size"] for run in ranks}
+    expect(len(micro) == 1, f"the ranks ended on different micro-batches: {sorted(micro)}")
+    (micro,) = micro
+    expect(micro < per_rank, f"no out-of-memory error: the per-rank micro-batch {per_rank} fit")
+    accum = ranks[0]["grad_accum_steps"]
+    expect(micro * accum == per_rank, f"the effective batch changed: {micro} x {accum} != {per_rank} a rank")
+    same = all(
+        np.array_equal(a, b) for a, b in zip(ranks[0]["parameters"], ranks[1]["parameters"], strict=True)
+    )
+    expect(same, "the ranks' parameters differ after the run")
+    return (
+        f"{len(ranks)} ranks on one GPU over gloo: per-rank micro-batch {per_rank} -> {micro} on every rank, "
+        f"{accum} accumulation steps, effective batch {config.batch_size} and all {expected_steps} optimizer "
+        "steps kept, parameters identical across ranks"
+    )
+
+
+def collective_oom_guard(splits: SplitPaths, sizes: Sizes) -> str:
+    """Two ranks sharing the GPU; one is capped so that its micro-batch really runs out of memory, and
+    both must drop the step and halve together."""
+    require_cuda()
+    fits = memory_config(sizes, "bf16")
+    cap = int(OOM_CAP_OVER_PEAK * measured_peak(splits, fits))
+    release_device_memory()
+    # Four times the micro-batch that fits, on each of the two ranks.
+    config = replace(memory_config(sizes, "bf16", batch=2 * 4 * fits.batch_size), epochs=2)
+    ranks = launch_workers(train_two_ranks_on_one_gpu, config, splits, CAPPED_RANK, cap, nproc=2)
+    steps = table_rows(splits.train) // config.batch_size * config.epochs
+    return collective_guard_finding(ranks, config, steps) + (
+        f" (rank {CAPPED_RANK}'s allocator capped at {cap / GIB:.2f} GiB, rank 0 uncapped)"
+    )
 
 
 def keep_busy(seconds: float) -> None:

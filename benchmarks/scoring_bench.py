@@ -28,7 +28,7 @@ FEATURES, CLASSES = 64, 10
 MODEL = {"hidden_sizes": [256, 128]}
 
 
-def write_bundle_for(folder: Path, data: str) -> str:
+def write_bundle_for(folder: Path, data: str, hidden_sizes: list[int] = MODEL["hidden_sizes"]) -> str:
     """An untrained MLP for the table's features and classes, as a bundle (its cost is what counts)."""
     import torch
 
@@ -38,7 +38,7 @@ def write_bundle_for(folder: Path, data: str) -> str:
     from tasks.core.models import build, input_spec_for, mlp_spec
     from tasks.core.torch_models import save_torch_artifact
 
-    spec = mlp_spec(MODEL["hidden_sizes"])
+    spec = mlp_spec(hidden_sizes)
     torch.manual_seed(0)
     model = build(spec, FEATURES, CLASSES, "pytorch")
     folder.mkdir(parents=True)

@@ -8,16 +8,19 @@ import math
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
-from benchmarks import gpu_check
+from benchmarks import gpu_check, gpu_scoring
 from benchmarks import gpu_figures as gpu
 from benchmarks.measure import REPO
 from tasks.core.config import EpochMetrics, TrainConfig, TrainingRun
 from tasks.core.models import mlp_spec
+from tasks.core.scoring import GPU_SPEEDUP
 from tasks.core.torch_training import TrainOutcome
 
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks what happens without CUDA")
@@ -224,3 +227,62 @@ def test_the_one_rank_group_runs_the_project_loop_as_ddp_on_gloo(tmp_path):
     config = TrainConfig(epochs=2, batch_size=512, grad_accum_steps=2, model=mlp_spec([32]))
     run = gpu.launch_one_worker(gpu.train_on_one_rank_group, config, splits, "gloo")
     assert gpu.ddp_finding(run, config, backend="gloo").startswith("DDP over gloo, 1 rank on cpu")
+
+
+def two_ranks(micro=(1024, 1024), accum=4, steps=(8, 8), same=True, backend="gloo") -> list[dict]:
+    weights = [np.ones(3), np.ones(3) if same else np.zeros(3)]
+    return [
+        {"backend": backend, "micro_batch_size": m, "grad_accum_steps": accum, "optimizer_steps": s,
+         "losses": [0.5], "parameters": [w]}
+        for m, s, w in zip(micro, steps, weights, strict=True)
+    ]  # fmt: skip
+
+
+def test_the_collective_guard_check_wants_both_ranks_halved_together():
+    config = TrainConfig(epochs=1, batch_size=8192)  # 4096 a rank
+    found = gpu.collective_guard_finding(two_ranks(), config, expected_steps=8)
+    assert "per-rank micro-batch 4096 -> 1024 on every rank" in found
+
+
+@pytest.mark.parametrize(
+    "ranks, problem",
+    [
+        (two_ranks(micro=(1024, 2048)), "different micro-batches: \\[1024, 2048\\]"),
+        (two_ranks(micro=(4096, 4096), accum=1), "no out-of-memory error"),
+        (two_ranks(accum=2), "effective batch changed"),
+        (two_ranks(steps=(8, 7)), "rank 1 took 7 optimizer steps instead of 8"),
+        (two_ranks(same=False), "parameters differ"),
+        (two_ranks(backend="nccl"), "rank 0 trained over 'nccl'"),
+    ],
+)
+def test_the_collective_guard_check_fails_what_the_guard_must_not_do(ranks, problem):
+    with pytest.raises(gpu.CheckFailed, match=problem):
+        gpu.collective_guard_finding(ranks, TrainConfig(epochs=1, batch_size=8192), expected_steps=8)
+
+
+@pytest.mark.slow
+def test_the_two_rank_worker_trains_ddp_over_gloo_in_step(tmp_path):
+    """The two-rank step's workers, on CPU and uncapped: they train in step over gloo, and without an
+    out-of-memory error the check says so."""
+    splits = gpu.Workspace(tmp_path, gpu.SMOKE).memory_splits
+    config = TrainConfig(epochs=1, batch_size=1024, model=mlp_spec([32]))
+    ranks = gpu.launch_workers(gpu.train_two_ranks_on_one_gpu, config, splits, 1, None, nproc=2)
+    assert [run["backend"] for run in ranks] == ["gloo", "gloo"]
+    with pytest.raises(gpu.CheckFailed, match="no out-of-memory error: the per-rank micro-batch 512 fit"):
+        gpu.collective_guard_finding(ranks, config, expected_steps=gpu.table_rows(splits.train) // 1024)
+
+
+@pytest.mark.slow
+def test_the_scoring_figures_run_the_whole_scorer_on_each_side(tmp_path, monkeypatch):
+    """On CPU, the CPU standing in for the GPU: each side scores its table through the scorer, the
+    one-core figure's goal is the planner's assumed speed-up, and no scored output is left behind."""
+    monkeypatch.setattr(gpu_scoring, "require_cuda", lambda: None)
+    monkeypatch.setattr(gpu_scoring, "gpu_bundle", gpu_scoring.load_bundle)
+    figures = gpu_scoring.scoring_on_gpu(tmp_path, replace(gpu.SMOKE, scoring_rows=4096))
+    assert len(figures) == 4
+    one_core, all_threads = figures[:2]
+    assert one_core.low == GPU_SPEEDUP and f"assumes {GPU_SPEEDUP:g}x" in one_core.name
+    assert all_threads.low is None and "MLP 256x128" in all_threads.name
+    assert "MLP 2048x2048" in figures[2].name
+    assert all(f.value > 0 and f.baseline > 0 for f in figures)
+    assert not list(tmp_path.glob("scored-*"))

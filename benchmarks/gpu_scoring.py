@@ -1,0 +1,89 @@
+"""The GPU check's scoring figures: a bundle scoring a parquet file on the GPU against the CPU.
+
+The scorer's choice of hardware assumes a whole GPU scores `GPU_SPEEDUP` times the rows per second
+of one CPU core (`tasks.core.scoring`); these figures measure that ratio on this machine, for the
+small MLP of the CPU scoring benchmark and for a wide one, and also against all of its cores. The
+same file, the same pieces, the whole scorer (read, check, model, write, label counts) on each side.
+"""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from benchmarks.gpu_figures import GpuFigure, Sizes, require_cuda
+from benchmarks.measure import alternating_best_rates
+from benchmarks.scoring_bench import FEATURES, MODEL, write_bundle_for
+from benchmarks.synthetic import write_table
+from tasks.core.bundle import Bundle, load_bundle
+from tasks.core.scoring import GPU_SPEEDUP, gpu_bundle, plan_scoring, score_piece
+
+WIDE_MODEL = [2048, 2048]  # where the dense layers, not reading and writing, are most of the work
+
+
+@contextmanager
+def cpu_threads(count: int) -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+class ScoringRun:
+    """One bundle scoring one table into a fresh folder under `work` per call; rows per second."""
+
+    def __init__(self, bundle_uri: str, bundle: Bundle, table: str, work: Path):
+        self.bundle_uri, self.bundle, self.table, self.work = bundle_uri, bundle, table, work
+        self.calls = itertools.count()
+
+    def rate(self) -> float:
+        output = self.work / f"scored-{next(self.calls)}"
+        plan = plan_scoring(self.bundle_uri, self.table, str(output), bundle=self.bundle)
+        start = time.perf_counter()
+        rows = sum(score_piece(plan.job, piece, self.bundle).rows for piece in plan.pieces)
+        seconds = time.perf_counter() - start
+        shutil.rmtree(output, ignore_errors=True)
+        return rows / seconds
+
+
+def cpu_rate(run: ScoringRun, threads: int) -> float:
+    with cpu_threads(threads):
+        return run.rate()
+
+
+def model_figures(work: Path, tables: dict[str, str], hidden: list[int], rounds: int) -> list[GpuFigure]:
+    """GPU against one core (the planner's unit, goal: at least its assumed speed-up) and all cores."""
+    bundle_uri = write_bundle_for(work / f"bundle-{'x'.join(map(str, hidden))}", tables["gpu"], hidden)
+    on_gpu = ScoringRun(bundle_uri, gpu_bundle(bundle_uri), tables["gpu"], work)
+    on_cpu = ScoringRun(bundle_uri, load_bundle(bundle_uri), tables["cpu"], work)
+    cores = torch.get_num_threads()
+    what = f"scoring rows/s, MLP {'x'.join(map(str, hidden))} on {FEATURES} features, GPU"
+    gpu_vs_core = alternating_best_rates(on_gpu.rate, lambda: cpu_rate(on_cpu, 1), rounds)
+    gpu_vs_cores = alternating_best_rates(on_gpu.rate, lambda: cpu_rate(on_cpu, cores), rounds)
+    return [
+        GpuFigure(f"{what} vs one CPU core (the scorer's planning assumes {GPU_SPEEDUP:g}x)", *gpu_vs_core,
+                  "rows/s", low=GPU_SPEEDUP),
+        GpuFigure(f"{what} vs {cores} CPU threads", *gpu_vs_cores, "rows/s"),
+    ]  # fmt: skip
+
+
+def scoring_on_gpu(work: Path, sizes: Sizes) -> list[GpuFigure]:
+    require_cuda()
+    # The CPU side scores a tenth of the rows (its rate per row is what counts), so that one core
+    # scoring the wide model takes seconds rather than minutes.
+    tables = {
+        "gpu": write_table(str(work / "score-gpu.parquet"), sizes.scoring_rows, FEATURES),
+        "cpu": write_table(str(work / "score-cpu.parquet"), max(sizes.scoring_rows // 10, 4096), FEATURES),
+    }
+    figures = []
+    for hidden in (MODEL["hidden_sizes"], WIDE_MODEL):
+        figures += model_figures(work, tables, hidden, sizes.rounds)
+    return figures
