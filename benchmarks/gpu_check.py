@@ -18,6 +18,7 @@ import platform
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -43,9 +44,10 @@ class Result:
     status: str
     detail: str = ""
     figures: list[gpu.GpuFigure] = field(default_factory=list)
+    seconds: float = 0.0
 
 
-def run_step(step: Step) -> Result:
+def outcome_of(step: Step) -> Result:
     try:
         found = step.run()
     except gpu.Skipped as reason:
@@ -59,11 +61,29 @@ def run_step(step: Step) -> Result:
     return Result(step.name, PASS, f"{len(found)} figure(s)", list(found))
 
 
+def run_step(step: Step) -> Result:
+    start = time.perf_counter()
+    result = outcome_of(step)
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def selected(steps: list[Step], only: list[str]) -> list[Step]:
+    """The steps whose names contain one of `only` (all where it is empty); the others are skipped,
+    saying so, so that a long check can be run in parts."""
+
+    def not_selected() -> str:
+        raise gpu.Skipped(f"not selected (--only {','.join(only)})")
+
+    chosen = [step for step in steps if not only or any(part in step.name for part in only)]
+    return [step if step in chosen else Step(step.name, not_selected) for step in steps]
+
+
 def run_all(steps: list[Step]) -> list[Result]:
     results = []
     for step in steps:
         result = run_step(step)
-        print(f"[{result.status}] {result.name}: {result.detail}", flush=True)
+        print(f"[{result.status}] {result.name} ({result.seconds:.1f} s): {result.detail}", flush=True)
         for figure in result.figures:
             print(f"    {figure.line()}", flush=True)
         results.append(result)
@@ -134,6 +154,8 @@ def describe_machine() -> dict[str, str]:
         )
     machine["torch"] = torch.__version__
     machine["cuda"] = torch.version.cuda or "none (a CPU build of torch)"
+    if torch.cuda.is_available() and torch.distributed.is_nccl_available():
+        machine["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
     machine["driver"] = nvml_driver_version() or "unknown (no NVML)"
     machine["python"] = platform.python_version()
     return machine
@@ -158,8 +180,11 @@ def summary(machine: dict[str, str], results: list[Result]) -> str:
     lines = ["", "== gpu-check summary ==", *(f"{key}: {value}" for key, value in machine.items()), ""]
     lines += ["| figure | value | baseline | ratio | goal | goal met |", "|---|---|---|---|---|---|"]
     lines += [figure_row(figure) for figure in figures] or ["| (no figure taken) | | | | | |"]
-    lines += ["", "| step | result | detail |", "|---|---|---|"]
-    lines += [f"| {r.name} | {r.status} | {r.detail.splitlines()[0] if r.detail else ''} |" for r in results]
+    lines += ["", "| step | result | seconds | detail |", "|---|---|---|---|"]
+    lines += [
+        f"| {r.name} | {r.status} | {r.seconds:.1f} | {r.detail.splitlines()[0] if r.detail else ''} |"
+        for r in results
+    ]
     lines += [
         "",
         f"steps: {counts[PASS]} passed, {counts[FAIL]} failed, {counts[SKIPPED]} skipped; "
@@ -187,6 +212,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--rounds", type=int, help=f"alternating rounds per figure (default {gpu.FULL.rounds})"
     )
     parser.add_argument(
+        "--only",
+        default="",
+        help="run only the steps whose names contain one of these comma-separated words (e.g. 'figure:,NCCL')",
+    )
+    parser.add_argument(
         "--peak-bf16-flops",
         type=float,
         default=gpu.peak_bf16_flops(),
@@ -203,7 +233,8 @@ def main(argv: list[str] | None = None, steps: list[Step] | None = None) -> int:
     sizes = replace(sizes, **{key: value for key, value in overrides.items() if value})
     with tempfile.TemporaryDirectory(prefix="mixedml-gpu-check-") as tmp:
         work = gpu.Workspace(Path(tmp), sizes)
-        results = run_all(steps if steps is not None else gpu_steps(work, args.peak_bf16_flops))
+        chosen = steps if steps is not None else gpu_steps(work, args.peak_bf16_flops)
+        results = run_all(selected(chosen, [part for part in args.only.split(",") if part]))
     machine = describe_machine()
     print(summary(machine, results), flush=True)
     if args.json:

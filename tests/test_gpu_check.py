@@ -61,7 +61,9 @@ def test_runs_without_flytekit_pytest_and_nvml_and_without_cuda_skips_every_step
     assert "device: no CUDA device" in done.stdout
     assert f"torch: {torch.__version__}" in done.stdout
     for name in STEP_NAMES:
-        assert f"| {name} | skipped | {gpu.NO_CUDA} |" in done.stdout
+        assert re.search(
+            rf"\| {re.escape(name)} \| skipped \| [\d.]+ \| {re.escape(gpu.NO_CUDA)} \|", done.stdout
+        )
     assert f"steps: 0 passed, 0 failed, {len(STEP_NAMES)} skipped" in done.stdout
     written = json.loads(report.read_text())
     assert written["exit_code"] == 0 and written["machine"]["device"] == "no CUDA device"
@@ -75,6 +77,8 @@ def test_runs_without_flytekit_pytest_and_nvml_and_without_cuda_skips_every_step
         "tasks.core.torch_training",
         "tasks.core.memory",
         "benchmarks.loop_bench",
+        "benchmarks.gpu_scoring",
+        "tasks.core.scoring",
     ):
         assert f"'{module}'" in imported
 
@@ -159,7 +163,7 @@ def test_a_missed_goal_and_a_skipped_step_still_exit_zero(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "| f | 5.000 x | 10.000 x | 0.500 | ratio >= 0.9 | MISSED |" in out
     assert "| f | 2.000 x | 1.000 x | 2.000 |  |  |" in out
-    assert "| skipped | skipped | needs a GPU |" in out
+    assert re.search(r"\| skipped \| skipped \| [\d.]+ \| needs a GPU \|", out)
     assert "steps: 2 passed, 0 failed, 1 skipped; goals: 0 met, 1 missed" in out
     steps = json.loads((tmp_path / "r.json").read_text())["steps"]
     assert [f["met"] for f in steps[1]["figures"]] == [False, None]
@@ -171,7 +175,8 @@ def test_a_failing_check_makes_the_exit_code_non_zero(tmp_path, capsys):
         ["--json", str(tmp_path / "r.json")], steps=[*STEPS, gpu_check.Step("guard", failing)]
     )
     assert code == 1
-    assert "| guard | FAIL | CheckFailed: the guard lost an optimizer step |" in capsys.readouterr().out
+    failed = r"\| guard \| FAIL \| [\d.]+ \| CheckFailed: the guard lost an optimizer step \|"
+    assert re.search(failed, capsys.readouterr().out)
     assert json.loads((tmp_path / "r.json").read_text())["exit_code"] == 1
 
 
@@ -286,3 +291,11 @@ def test_the_scoring_figures_run_the_whole_scorer_on_each_side(tmp_path, monkeyp
     assert "MLP 2048x2048" in figures[2].name
     assert all(f.value > 0 and f.baseline > 0 for f in figures)
     assert not list(tmp_path.glob("scored-*"))
+
+
+def test_only_runs_the_steps_named_and_skips_the_others_saying_so(tmp_path, capsys):
+    assert gpu_check.main(["--only", "figures,check"], steps=STEPS) == 0
+    written = capsys.readouterr().out
+    assert re.search(r"\| check ok \| pass \| [\d.]+ \| all good \|", written)
+    assert re.search(r"\| skipped \| skipped \| [\d.]+ \| not selected \(--only figures,check\) \|", written)
+    assert "steps: 2 passed, 0 failed, 1 skipped" in written
