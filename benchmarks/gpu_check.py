@@ -22,20 +22,29 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from textwrap import indent
 
 import torch
 
 from benchmarks import gpu_figures as gpu
 from benchmarks import gpu_scoring
+from benchmarks.gpu_profile import ProfileSummary, profile_training
 from benchmarks.measure import REPO
+from tasks.core.config import TrainConfig
 
 PASS, FAIL, SKIPPED = "pass", "FAIL", "skipped"
+
+
+# When a timed step's project run is profiled: after a missed goal, always, or never.
+PROFILE_WHEN = ("missed", "all", "none")
 
 
 @dataclass
 class Step:
     name: str
     run: Callable[[], str | list[gpu.GpuFigure]]  # a check's finding, or a figure step's figures
+    # A timed step's project run under torch.profiler (given where to write its trace, or None).
+    profile: Callable[[Path | None], ProfileSummary] | None = None
 
 
 @dataclass
@@ -45,6 +54,7 @@ class Result:
     detail: str = ""
     figures: list[gpu.GpuFigure] = field(default_factory=list)
     seconds: float = 0.0
+    profile: dict | None = None  # ProfileSummary.to_json() and its text, or the error that stopped it
 
 
 def outcome_of(step: Step) -> Result:
@@ -61,9 +71,31 @@ def outcome_of(step: Step) -> Result:
     return Result(step.name, PASS, f"{len(found)} figure(s)", list(found))
 
 
-def run_step(step: Step) -> Result:
+def wants_profile(step: Step, result: Result, when: str) -> bool:
+    missed = any(figure.met is False for figure in result.figures)
+    return (
+        step.profile is not None
+        and result.status == PASS
+        and (when == "all" or (when == "missed" and missed))
+    )
+
+
+def profile_of(step: Step, trace_dir: Path | None) -> dict:
+    """What limits the step's project run, from torch.profiler: the verdict, the numbers, the top ops."""
+    try:
+        summary = step.profile(trace_dir)
+    except Exception as error:  # the figures stand without it
+        return {"error": f"{type(error).__name__}: {error}", "text": f"profile failed: {error}"}
+    finally:
+        gpu.release_device_memory()
+    return {**summary.to_json(), "text": summary.text()}
+
+
+def run_step(step: Step, profile_when: str = "missed", trace_dir: Path | None = None) -> Result:
     start = time.perf_counter()
     result = outcome_of(step)
+    if wants_profile(step, result, profile_when):
+        result.profile = profile_of(step, trace_dir)
     result.seconds = time.perf_counter() - start
     return result
 
@@ -79,13 +111,15 @@ def selected(steps: list[Step], only: list[str]) -> list[Step]:
     return [step if step in chosen else Step(step.name, not_selected) for step in steps]
 
 
-def run_all(steps: list[Step]) -> list[Result]:
+def run_all(steps: list[Step], profile_when: str = "missed", trace_dir: Path | None = None) -> list[Result]:
     results = []
     for step in steps:
-        result = run_step(step)
+        result = run_step(step, profile_when, trace_dir)
         print(f"[{result.status}] {result.name} ({result.seconds:.1f} s): {result.detail}", flush=True)
         for figure in result.figures:
             print(f"    {figure.line()}", flush=True)
+        if result.profile:
+            print(indent(result.profile["text"], "    profile: "), flush=True)
         results.append(result)
     return results
 
@@ -114,15 +148,22 @@ def cuda_tests() -> str:
     return f"{', '.join(files)}: {last}"
 
 
+def profiled(work: gpu.Workspace, config: TrainConfig, name: str) -> Callable[[Path | None], ProfileSummary]:
+    """The project loop with `config` under the profiler, on the loop table's shape cut short."""
+    return lambda trace_dir: profile_training(config, work.profile_splits, trace_dir=trace_dir, name=name)
+
+
 def gpu_steps(work: gpu.Workspace, peak_flops: float) -> list[Step]:
     sizes = work.sizes
+    loop = profiled(work, gpu.loop_config(sizes), "project-loop-bf16")
     return [
         Step("autocast precision on CUDA", gpu.autocast_precision),
         Step("CUDA-only pytest tests", cuda_tests),
-        Step("figure: project loop vs bare loop", lambda: gpu.loop_vs_bare(work.loop_splits, sizes)),
-        Step("figure: bf16 autocast vs fp32", lambda: gpu.bf16_vs_fp32(work.loop_splits, sizes)),
+        Step("figure: project loop vs bare loop", lambda: gpu.loop_vs_bare(work.loop_splits, sizes), loop),
+        Step("figure: bf16 autocast vs fp32", lambda: gpu.bf16_vs_fp32(work.loop_splits, sizes), loop),
         Step("figure: model FLOP utilisation",
-             lambda: gpu.flop_utilisation(work.loop_splits, sizes, peak_flops)),
+             lambda: gpu.flop_utilisation(work.loop_splits, sizes, peak_flops),
+             profiled(work, gpu.mfu_config(sizes), "model-flop-utilisation")),
         Step("figure: memory estimate vs measured peak", lambda: gpu.memory_estimate(work.memory_splits, sizes)),
         Step("fp16 autocast with the gradient scaler", lambda: gpu.fp16_with_scaler(work.memory_splits)),
         Step("out-of-memory guard on a real CUDA OOM", lambda: gpu.oom_guard(work.memory_splits, sizes)),
@@ -185,6 +226,9 @@ def summary(machine: dict[str, str], results: list[Result]) -> str:
         f"| {r.name} | {r.status} | {r.seconds:.1f} | {r.detail.splitlines()[0] if r.detail else ''} |"
         for r in results
     ]
+    for result in results:
+        if result.profile:
+            lines += ["", f"profile of {result.name}:", result.profile["text"]]
     lines += [
         "",
         f"steps: {counts[PASS]} passed, {counts[FAIL]} failed, {counts[SKIPPED]} skipped; "
@@ -217,6 +261,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="run only the steps whose names contain one of these comma-separated words (e.g. 'figure:,NCCL')",
     )
     parser.add_argument(
+        "--profile",
+        choices=PROFILE_WHEN,
+        default="missed",
+        help="profile a timed step's project loop (torch.profiler) when a goal is missed (default), always, or never",
+    )
+    parser.add_argument("--trace-dir", type=Path, help="also write each profile's Chrome trace here")
+    parser.add_argument(
         "--peak-bf16-flops",
         type=float,
         default=gpu.peak_bf16_flops(),
@@ -234,7 +285,8 @@ def main(argv: list[str] | None = None, steps: list[Step] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="mixedml-gpu-check-") as tmp:
         work = gpu.Workspace(Path(tmp), sizes)
         chosen = steps if steps is not None else gpu_steps(work, args.peak_bf16_flops)
-        results = run_all(selected(chosen, [part for part in args.only.split(",") if part]))
+        only = [part for part in args.only.split(",") if part]
+        results = run_all(selected(chosen, only), args.profile, args.trace_dir)
     machine = describe_machine()
     print(summary(machine, results), flush=True)
     if args.json:

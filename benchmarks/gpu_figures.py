@@ -42,6 +42,7 @@ CAPPED_RANK = 1  # the rank that runs out of memory in the two-rank check; rank 
 # Model FLOP utilisation goals: of the datasheet peak, and of what a bare matmul of the layer's size
 # reaches on this GPU in the same run (the part of the gap that is the loop's, not the chip's).
 MFU_OF_PEAK, MFU_OF_BARE_MATMUL = 0.50, 0.65
+PROFILED_STEPS = 64  # optimizer steps a profiled run takes: enough for a steady state
 MIN_ACCURACY = 0.9  # the synthetic clusters are far apart: any working loop gets there
 GIB = 2**30
 
@@ -136,6 +137,11 @@ class Workspace:
     def memory_splits(self) -> SplitPaths:
         return self._splits("memory", self.sizes.memory_rows)
 
+    @cached_property
+    def profile_splits(self) -> SplitPaths:
+        """The loop table's shape, cut to PROFILED_STEPS batches: a profile grows with the run."""
+        return self._splits("profile", PROFILED_STEPS * self.sizes.batch)
+
     def _splits(self, name: str, rows: int) -> SplitPaths:
         features = self.sizes.features
         train = write_table(str(self.root / f"{name}-train.parquet"), rows, features)
@@ -217,14 +223,16 @@ def matmul_flops(n: int, repeats: int = 50) -> float:
     return 2.0 * n**3 * repeats / (time.perf_counter() - start)
 
 
+def mfu_config(sizes: Sizes) -> TrainConfig:
+    """A compute-bound MLP: two wide layers, no dropout."""
+    return TrainConfig(
+        epochs=1, batch_size=sizes.mfu_batch, model=mlp_spec([sizes.mfu_hidden] * 2, 0.0), precision="bf16"
+    )
+
+
 def flop_utilisation(splits: SplitPaths, sizes: Sizes, peak_flops: float) -> list[GpuFigure]:
     require_cuda()
-    config = TrainConfig(
-        epochs=1,
-        batch_size=sizes.mfu_batch,
-        model=mlp_spec([sizes.mfu_hidden] * 2, 0.0),
-        precision="bf16",
-    )
+    config = mfu_config(sizes)
     rate = max(project_rate(splits, config) for _ in range(sizes.rounds))
     flops_per_sample = loop_bench.model_flops_per_sample(
         len(splits.feature_names), [sizes.mfu_hidden] * 2, splits.n_classes
