@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from tasks.core.config import ModelConfig, TrainConfig
+from tasks.core.memory import ESTIMATE_HIGH, ESTIMATE_LOW
 from tasks.core.models import (
     MLP_DEFAULTS,
     InputSpec,
@@ -25,7 +26,7 @@ from tasks.core.models import (
 )
 from tasks.core.probe import model_state_bytes, probe_footprint
 from tasks.core.torch_models import build_mlp, load_torch_artifact, save_torch_artifact
-from tests.test_planner import HIGH, LOW, measured_peak_bytes
+from tests.test_planner import measured_peak_bytes
 
 HERE = "tests.test_model_builders"
 SPECS = {
@@ -221,7 +222,10 @@ def test_probe_estimate_matches_measured_cpu_allocation(spec, n_features, micro_
     measured = measured_peak_bytes(
         lambda: build(spec, n_features, 10, "pytorch"), n_features, 10, micro_batch, tmp_path
     )
-    assert LOW * measured <= estimate.tensor_bytes <= HIGH * measured, (estimate.tensor_bytes, measured)
+    assert ESTIMATE_LOW * measured <= estimate.tensor_bytes <= ESTIMATE_HIGH * measured, (
+        estimate.tensor_bytes,
+        measured,
+    )
 
 
 def test_the_probe_keeps_its_dispatch_unwrapped_so_torch_dynamo_is_not_imported():
