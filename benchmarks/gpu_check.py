@@ -196,7 +196,8 @@ def describe_machine() -> dict[str, str]:
     machine["torch"] = torch.__version__
     machine["cuda"] = torch.version.cuda or "none (a CPU build of torch)"
     if torch.cuda.is_available() and torch.distributed.is_nccl_available():
-        machine["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        version = torch.cuda.nccl.version()  # (major, minor, patch); a number in older torch releases
+        machine["nccl"] = ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
     machine["driver"] = nvml_driver_version() or "unknown (no NVML)"
     machine["python"] = platform.python_version()
     return machine
