@@ -387,10 +387,6 @@ def launch_workers(entrypoint, *args, nproc: int = 1) -> list:
     return [results[rank] for rank in range(nproc)]
 
 
-def launch_one_worker(entrypoint, *args):
-    return launch_workers(entrypoint, *args)[0]
-
-
 def ddp_finding(run: dict, config: TrainConfig, backend: str = "nccl") -> str:
     expect(run["backend"] == backend, f"the run's backend is {run['backend']!r}, not {backend!r}")
     expect(len(run["history"]) == config.epochs, f"{len(run['history'])} epochs instead of {config.epochs}")
@@ -409,7 +405,7 @@ def nccl_ddp(splits: SplitPaths) -> str:
     require_cuda()
     expect(dist.is_nccl_available(), "this torch build has no NCCL")
     config = TrainConfig(epochs=2, batch_size=2048, grad_accum_steps=2, model=mlp_spec([512, 512]))
-    return ddp_finding(launch_one_worker(train_on_one_rank_group, config, splits, "nccl"), config)
+    return ddp_finding(launch_workers(train_on_one_rank_group, config, splits, "nccl")[0], config)
 
 
 def train_two_ranks_on_one_gpu(

@@ -255,10 +255,6 @@ def host_sync_calls(events: Iterable, on_device: bool) -> list:
     return outermost(host_calls(events, SYNC_CALLS) + blocking_copies)
 
 
-def count_host_syncs(events: Iterable, on_device: bool) -> int:
-    return len(host_sync_calls(events, on_device))
-
-
 def operator_rows(averages: Iterable) -> list:
     """The operators of `prof.key_averages()`: host-side rows, not device kernels or annotations."""
     return [

@@ -237,7 +237,7 @@ def test_the_one_rank_group_runs_the_project_loop_as_ddp_on_gloo(tmp_path):
     """The NCCL step's worker, on CPU: the project's loop takes a group of one as distributed."""
     splits = gpu.Workspace(tmp_path, gpu.SMOKE).memory_splits
     config = TrainConfig(epochs=2, batch_size=512, grad_accum_steps=2, model=mlp_spec([32]))
-    run = gpu.launch_one_worker(gpu.train_on_one_rank_group, config, splits, "gloo")
+    run = gpu.launch_workers(gpu.train_on_one_rank_group, config, splits, "gloo")[0]
     assert gpu.ddp_finding(run, config, backend="gloo").startswith("DDP over gloo, 1 rank on cpu")
 
 

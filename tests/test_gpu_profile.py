@@ -16,9 +16,9 @@ from benchmarks.gpu_profile import (
     MATMUL_OPS,
     OpTime,
     ProfileSummary,
-    count_host_syncs,
     count_launches,
     device_intervals,
+    host_sync_calls,
     profile_training,
     union_length,
 )
@@ -77,7 +77,7 @@ def item_reads(count: int, device: str) -> int:
     with profile(activities=activities) as prof:
         for _ in range(count):
             values.sum().item()
-    return count_host_syncs(prof.events(), on_device)
+    return len(host_sync_calls(prof.events(), on_device))
 
 
 def test_host_syncs_count_item_calls_on_cpu():
@@ -116,8 +116,8 @@ def test_on_cuda_only_the_runtimes_waits_count_as_host_syncs():
         event("cudaMemcpy", 30, 35),  # a blocking copy
         event("cudaEventSynchronize", 40, 41),
     ]
-    assert count_host_syncs(events, on_device=True) == 3
-    assert count_host_syncs(events, on_device=False) == 2
+    assert len(host_sync_calls(events, on_device=True)) == 3
+    assert len(host_sync_calls(events, on_device=False)) == 2
 
 
 def test_device_busy_time_merges_overlapping_intervals():
