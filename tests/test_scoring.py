@@ -22,12 +22,14 @@ from tasks.core.metrics import classification_metrics, metrics_from_confusion
 from tasks.core.planner import CatalogEntry
 from tasks.core.publish import publish_bundle
 from tasks.core.scoring import (
-    GPU_SPEEDUP,
+    GPU_MODEL_SPEEDUP,
+    RowCost,
     ScoringJob,
     ScoringPiece,
     ScoringPlan,
     choose_hardware,
     label_key,
+    plan_scoring,
     probability_columns,
     score_dataset,
 )
@@ -227,11 +229,10 @@ def test_a_bad_value_found_while_scoring_names_its_row_and_leaves_no_part_of_its
 # ---- CPU or GPU ----------------------------------------------------------------------------------------
 
 
-def plan_of(rows: int, seconds_per_row: float, pieces: int = 1) -> ScoringPlan:
+def plan_of(rows: int, seconds_per_row: float, pieces: int = 1, model_share: float = 0.99) -> ScoringPlan:
     job = ScoringJob("bundle", "data.parquet", "", "", "out")
-    return ScoringPlan(
-        job, [ScoringPiece(i, f"part-{i}") for i in range(pieces)], rows, "pytorch", seconds_per_row
-    )
+    cost = RowCost(total=seconds_per_row, model=seconds_per_row * model_share)
+    return ScoringPlan(job, [ScoringPiece(i, f"part-{i}") for i in range(pieces)], rows, "pytorch", cost)
 
 
 GPUS = [
@@ -247,8 +248,25 @@ def test_a_cheap_model_scores_on_cpu_and_a_costly_one_on_the_cheapest_whole_gpu(
     costly = choose_hardware(plan_of(100_000_000, 5e-3, pieces=8), 0.04, GPUS)
     assert costly.device == "l4" and costly.gpu_cost < costly.cpu_cost
     assert costly.cpu_cost == pytest.approx((100_000_000 * 5e-3 + 8 * 30) * 0.04 / 3600)
-    assert costly.gpu_cost == pytest.approx((100_000_000 * 5e-3 / GPU_SPEEDUP + 8 * 300) * 0.71 / 3600)
-    assert "cheaper" in costly.reason and "l4" in costly.reason
+    gpu_seconds_per_row = 5e-3 * 0.01 + 5e-3 * 0.99 / GPU_MODEL_SPEEDUP  # the host's share stays as it was
+    assert costly.gpu_cost == pytest.approx((100_000_000 * gpu_seconds_per_row + 8 * 300) * 0.71 / 3600)
+    assert "cheaper" in costly.reason and "l4" in costly.reason and "the model 99% of it" in costly.reason
+
+
+def test_a_row_whose_cost_is_mostly_reading_and_writing_stays_on_cpu_however_many_rows():
+    """A real GPU scored a small MLP's rows only 2x as fast as one core: the model was half the work.
+    A GPU speeds up the forward pass alone, so such rows never pay for its price."""
+    plan = plan_of(10**11, 3e-6, pieces=8, model_share=0.5)
+    assert plan.row_cost.gpu_speedup() == pytest.approx(1 / (0.5 + 0.5 / GPU_MODEL_SPEEDUP))
+    choice = choose_hardware(plan, 0.04, GPUS)
+    assert choice.device == "cpu" and "2.0x a core" in choice.reason
+    assert choose_hardware(replace(plan, row_cost=RowCost(3e-6, 3e-6)), 0.04, GPUS).device == "l4"
+
+
+def test_the_plan_times_the_whole_row_and_the_model_within_it(bundle_folder, users_parts, tmp_path):
+    cost = plan_scoring(bundle_folder, users_parts, str(tmp_path / "out")).row_cost
+    assert 0 < cost.model < cost.total
+    assert 1 < cost.gpu_speedup() < GPU_MODEL_SPEEDUP
 
 
 def test_the_hardware_can_be_asked_for_and_a_gpu_needs_a_whole_one_in_the_catalog():

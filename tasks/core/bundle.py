@@ -389,11 +389,19 @@ class Bundle:
     def probabilities(self, columns: pa.Table | pa.RecordBatch, source: str, first_row: int) -> np.ndarray:
         from scipy.special import softmax
 
+        logits = self.logits(self.model_inputs(columns, source, first_row))
+        return softmax(logits, axis=1).astype(np.float32, copy=False)
+
+    def model_inputs(self, columns: pa.Table | pa.RecordBatch, source: str, first_row: int) -> np.ndarray:
+        """Checked feature columns as the model reads them: standardised, float64."""
         raw = batch_features(columns, self.feature_names, np.float64)
         scaled = standardise(raw, self.manifest.record.scaler)
         check_standardised(scaled, raw, self.feature_names, first_row, source)  # as training's rows were
-        logits = LOGITS[self.manifest.record.framework](self.model, scaled)
-        return softmax(logits, axis=1).astype(np.float32, copy=False)
+        return scaled
+
+    def logits(self, inputs: np.ndarray) -> np.ndarray:
+        """The model's forward pass alone, on its own device."""
+        return LOGITS[self.manifest.record.framework](self.model, inputs)
 
 
 def arrow_features(table: Table, feature_names: list[str], source: str) -> pa.Table | pa.RecordBatch:

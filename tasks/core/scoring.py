@@ -16,9 +16,10 @@ from __future__ import annotations
 import base64
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import fsspec.implementations.local
 import numpy as np
@@ -46,6 +47,7 @@ from tasks.core.metrics import ClassificationMetrics, ConfusionCounts, metrics_f
 from tasks.core.planner import CatalogEntry
 from tasks.core.publish import join, resolve_bundle
 
+T = TypeVar("T")
 PREDICTION = "prediction"
 PROBABILITY_PREFIX = "probability_"
 # Rows a mapped piece scores at most when a large parquet file is cut by row groups.
@@ -55,10 +57,11 @@ PIECE_ROWS = 2_000_000
 SAMPLE_ROWS, WARM_UP_ROWS = 4096, 64
 UNMATCHED_EXAMPLES = 5
 HARDWARE = ("auto", "cpu", "gpu")
-# The hardware choice's assumptions: how many times one CPU core's rows per second a whole GPU scores
-# (batched dense layers), and the seconds each mapped pod is billed before it scores (scheduling,
-# node scale-up, image pull, model load).
-GPU_SPEEDUP = 25.0
+# The hardware choice's assumptions: how many times faster than one CPU core a whole GPU runs the
+# model's forward pass (the rest of a row's work, reading, checking and writing, stays on the host's
+# core either way; docs/scoring.md says where the figure comes from), and the seconds each mapped pod
+# is billed before it scores (scheduling, node scale-up, image pull, model load).
+GPU_MODEL_SPEEDUP = 100.0
 POD_START_SECONDS = {"cpu": 30.0, "gpu": 300.0}
 
 
@@ -85,12 +88,27 @@ class ScoringJob:
 
 
 @dataclass
+class RowCost:
+    """Seconds one row costs on one CPU core, timed on the planning pod's first rows."""
+
+    total: float  # reading, checking, preprocessing, the model, writing
+    model: float  # of which the model's forward pass: the only part a GPU runs faster
+
+    def on_gpu(self) -> float:
+        """The row on a GPU pod: the host's work stays, the model's shrinks by GPU_MODEL_SPEEDUP."""
+        return self.total - self.model + self.model / GPU_MODEL_SPEEDUP
+
+    def gpu_speedup(self) -> float:
+        return self.total / self.on_gpu()
+
+
+@dataclass
 class ScoringPlan:
     job: ScoringJob
     pieces: list[ScoringPiece]
     rows: int  # exact for parquet, an overestimate for CSV
     framework: str  # the bundle's: which GPU image can score it
-    cpu_seconds_per_row: float  # measured on the planning machine's CPU
+    row_cost: RowCost  # measured on the planning machine's CPU
 
 
 @dataclass
@@ -186,6 +204,11 @@ class OutputLayout:
         ]
         return cls([f.name for f in passthrough], labels, names, pa.schema(fields))
 
+    @property
+    def dictionary(self) -> list[str]:
+        """The columns parquet dictionary-encodes: never the probabilities, where it cuts write time 6x."""
+        return [*self.passthrough, PREDICTION]
+
     def batch(self, batch: pa.RecordBatch, codes: np.ndarray, probabilities: np.ndarray) -> pa.RecordBatch:
         by_class = np.ascontiguousarray(probabilities.T)  # one copy; each class becomes a column
         columns = [batch.column(name) for name in self.passthrough]
@@ -270,14 +293,34 @@ def decode_schema(text: str) -> pa.Schema:
     return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
 
 
-def seconds_per_row(bundle: Bundle, dataset: ds.Dataset, uri: str) -> float:
-    """The model's cost on this machine's CPU, timed on the first rows (which are also checked)."""
-    sample = next(iter_batches(dataset, uri)).slice(0, SAMPLE_ROWS)
+def measure_row_cost(bundle: Bundle, dataset: ds.Dataset, uri: str) -> RowCost:
+    """What a row costs on this machine's CPU core: the first rows read, checked, scored and written
+    (to memory), and the model's forward pass on them alone."""
     source = first_file_name(dataset, uri)
+    reading, batch = timed(lambda: next(iter_batches(dataset, uri)))
+    sample = batch.slice(0, SAMPLE_ROWS)
     bundle.predict_proba(sample.slice(0, WARM_UP_ROWS), source)  # the first call pays for lazy set-up
+    scoring, probabilities = timed(lambda: bundle.predict_proba(sample, source))  # also checks the rows
+    inputs = bundle.model_inputs(sample, source, 0)
+    forward, _ = timed(lambda: bundle.logits(inputs))
+    writing, _ = timed(
+        lambda: write_to_memory(OutputLayout.of(bundle, dataset.schema), sample, probabilities)
+    )
+    rows = sample.num_rows
+    return RowCost(
+        total=reading / batch.num_rows + (scoring + writing) / rows, model=min(forward, scoring) / rows
+    )
+
+
+def timed(work: Callable[[], T]) -> tuple[float, T]:
     start = time.perf_counter()
-    bundle.predict_proba(sample, source)  # also checks the rows' values
-    return (time.perf_counter() - start) / sample.num_rows
+    result = work()
+    return time.perf_counter() - start, result
+
+
+def write_to_memory(layout: OutputLayout, batch: pa.RecordBatch, probabilities: np.ndarray) -> None:
+    with pq.ParquetWriter(pa.BufferOutputStream(), layout.schema, use_dictionary=layout.dictionary) as writer:
+        writer.write_batch(layout.batch(batch, probabilities.argmax(axis=1), probabilities))
 
 
 def first_file_name(dataset: ds.Dataset, uri: str) -> str:
@@ -308,7 +351,7 @@ def plan_scoring(
     rows = sum(p.rows for p in pieces) if all(p.rows >= 0 for p in pieces) else describe_input(dataset).rows
     job = ScoringJob(model_uri, dataset, label, encode_schema(source.schema), output)
     return ScoringPlan(
-        job, pieces, rows, bundle.manifest.record.framework, seconds_per_row(bundle, source, dataset)
+        job, pieces, rows, bundle.manifest.record.framework, measure_row_cost(bundle, source, dataset)
     )
 
 
@@ -414,11 +457,9 @@ def part_writer(
 ) -> Iterator[pq.ParquetWriter]:
     """A parquet writer for one part, which is removed again if scoring it fails."""
     try:
-        # Dictionary encoding never pays off for probabilities; skipping it for them cuts write time 6x.
-        dictionary = [*layout.passthrough, PREDICTION]
         with (
             filesystem.open(part, "wb") as stream,
-            pq.ParquetWriter(stream, layout.schema, use_dictionary=dictionary) as writer,
+            pq.ParquetWriter(stream, layout.schema, use_dictionary=layout.dictionary) as writer,
         ):
             yield writer
     except BaseException:
@@ -536,11 +577,12 @@ def choose_hardware(
 ) -> HardwareChoice:
     """The cheaper of CPU pods and the cheapest whole GPU for the plan's rows at the measured cost per row.
 
-    CPU: the measured core-seconds at the per-core price. GPU: those seconds over GPU_SPEEDUP at the
-    GPU's price. Each mapped pod also pays its start. `hardware` "cpu" or "gpu" overrides the choice.
+    CPU: the measured core-seconds at the per-core price. GPU: the same with the model's share over
+    GPU_MODEL_SPEEDUP, at the GPU's price. Each mapped pod also pays its start. `hardware` "cpu" or
+    "gpu" overrides the choice.
     """
     check_hardware(hardware)
-    cpu_seconds = plan.rows * plan.cpu_seconds_per_row
+    cpu_seconds = plan.rows * plan.row_cost.total
     pieces = len(plan.pieces)
     cpu_cost = (cpu_seconds + pieces * POD_START_SECONDS["cpu"]) * cpu_price_per_hour / 3600
     gpu = cheapest_whole_gpu(gpu_options)
@@ -548,13 +590,16 @@ def choose_hardware(
         if hardware == "gpu":
             raise ValueError("hardware='gpu', but the GPU catalog has no whole GPU to score on")
         return HardwareChoice("cpu", cpu_cost, 0.0, None, "no whole GPU in the catalog")
-    gpu_cost = (cpu_seconds / GPU_SPEEDUP + pieces * POD_START_SECONDS["gpu"]) * gpu.price_per_hour / 3600
+    gpu_seconds = plan.rows * plan.row_cost.on_gpu()
+    gpu_cost = (gpu_seconds + pieces * POD_START_SECONDS["gpu"]) * gpu.price_per_hour / 3600
     use_gpu = hardware == "gpu" or (hardware == "auto" and gpu_cost < cpu_cost)
     device = gpu.name if use_gpu else "cpu"
     how = "cheaper" if hardware == "auto" else "asked for"
     reason = (
-        f"{how}: {plan.rows:,} rows at {plan.cpu_seconds_per_row * 1e6:.1f} us/row on a CPU core cost about "
-        f"${cpu_cost:.4f} on CPU, ${gpu_cost:.4f} on {gpu.name} (assumed {GPU_SPEEDUP:g}x a core)"
+        f"{how}: {plan.rows:,} rows at {plan.row_cost.total * 1e6:.1f} us/row on a CPU core (the model "
+        f"{plan.row_cost.model / plan.row_cost.total:.0%} of it) cost about ${cpu_cost:.4f} on CPU, "
+        f"${gpu_cost:.4f} on {gpu.name} ({plan.row_cost.gpu_speedup():.1f}x a core: the model "
+        f"{GPU_MODEL_SPEEDUP:g}x faster there, the rest as fast)"
     )
     return HardwareChoice(device, cpu_cost, gpu_cost, gpu, reason)
 
