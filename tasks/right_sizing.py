@@ -16,6 +16,7 @@ from functools import partial
 
 from flytekit import Deck, Resources, dynamic
 
+from tasks.core.accelerators import on_flyte_cluster
 from tasks.core.config import TrainConfig
 from tasks.core.data import BATCH_ROWS, dataset_fingerprint, describe_input
 from tasks.core.models import measure_footprint
@@ -23,6 +24,7 @@ from tasks.core.pieces import DataPiece, plan_pieces
 from tasks.core.planner import (
     PlanError,
     PreprocessPlan,
+    TrainingPlan,
     Workload,
     plan_preprocessing,
     plan_training,
@@ -155,18 +157,27 @@ def train_on_target(
     # The batch against the prepared rows, before any accelerator; the launcher checks the worker split.
     raise_for(batch_problems(hyperparameters, 1, prepared.table.rows["train"]))
     report = plan_report(target, workload(prepared, target, hyperparameters), preprocess_plan, plan_resources)
+    if report.applied and not on_flyte_cluster():
+        report.notes.append(
+            "a local run places its training rows by this machine's memory, not the planned device's"
+        )
     log.info("%s", report.summary())
     plan_deck(report)
     if report.applied:
-        plan = report.training
-        hyperparameters = replace(
-            hyperparameters, grad_accum_steps=plan.grad_accum_steps, data_placement=plan.data_placement
-        )
+        hyperparameters = planned_hyperparameters(hyperparameters, report.training, on_flyte_cluster())
     training_target = TARGETS[target]
     trained = training_target.task(prepared=prepared, hyperparameters=hyperparameters)
     if report.applied:
         trained = trained.with_overrides(**training_target.profile.overrides_for(report.training.choice))
     return trained, report
+
+
+def planned_hyperparameters(config: TrainConfig, plan: TrainingPlan, on_cluster: bool) -> TrainConfig:
+    """The plan's accumulation, and its placement of the training rows where the planned device is
+    the one the run gets: on a cluster. A local run keeps its own ("auto": by the memory of the
+    machine it runs on, not the planned GPU's)."""
+    placement = plan.data_placement if on_cluster else config.data_placement
+    return replace(config, grad_accum_steps=plan.grad_accum_steps, data_placement=placement)
 
 
 def plan_report(

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
+import psutil
 import torch
 
 from tasks.core.data import RankPart
@@ -23,6 +24,24 @@ from tasks.core.devices import family_of
 Rows = tuple[np.ndarray, np.ndarray]  # (features float32, label codes int64)
 PREFETCH_STEPS = 2  # batches a background reader keeps ready ahead of the loop
 GATHER_ROWS = 65_536  # a window's rows handed over at a time, in training order
+# "auto" with no plan: the share of the memory free on this rank's device (host memory for a CPU
+# device, shared by the ranks on the machine) that its rows may take; the rest is the model's, the
+# optimizer's and the reading's (decoding a row group holds a copy while it is converted).
+RESIDENT_SHARE = 0.25
+
+
+def auto_placement(rows: int, features: int, device: torch.device, ranks_on_machine: int = 1) -> str:
+    """Where "auto" keeps a rank's rows when no plan chose for this machine: on the device while
+    they take at most RESIDENT_SHARE of what it has free, else streamed from the split's files."""
+    needed = rows * (features * 4 + 8)  # float32 features and an int64 label code a row
+    budget = RESIDENT_SHARE * free_memory_bytes(device) / max(ranks_on_machine, 1)
+    return "device" if needed <= budget else "stream"
+
+
+def free_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    return psutil.virtual_memory().available
 
 
 @dataclass(frozen=True)

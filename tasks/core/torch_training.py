@@ -34,7 +34,7 @@ from tasks.core.models import TrainingDiverged, build, input_spec_for
 from tasks.core.precision import for_torch
 from tasks.core.preemption import PreemptionNotice
 from tasks.core.progress import ProgressReporter, TrainingProgress, log_epoch
-from tasks.core.shards import TrainingRows
+from tasks.core.shards import TrainingRows, auto_placement
 from tasks.core.torch_models import save_torch_artifact
 
 log = logging.getLogger(__name__)
@@ -573,9 +573,15 @@ class LoopState:
 
 def load_shards(config: TrainConfig, splits: SplitPaths, ctx: DistributedContext) -> TrainingRows:
     """This rank's parts of the training and validation splits, placed as `config.data_placement`
-    says ("auto": on the device)."""
-    placement = "device" if config.data_placement == "auto" else config.data_placement
+    says ("auto", where no plan for this machine chose: by the memory of the machine it runs on)."""
     train_part, val_part = (rank_part(path, ctx.rank, ctx.world_size) for path in (splits.train, splits.val))
+    placement = config.data_placement
+    if placement == "auto":
+        ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # set by torchrun and torch elastic
+        rows = train_part.rows + val_part.rows
+        placement = auto_placement(rows, len(splits.feature_names), ctx.device, ranks_here)
+        if ctx.rank == 0:
+            log.info("training rows: %s (auto, %s rows a rank on %s)", placement, f"{rows:,}", ctx.device)
     columns = (splits.feature_names, splits.label_column)
     return TrainingRows(placement, train_part, val_part, columns, ctx.device)
 
