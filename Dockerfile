@@ -52,6 +52,14 @@ USER mixedml
 
 # ---- torch-gpu: CUDA PyTorch (PyPI's wheels bundle CUDA) and the PyTorch plugin; no TensorFlow -
 FROM base AS torch-gpu
+# GKE's device plugin mounts the node's NVIDIA driver at /usr/local/nvidia (lib64, bin) in every GPU
+# container and sets no variable for it (GoogleCloudPlatform/container-engine-accelerators:
+# cmd/nvidia_gpu/nvidia_gpu.go, the -container-path mount; pkg/gpu/nvidia/manager.go, Envs). Without
+# these, CUDA and NVML cannot dlopen libcuda.so.1 / libnvidia-ml.so.1 and no GPU is seen; Google's GPU
+# manifests and NVIDIA's CUDA images set the same. Where the NVIDIA container toolkit injects the
+# libraries into the linker's own paths instead, the folder is absent and the entry is ignored.
+ENV LD_LIBRARY_PATH=/usr/local/nvidia/lib64 \
+    PATH=$PATH:/usr/local/nvidia/bin
 RUN pip install -c constraints.txt ".[torch,gpu]"
 COPY tasks ./tasks
 COPY workflows ./workflows
@@ -63,6 +71,9 @@ USER mixedml
 # The and-cuda extra accepts any CUDA 12 release from the one TensorFlow was built and tested with;
 # constraints.txt pins the nvidia-*-cu12 wheels to exactly that one (CUDA 12.5, cuDNN 9.3).
 FROM base AS tf-gpu
+# The node's NVIDIA driver where GKE mounts it, as in torch-gpu.
+ENV LD_LIBRARY_PATH=/usr/local/nvidia/lib64 \
+    PATH=$PATH:/usr/local/nvidia/bin
 RUN TENSORFLOW=$(sed -n 's/^tensorflow[-_]cpu==//p' constraints.txt) \
     && pip install -c constraints.txt ".[gpu]" "tensorflow[and-cuda]==${TENSORFLOW:?}"
 COPY tasks ./tasks
@@ -75,7 +86,8 @@ USER mixedml
 # TensorFlow reaches TPU v5e, v5p and v6e only through libtpu's PJRT plugin, which it loads when it is
 # imported and these are set (Cloud TPU, "Run TensorFlow on Cloud TPU VM"; TensorFlow's
 # NextPluggableDevice). Without them TensorFlow sees no TPU. The plugin is linked to a fixed path, so
-# the variable names no Python version; the build fails if libtpu ships no libtpu.so.
+# the variable names no Python version; the build fails if libtpu ships no libtpu.so. libtpu comes at
+# constraints.txt's pin: tensorflow-tpu's own requirement admits any later libtpu (docs/tensorflow-tpu.md).
 FROM base AS tpu
 RUN TENSORFLOW=$(sed -n 's/^tensorflow[-_]cpu==//p' constraints.txt) \
     && pip install -c constraints.txt . "tensorflow-tpu==${TENSORFLOW:?}" \

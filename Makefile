@@ -22,6 +22,10 @@ TAG ?= $(VERSION)
 IMAGES := cpu ml-cpu torch-gpu tf-gpu tpu
 IMAGE_FLAGS = $(foreach t,$(IMAGES),--image $(t)=$(REGISTRY)/mixedml-$(t):$(TAG))
 PACKAGE := dist/mixedml-flyte-package.tgz
+# The scheduled launch plans' inputs and failure notifications, read when pyflyte defines the launch
+# plans (workflows/schedules.py): a launch plan whose required inputs are unset registers unscheduled.
+SCHEDULES ?= deploy/schedules.yaml
+SCHEDULES_ENV = MIXEDML_SCHEDULES=$(abspath $(SCHEDULES))
 
 .PHONY: install run test test-fast lint format clean images images-check push package register browser bench gpu-check
 
@@ -91,11 +95,23 @@ images-check: install
 # Serialized tasks, workflows and launch plans, as the cluster would receive them.
 package: install
 	mkdir -p dist
-	$(BIN)/pyflyte --pkgs workflows package $(IMAGE_FLAGS) --output $(PACKAGE) --force
+	$(SCHEDULES_ENV) $(BIN)/pyflyte --pkgs workflows package $(IMAGE_FLAGS) --output $(PACKAGE) --force
+
+# No --activate-launchplans: it activates every launch plan registered, complete or not. A scheduled
+# launch plan with all its inputs is defined with auto_activate, which pyflyte register honours
+# (flytekit/remote/remote.py, FlyteRemote.raw_register), so only those are activated.
+# The planner's opt-in options (docs/planning.md) reach every task's container, where the planning tasks
+# read them. They and a schedules file other than the tree's change what registers without changing the
+# tree, so a version computed from the tree gets a hash of them too (images keep the tree's tag).
+EXTRA_OPTIONS_FLAG = $(if $(MIXEDML_EXTRA_OPTIONS),--env MIXEDML_EXTRA_OPTIONS="$(MIXEDML_EXTRA_OPTIONS)")
+SETTINGS_CHANGED = $(and $(filter file,$(origin VERSION)),$(or $(MIXEDML_EXTRA_OPTIONS),$(filter-out deploy/schedules.yaml,$(SCHEDULES))))
+REGISTER_VERSION = $(VERSION)$(if $(SETTINGS_CHANGED),-settings-$(shell { echo "$(MIXEDML_EXTRA_OPTIONS)"; \
+	cat "$(SCHEDULES)" 2>/dev/null; } | git hash-object --stdin | cut -c1-8))
 
 register: install
 	@test -n "$(VERSION)" || { echo "make register: no git commit to name the version after; pass VERSION=..." >&2; exit 1; }
-	$(BIN)/pyflyte --config flyte.config.yaml register workflows $(IMAGE_FLAGS) --version $(VERSION) --activate-launchplans
+	$(SCHEDULES_ENV) $(BIN)/pyflyte --config flyte.config.yaml register workflows $(IMAGE_FLAGS) \
+		$(EXTRA_OPTIONS_FLAG) --version $(REGISTER_VERSION)
 
 clean:
 	rm -rf $(VENV) dist .pytest_cache

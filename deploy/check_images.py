@@ -3,7 +3,8 @@
 For every Dockerfile stage, pip's resolver is asked for what that stage installs (pyproject.toml's
 dependencies and extras, under constraints.txt, plus the framework build at its constraints.txt
 pin) as a linux/x86_64 CPython install on the base image, and reports a conflict or a missing
-release. It needs the package index, so it is not part of `make test`.
+release, or a package an image must get at exactly its pin (libtpu in the tpu image) that resolved to
+another release. It needs the package index, so it is not part of `make test`.
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ class Image:
     index: str = ""
     # Wheels offered beside the package index: without them the index alone is checked.
     find_links: str = ""
+    # Packages that must resolve to exactly their constraints.txt pin, where a dependency's own
+    # requirement is looser than the release the framework was tested with.
+    exact: tuple[str, ...] = ()
 
 
 IMAGES = {
@@ -46,18 +50,24 @@ IMAGES = {
     "ml-cpu": Image(extras=("torch", "tf-cpu"), framework="torch=={torch}+cpu", index=PYTORCH_CPU_INDEX),
     "torch-gpu": Image(extras=("torch", "gpu")),
     "tf-gpu": Image(extras=("gpu",), framework="tensorflow[and-cuda]=={tensorflow_cpu}"),
-    "tpu": Image(framework="tensorflow-tpu=={tensorflow_cpu}", find_links=LIBTPU_RELEASES),
+    # tensorflow-tpu 2.20.0 asks `libtpu~=0.0.14`, which any later 0.0.x satisfies.
+    "tpu": Image(framework="tensorflow-tpu=={tensorflow_cpu}", find_links=LIBTPU_RELEASES, exact=("libtpu",)),
 }
 
 
 def pins() -> dict[str, str]:
-    """constraints.txt as {name: version}, names lower-case with '_' for '-' and '.'."""
+    """constraints.txt as {name: version}, names as `key` writes them."""
     found = {}
     for line in CONSTRAINTS.read_text().splitlines():
         if "==" in line and not line.startswith("#"):
             name, version = line.split("==", 1)
-            found[re.sub(r"[-_.]+", "_", name.strip().lower())] = version.strip()
+            found[key(name)] = version.strip()
     return found
+
+
+def key(name: str) -> str:
+    """A package name lower-case with '_' for '-' and '.'."""
+    return re.sub(r"[-_.]+", "_", name.strip().lower())
 
 
 def install_set(image: Image) -> list[str]:
@@ -114,6 +124,19 @@ def cuda_packages(installs: list[dict]) -> list[str]:
     )
 
 
+def pin_mismatches(image: Image, installs: list[dict], pinned: dict[str, str]) -> list[str]:
+    """Each of the image's `exact` packages that did not resolve to its pin in `pinned`, in words."""
+    resolved = {key(item["metadata"]["name"]): item["metadata"]["version"] for item in installs}
+    problems = []
+    for package in image.exact:
+        wanted, got = pinned.get(key(package)), resolved.get(key(package))
+        if wanted is None:
+            problems.append(f"{package} has no pin in constraints.txt")
+        elif got != wanted:
+            problems.append(f"{package} resolved to {got or 'nothing'}, not its pin {wanted}")
+    return problems
+
+
 def check(name: str, image: Image) -> str:
     """Print one image's result and return it: OK, FAILED or NOT CHECKED."""
     if image.index and (reason := unreachable(image.index)):
@@ -130,9 +153,14 @@ def check(name: str, image: Image) -> str:
         print(f"{name:10} FAILED", *(indented(line) for line in errors), sep="\n")
         return "FAILED"
     installs = json.loads(result.stdout)["install"]
+    if problems := pin_mismatches(image, installs, pins()):
+        print(f"{name:10} FAILED", *(indented(problem) for problem in problems), sep="\n")
+        return "FAILED"
     cuda = cuda_packages(installs)
     print(f"{name:10} OK: {len(installs)} packages")
     print(indented(f"CUDA packages ({len(cuda)}): {', '.join(cuda) or 'none'}"))
+    if image.exact:
+        print(indented(f"at their pins: {', '.join(f'{p} {pins()[key(p)]}' for p in image.exact)}"))
     if note:
         print(indented(note))
     return "OK"

@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # The GKE cluster and node pools mixedml's tasks schedule on. Every pool autoscales from zero.
 #   PROJECT=my-project deploy/gke-node-pools.sh
-#   PROJECT=my-project OPTIONAL="a100-40gb tpu-v6e-1x1" deploy/gke-node-pools.sh   # add optional pools
+#   PROJECT=my-project MIXEDML_EXTRA_OPTIONS="a100-40gb tpu-v6e-1x1" deploy/gke-node-pools.sh  # opt-in pools
+# The default pools are those of the planner's default catalog (DEFAULT_OPTIONS in tasks/hardware.py)
+# and of the declared profiles. MIXEDML_EXTRA_OPTIONS names further planner options (GPU_OPTIONS,
+# TPU_OPTIONS there) to create pools for; pass the same value to `pyflyte register --env
+# MIXEDML_EXTRA_OPTIONS=...` so that the planner may choose them (docs/planning.md).
 # Machine types are the ones tasks/hardware.py sizes each profile for (MACHINE_FOR_GPU, TPU_GENERATIONS).
 # Pods find their pool through node labels GKE sets: cloud.google.com/gke-accelerator and
 # gke-gpu-partition-size (from --accelerator), gke-tpu-accelerator and gke-tpu-topology (from the TPU
@@ -17,37 +21,67 @@ CLUSTER="${CLUSTER:-flyte}"
 REGION="${REGION:-us-central1}"
 ZONE="${ZONE:-us-central1-a}"
 MAX_NODES="${MAX_NODES:-4}"
-# Pools for planner options the default run does not pick, created only when named here.
-OPTIONAL="${OPTIONAL:-}"
+# Planner options beyond the default catalog, by the planner's names, created only when named here.
+EXTRA="${MIXEDML_EXTRA_OPTIONS:-}"
+PYTHON="${PYTHON:-python3}"
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # GKE installs the NVIDIA driver. The torch-gpu image's torch 2.13 is PyPI's CUDA 13.0 build, which
-# needs driver >= 580.65.06; `default` installs an older branch, `latest` the newest one the node's
-# GKE version offers (GKE's "Install NVIDIA GPU device drivers" page maps versions to drivers: use a
-# GKE version whose latest is R580 or newer). The training task checks the driver at start and fails
-# naming the one it found.
+# needs driver >= DRIVER_FLOOR. `default` installs an older branch; `latest` installs the driver the
+# node's COS release labels LATEST, which depends on the GKE version. So rather than pin a GKE version,
+# each GPU pool is created only after gke_driver_floor.py has looked up, in the map GKE's GPU page
+# points to, the driver `latest` gives on the cluster's version, and found it at or above the floor
+# (SKIP_DRIVER_CHECK=1 skips the look-up). The cluster is on the regular release channel, whose
+# upgrades only move forward; the training task also checks the driver at start and fails naming it.
+DRIVER_FLOOR=580.65.06
 DRIVER=gpu-driver-version=latest
 
+accelerator_type() { # the type= of the --accelerator flag among the arguments; none for a CPU or TPU pool
+  while (($#)); do
+    if [[ $1 == --accelerator ]]; then
+      local spec="${2#type=}"
+      echo "${spec%%,*}"
+    fi
+    shift
+  done
+}
+
+require_driver_floor() { # require_driver_floor ACCELERATOR: stop unless `latest` meets DRIVER_FLOOR
+  if [[ ${SKIP_DRIVER_CHECK:-} == 1 ]]; then return; fi
+  "$PYTHON" "$HERE/gke_driver_floor.py" "$GKE_VERSION" "$1" "$DRIVER_FLOOR"
+}
+
 pool() { # pool NAME FLAGS...: on-demand nodes, none until a pod needs one (--num-nodes defaults to 3)
+  local gpu
+  gpu="$(accelerator_type "${@:2}")"
+  if [[ -n $gpu ]]; then require_driver_floor "$gpu"; fi
   gcloud container node-pools create "$1" --project "$PROJECT" --cluster "$CLUSTER" --location "$REGION" \
     --node-locations "$ZONE" --num-nodes 0 --enable-autoscaling --min-nodes 0 --max-nodes "$MAX_NODES" "${@:2}"
 }
 
-# Interruptible (training) pods run on the tainted spot twin; once their system failures (preemptions,
-# lost nodes) use up the budget propeller allows, the last attempt runs on demand (plugins.k8s
-# interruptible-* settings in deploy/flyte-binary-values.yaml). On a spot node GKE gives pods 15 s of
-# the VM's 30 s notice, which the training tasks' terminationGracePeriodSeconds fits (docs/reliability.md).
+# Interruptible (training) pods run on the tainted spot twin. Their first attempt must run there; once
+# it fails (a preemption, or no spot capacity: Pending past pod-pending-timeout), the later attempts
+# run on demand (propeller's node-config and plugins.k8s interruptible-* settings in
+# deploy/flyte-binary-values.yaml). So every training pool has both. On a spot node GKE gives pods 15 s
+# of the VM's 30 s notice, which the training tasks' terminationGracePeriodSeconds fits
+# (docs/reliability.md).
 training_pool() { # training_pool NAME FLAGS...
   pool "$1" "${@:2}"
   pool "$1-spot" --spot --node-taints cloud.google.com/gke-spot=true:NoSchedule "${@:2}"
 }
 
-optional_pool() { # optional_pool NAME FLAGS...: a training pool, only if OPTIONAL names it
-  if [[ " $OPTIONAL " == *" $1 "* ]]; then training_pool "$@"; fi
+optional_pool() { # optional_pool OPTION FLAGS...: a training pool for a planner option EXTRA names
+  # Pool names take no dots: a100-mig-2g.10gb -> a100-mig-2g-10gb.
+  if [[ " ${EXTRA//,/ } " == *" $1 "* ]]; then training_pool "${1//./-}" "${@:2}"; fi
 }
 
 # The cluster, if it does not exist yet; its default pool runs flyte-binary and the training operator.
 gcloud container clusters describe "$CLUSTER" --project "$PROJECT" --location "$REGION" >/dev/null 2>&1 ||
   gcloud container clusters create "$CLUSTER" --project "$PROJECT" --location "$REGION" \
-    --node-locations "$ZONE" --num-nodes 1 --machine-type e2-standard-4 --workload-pool "$PROJECT.svc.id.goog"
+    --node-locations "$ZONE" --num-nodes 1 --machine-type e2-standard-4 --workload-pool "$PROJECT.svc.id.goog" \
+    --release-channel regular
+# New node pools get the control plane's version.
+GKE_VERSION="$(gcloud container clusters describe "$CLUSTER" --project "$PROJECT" --location "$REGION" \
+  --format 'value(currentMasterVersion)')"
 
 # preprocess (2 CPU; when planned up to 4 CPU and this machine's allocatable memory, 27Gi: CPU_NODE in
 # tasks/hardware.py, and a table that needs more fails in planning), evaluate, compare,
@@ -60,32 +94,33 @@ training_pool l4 --machine-type g2-standard-8 --accelerator "type=nvidia-l4,coun
 # only: it is not interruptible, since a reclaimed spot node fails the whole job as a user error, and
 # user errors never move a retry off spot. The spot twin serves the planner option h100-80gb.
 training_pool h100 --machine-type a3-highgpu-8g --accelerator "type=nvidia-h100-80gb,count=8,$DRIVER"
-# train_tf_tpu (v5e 2x2); planner option tpu-v5e-2x2.
+# train_tf_tpu as declared (v5e 2x2); planner option tpu-v5e-2x2.
 training_pool tpu-v5e-2x2 --machine-type ct5lp-hightpu-4t
-# Planner option a100-mig-1g.5gb: what the default run picks (plan_resources=True).
+# Planner option tpu-v5e-1x1: what the default run of the tpu target picks (plan_resources=True).
+training_pool tpu-v5e-1x1 --machine-type ct5lp-hightpu-1t
+# Planner option a100-mig-1g.5gb: what the default run of the gpu and gpu-tf targets picks.
 training_pool a100-mig-1g-5gb --machine-type a2-highgpu-1g \
   --accelerator "type=nvidia-tesla-a100,count=1,gpu-partition-size=1g.5gb,$DRIVER"
 
-# The other planner options (GPU_CATALOG, TPU_CATALOG in tasks/hardware.py); the pool name says which.
-optional_pool a100-mig-2g-10gb --machine-type a2-highgpu-1g \
+# The other planner options (GPU_OPTIONS, TPU_OPTIONS in tasks/hardware.py), by the planner's names.
+optional_pool a100-mig-2g.10gb --machine-type a2-highgpu-1g \
   --accelerator "type=nvidia-tesla-a100,count=1,gpu-partition-size=2g.10gb,$DRIVER"
-optional_pool a100-mig-3g-20gb --machine-type a2-highgpu-1g \
+optional_pool a100-mig-3g.20gb --machine-type a2-highgpu-1g \
   --accelerator "type=nvidia-tesla-a100,count=1,gpu-partition-size=3g.20gb,$DRIVER"
-optional_pool h100-mig-1g-10gb --machine-type a3-highgpu-8g \
+optional_pool h100-mig-1g.10gb --machine-type a3-highgpu-8g \
   --accelerator "type=nvidia-h100-80gb,count=8,gpu-partition-size=1g.10gb,$DRIVER"
-optional_pool h100-mig-2g-20gb --machine-type a3-highgpu-8g \
+optional_pool h100-mig-2g.20gb --machine-type a3-highgpu-8g \
   --accelerator "type=nvidia-h100-80gb,count=8,gpu-partition-size=2g.20gb,$DRIVER"
-optional_pool h100-mig-3g-40gb --machine-type a3-highgpu-8g \
+optional_pool h100-mig-3g.40gb --machine-type a3-highgpu-8g \
   --accelerator "type=nvidia-h100-80gb,count=8,gpu-partition-size=3g.40gb,$DRIVER"
-optional_pool h200-mig-1g-18gb --machine-type a3-ultragpu-8g \
+optional_pool h200-mig-1g.18gb --machine-type a3-ultragpu-8g \
   --accelerator "type=nvidia-h200-141gb,count=8,gpu-partition-size=1g.18gb,$DRIVER"
-optional_pool h200-mig-2g-35gb --machine-type a3-ultragpu-8g \
+optional_pool h200-mig-2g.35gb --machine-type a3-ultragpu-8g \
   --accelerator "type=nvidia-h200-141gb,count=8,gpu-partition-size=2g.35gb,$DRIVER"
-optional_pool h200-mig-3g-71gb --machine-type a3-ultragpu-8g \
+optional_pool h200-mig-3g.71gb --machine-type a3-ultragpu-8g \
   --accelerator "type=nvidia-h200-141gb,count=8,gpu-partition-size=3g.71gb,$DRIVER"
 optional_pool a100-40gb --machine-type a2-highgpu-1g --accelerator "type=nvidia-tesla-a100,count=1,$DRIVER"
 optional_pool a100-80gb --machine-type a2-ultragpu-1g --accelerator "type=nvidia-a100-80gb,count=1,$DRIVER"
 optional_pool h200-141gb --machine-type a3-ultragpu-8g --accelerator "type=nvidia-h200-141gb,count=8,$DRIVER"
-optional_pool tpu-v5e-1x1 --machine-type ct5lp-hightpu-1t
 optional_pool tpu-v5e-2x4 --machine-type ct5lp-hightpu-8t
 optional_pool tpu-v6e-1x1 --machine-type ct6e-standard-1t

@@ -19,9 +19,10 @@ from flytekit.types.file import FlyteFile
 
 from tasks.checkpointing import flyte_checkpoint
 from tasks.core.config import Hardware, TrainConfig
-from tasks.core.preemption import Preempted, PreemptionNotice
+from tasks.core.preemption import PreemptionNotice
+from tasks.failures import retried_as_recoverable
 from tasks.logs import setup_logging
-from tasks.preemption_exit import preempted_worker_error
+from tasks.storage import flyte_storage_as_fsspec_defaults
 from tasks.types import PreparedData, TrainedModel
 
 if TYPE_CHECKING:
@@ -33,8 +34,8 @@ log = logging.getLogger(__name__)
 @dataclass
 class SetUpRefused:
     """What every worker returns, instead of raising, when the ranks agreed that their set-up failed
-    (the model's build, say): torch elastic restarts the whole group after any worker raises
-    (`max_restarts`), and this error would repeat. The launcher raises it, as a non-recoverable error."""
+    (the model's build, say). The launcher raises it as `SetUpFailed`, a non-recoverable error that
+    names the rank that failed first, rather than torch elastic's report of every worker."""
 
     message: str
 
@@ -42,7 +43,9 @@ class SetUpRefused:
 def train_with_ddp(
     prepared: PreparedData, config: TrainConfig, profile: GpuTrainingProfile
 ) -> TrainedModel | SetUpRefused:
-    """Runs in every DDP worker; rank 0's return value becomes the task output."""
+    """Runs in every DDP worker; rank 0's return value becomes the task output. A failure that Flyte
+    retries (tasks/failures.py) is raised as `FlyteRecoverableException`: the kfpytorch plugin marks
+    only that one recoverable for the launcher (flytekitplugins/kfpytorch/task.py, `spawn_helper`)."""
     from tasks.core.checkpoint import TrainingCheckpoint
     from tasks.core.torch_startup import tensorboard_without_tensorflow
     from tasks.core.torch_training import (
@@ -53,18 +56,18 @@ def train_with_ddp(
 
     setup_logging()
     tensorboard_without_tensorflow()  # a spawned worker process: TensorFlow never runs here
+    flyte_storage_as_fsspec_defaults()  # the splits are read by URI, in tasks/core
     splits = prepared.splits_in_place()  # each rank reads its own row groups, nothing downloaded whole
     workdir = Path(current_context().working_directory)
     artifact = workdir / "model.pt"
     try:
-        location = flyte_checkpoint()
-        every = config.checkpoint_every_steps
-        checkpoint = TrainingCheckpoint(location.directory, every, location.on_save) if location else None
-        board = workdir / "tensorboard"
-        with PreemptionNotice(profile.attempts.preemption_grace_s) as notice:
-            outcome = train(config, splits, str(artifact), checkpoint, str(board), preemption=notice)
-    except Preempted as stopped:
-        raise preempted_worker_error(stopped) from stopped
+        with retried_as_recoverable():
+            location = flyte_checkpoint()
+            every = config.checkpoint_every_steps
+            checkpoint = TrainingCheckpoint(location.directory, every, location.on_save) if location else None
+            board = workdir / "tensorboard"
+            with PreemptionNotice(profile.attempts.preemption_grace_s) as notice:
+                outcome = train(config, splits, str(artifact), checkpoint, str(board), preemption=notice)
     except SetUpFailed as failed:
         log.error("%s", failed)
         return SetUpRefused(str(failed))

@@ -9,6 +9,7 @@ docs/accelerators.md lists what adding an accelerator family touches.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 
@@ -149,8 +150,10 @@ class GpuTrainingProfile:
     local_cpu_workers: int = DEFAULT_LOCAL_CPU_WORKERS
     # Seconds to wait for every node to join; multi-node runs wait for node scale-up and image pulls.
     rendezvous_timeout_s: int = 900
-    # Worker-group restarts torch elastic makes after a worker dies, before the attempt fails.
-    max_restarts: int = 1
+    # Worker-group restarts torch elastic makes after a worker fails: none. A restarted worker would
+    # resume from the previous attempt's checkpoint, and a deterministic error would repeat; a failure
+    # ends the attempt at once and Flyte retries the transient ones (docs/reliability.md).
+    max_restarts: int = 0
     attempts: Attempts = Attempts()
 
     @property
@@ -386,9 +389,9 @@ def tpu_slice(name: str, device: str, topology: str, memory_gib: float) -> Catal
     )
 
 
-# What the planner may choose from, with usable memory per device (MIG profiles from NVIDIA's MIG
-# user guide).
-GPU_CATALOG = [
+# Every option the planner knows, with usable memory per device (MIG profiles from NVIDIA's MIG
+# user guide). It ranks only those offered (GPU_CATALOG, TPU_CATALOG below).
+GPU_OPTIONS = [
     mig_slice("a100", "nvidia-tesla-a100", "1g.5gb", 4.75),
     mig_slice("a100", "nvidia-tesla-a100", "2g.10gb", 9.75),
     mig_slice("a100", "nvidia-tesla-a100", "3g.20gb", 19.5),
@@ -404,12 +407,38 @@ GPU_CATALOG = [
     whole_gpu("h100-80gb", H100_80GB.device, 79.1),
     whole_gpu("h200-141gb", H200_141GB.device, 139.8),
 ]
-TPU_CATALOG = [
+TPU_OPTIONS = [
     tpu_slice("tpu-v5e-1x1", "tpu-v5-lite-podslice", "1x1", 16.0),
     tpu_slice("tpu-v5e-2x2", "tpu-v5-lite-podslice", "2x2", 16.0),
     tpu_slice("tpu-v5e-2x4", "tpu-v5-lite-podslice", "2x4", 16.0),
     tpu_slice("tpu-v6e-1x1", "tpu-v6e-slice", "1x1", 32.0),
 ]
+# The options deploy/gke-node-pools.sh creates node pools for by default (tests/test_deploy.py parses
+# the script and checks). A run may be planned onto no other: a pod whose pool does not exist stays
+# Pending until pod-pending-timeout fails it, attempt after attempt.
+DEFAULT_OPTIONS = ("a100-mig-1g.5gb", "l4", "h100-80gb", "tpu-v5e-1x1", "tpu-v5e-2x2")
+# The other options are opt-in, named (space-separated) in this variable, read wherever this module
+# is imported: set it for deploy/gke-node-pools.sh, which then creates their pools too, and pass it
+# to `pyflyte register --env`, which puts it in every task's container, the planning tasks' included.
+EXTRA_OPTIONS_VARIABLE = "MIXEDML_EXTRA_OPTIONS"
+
+
+def offered(options: list[CatalogEntry], extra: str) -> list[CatalogEntry]:
+    """The default options and those `extra` names (separated by spaces or commas); an unknown name
+    fails, naming the known ones."""
+    named = set(extra.replace(",", " ").split())
+    known = {entry.name for entry in GPU_OPTIONS + TPU_OPTIONS}
+    if named - known:
+        raise ValueError(
+            f"{EXTRA_OPTIONS_VARIABLE}: unknown options {sorted(named - known)}; known: {sorted(known)}"
+        )
+    wanted = set(DEFAULT_OPTIONS) | named
+    return [entry for entry in options if entry.name in wanted]
+
+
+# What the planner ranks: the options whose node pools the cluster has.
+GPU_CATALOG = offered(GPU_OPTIONS, os.environ.get(EXTRA_OPTIONS_VARIABLE, ""))
+TPU_CATALOG = offered(TPU_OPTIONS, os.environ.get(EXTRA_OPTIONS_VARIABLE, ""))
 # The GPUs with MIG partitions, by device name.
 MIG_GPUS = {
     "nvidia-tesla-a100": A100,

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 
+import fsspec
+import fsspec.config
 from flytekit import FlyteContextManager
+from flytekit.core.data_persistence import get_fsspec_storage_options
 from flytekit.types.structured import StructuredDataset
 
 
@@ -14,6 +17,23 @@ def dataset_uri(dataset: StructuredDataset) -> str:
     if not uri:
         raise ValueError("the structured dataset has no URI: it was not written by an upstream task")
     return uri
+
+
+def flyte_filesystem(uri: str) -> fsspec.AbstractFileSystem:
+    """The filesystem for a URI in Flyte's storage, as flytekit's data persistence builds it
+    (flytekit/core/data_persistence.py, `FileAccessProvider.get_filesystem_for_path`): with the
+    storage settings of the task's configuration (`FLYTE_AWS_ENDPOINT` and keys for an S3-compatible
+    store such as MinIO), which a bare `fsspec.core.url_to_fs` ignores."""
+    return FlyteContextManager.current_context().file_access.get_filesystem_for_path(uri)
+
+
+def flyte_storage_as_fsspec_defaults() -> None:
+    """Makes flytekit's storage settings fsspec's defaults in this process (`fsspec.config.conf`, which
+    fsspec applies to every filesystem it creates), for the code in tasks/core that opens Flyte's
+    storage by URI: a DDP worker reading its rows of the splits in place, say."""
+    data_config = FlyteContextManager.current_context().file_access.data_config
+    options = get_fsspec_storage_options("s3", data_config)  # endpoint and keys; gs takes none
+    fsspec.config.conf["s3"] = {**fsspec.config.conf.get("s3", {}), **options}
 
 
 def local_path(dataset: StructuredDataset, name: str = "dataset") -> str:

@@ -21,6 +21,7 @@ from tasks.core.preemption import Preempted, PreemptionNotice
 from tasks.core.telemetry import UtilisationSampler
 from tasks.core.tf_strategy import require_gpus, require_tpu, set_pjrt_defaults, tpu_target_strategy
 from tasks.decks import DECKS, training_deck
+from tasks.failures import retried_as_recoverable
 from tasks.hardware import TRAIN_TF_GPU, TRAIN_TPU, TrainingProfile
 from tasks.logs import setup_logging
 from tasks.preemption_exit import preempted_exit
@@ -71,17 +72,19 @@ def train_tensorflow(
 @task(**TRAIN_TPU.task_options(), **DECKS)
 def train_tf_tpu(prepared: PreparedData, hyperparameters: TrainConfig) -> TrainedModel:
     setup_logging()
-    on_cluster = on_flyte_cluster()
-    strategy = tpu_target_strategy(hyperparameters.tf_strategy, on_cluster)
-    set_pjrt_defaults()  # before TensorFlow is imported, which reads them once
-    if on_cluster:
-        require_tpu(TRAIN_TPU.describe())
-    return train_tensorflow(prepared, hyperparameters, TRAIN_TPU, strategy)
+    with retried_as_recoverable():  # which failures Flyte retries: tasks/failures.py
+        on_cluster = on_flyte_cluster()
+        strategy = tpu_target_strategy(hyperparameters.tf_strategy, on_cluster)
+        set_pjrt_defaults()  # before TensorFlow is imported, which reads them once
+        if on_cluster:
+            require_tpu(TRAIN_TPU.describe())
+        return train_tensorflow(prepared, hyperparameters, TRAIN_TPU, strategy)
 
 
 @task(**TRAIN_TF_GPU.task_options(), **DECKS)
 def train_tf_gpu(prepared: PreparedData, hyperparameters: TrainConfig) -> TrainedModel:
     setup_logging()
-    if on_flyte_cluster():
-        require_gpus(TRAIN_TF_GPU.describe(), TRAIN_TF_GPU.gpus_per_node)
-    return train_tensorflow(prepared, hyperparameters, TRAIN_TF_GPU, hyperparameters.tf_strategy)
+    with retried_as_recoverable():
+        if on_flyte_cluster():
+            require_gpus(TRAIN_TF_GPU.describe(), TRAIN_TF_GPU.gpus_per_node)
+        return train_tensorflow(prepared, hyperparameters, TRAIN_TF_GPU, hyperparameters.tf_strategy)

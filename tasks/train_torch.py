@@ -19,23 +19,24 @@ import flytekit
 from flytekit import task
 from flytekit.core.base_task import IgnoreOutputs
 from flytekit.core.task import TaskPlugins
-from flytekit.exceptions.user import FlyteRecoverableException
+from flytekit.exceptions.user import FlyteUserRuntimeException
 from flytekitplugins.kfpytorch import CleanPodPolicy, Elastic, RunPolicy
 from flytekitplugins.kfpytorch.task import PytorchElasticFunctionTask
 
 from tasks.core.accelerators import on_flyte_cluster
 from tasks.core.config import TrainConfig
-from tasks.core.job_completion import wait_for_rank_zero
-from tasks.core.launch import DEFAULT_LOCAL_CPU_WORKERS, local_cpu_workers, plan_launch
+from tasks.core.job_completion import wait_for_rank_zero, written_by_rank_zero
+from tasks.core.launch import DEFAULT_LOCAL_CPU_WORKERS, local_cpu_workers, plan_launch, worker_failure
 from tasks.core.preemption import DEFAULT_GRACE_S
 from tasks.core.telemetry import UtilisationSampler
 from tasks.core.torch_startup import rendezvous_events_named_without_stack_walks
 from tasks.core.validation import batch_problems, raise_for
 from tasks.ddp_worker import SetUpRefused, train_with_ddp
 from tasks.decks import DECKS, training_deck
+from tasks.failures import retried_as_recoverable
 from tasks.hardware import LAUNCHER_EXIT_MARGIN_S, TRAIN_GPU, TRAIN_GPU_MULTINODE, GpuTrainingProfile
 from tasks.preemption_exit import preempted_exit
-from tasks.storage import require_local_copies
+from tasks.storage import flyte_filesystem, require_local_copies
 from tasks.types import PreparedData, TrainedModel
 
 log = logging.getLogger(__name__)
@@ -49,12 +50,27 @@ class MachineFittedElastic(Elastic):
     preemption_grace_s: int = DEFAULT_GRACE_S
     # How long a PyTorchJob pod without rank 0 waits, once its workers are done, for rank 0's outputs.
     rank_zero_outputs_timeout_s: int = 900
+    # Then how long it waits for rank 0's Deck, which flytekit uploads after the outputs.
+    rank_zero_deck_timeout_s: int = 60
+
+
+class NoticeWhileWaiting(Exception):
+    """SIGTERM reached a pod waiting for rank 0's outputs."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
 
 
 class MachineFittedElasticTask(PytorchElasticFunctionTask):
     """Launches the workers fitted to the machine. The launcher process, idle while they train,
     samples the node's utilisation and draws the Training Deck from rank 0's result, so no rank
     spends time on charts between its last step and its exit."""
+
+    def execute(self, **kwargs):
+        """The plugin's launch, its failures classified for Flyte's retries (tasks/failures.py)."""
+        with retried_as_recoverable():
+            return super().execute(**kwargs)
 
     def _execute(self, **kwargs):
         if on_flyte_cluster():
@@ -83,17 +99,23 @@ class MachineFittedElasticTask(PytorchElasticFunctionTask):
         successful exit without outputs. End it as a preempted attempt instead (tasks/preemption_exit.py),
         which propeller retries."""
         from torch.distributed.elastic.multiprocessing.api import SignalException
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
         from torch.distributed.elastic.rendezvous import RendezvousError
 
         try:
             return super()._execute(**kwargs)
+        except FlyteUserRuntimeException as failed:
+            # The plugin's report of a worker that failed without a recoverable error: the first
+            # failure's rank and error instead of torch elastic's whole report.
+            if isinstance(failed.value, ChildFailedError):
+                raise worker_failure(failed.value) from failed.value
+            raise
         except RendezvousError as error:
-            # A node that never joined (scale-up, image pull, quota): retryable, unlike the
-            # non-recoverable user error the plugin would make of it (it catches only ChildFailedError
-            # and SignalException).
-            raise FlyteRecoverableException(
-                f"torch elastic rendezvous failed ({type(error).__name__}: {error or 'timed out'}): "
-                f"{self.min_nodes} node(s) were to join within {self.task_config.rdzv_configs.get('join_timeout')} s"
+            # A node that never joined: the plugin catches only ChildFailedError and SignalException.
+            joined = self.task_config.rdzv_configs.get("join_timeout")
+            raise type(error)(
+                f"torch elastic rendezvous failed ({error or 'timed out'}): "
+                f"{self.min_nodes} node(s) were to join within {joined} s"
             ) from error
         except IgnoreOutputs as ignored:
             if ignored.__context__ is None:  # this node's workers finished, and rank 0 is elsewhere
@@ -108,10 +130,25 @@ class MachineFittedElasticTask(PytorchElasticFunctionTask):
 
     def wait_for_rank_zero_outputs(self) -> None:
         """Keeps this pod from succeeding, and so the PyTorchJob from completing, before rank 0's pod
-        has written the task's outputs (tasks/core/job_completion.py says why)."""
+        has written the task's outputs (tasks/core/job_completion.py says why).
+
+        SIGTERM while waiting: once rank 0's result is written, the job is complete and the operator
+        deletes this pod (`cleanPodPolicy: Running`), which then exits without writing anything, so no
+        error document of its own lands beside rank 0's outputs. Before that, the node is going away
+        while rank 0 saves: the attempt ends as a preempted one."""
         prefix = flytekit.current_context().output_metadata_prefix
-        if prefix:
-            wait_for_rank_zero(prefix, self.task_config.rank_zero_outputs_timeout_s)
+        if not prefix:
+            return
+        config = self.task_config
+        filesystem = flyte_filesystem(prefix)
+        deck_timeout_s = config.rank_zero_deck_timeout_s if self.enable_deck else 0
+        try:
+            with notice_raised_while_waiting():
+                wait_for_rank_zero(filesystem, prefix, config.rank_zero_outputs_timeout_s, deck_timeout_s)
+        except NoticeWhileWaiting as notice:
+            if written_by_rank_zero(filesystem, prefix) is None:
+                raise preempted_exit(notice.signum) from None
+            log.info("%s after rank 0 wrote its result: the job is complete", notice)
 
     def _launch_fitted(self, **kwargs):
         import torch
@@ -129,7 +166,7 @@ class MachineFittedElasticTask(PytorchElasticFunctionTask):
         for note in launch.notes:
             log.warning(note)
         # A configuration error or a missing input fails every worker the same way: refuse it here,
-        # before any worker starts, rather than let elastic restart the group for it.
+        # before any worker starts.
         world_size = launch.nproc_per_node * launch.max_nodes
         prepared = kwargs["prepared"]
         raise_for(batch_problems(kwargs["hyperparameters"], world_size, prepared.table.rows["train"]))
@@ -144,6 +181,19 @@ class MachineFittedElasticTask(PytorchElasticFunctionTask):
                 return self._launch_stopping_on_signal(**kwargs)
         finally:
             self._task_config, self.min_nodes, self.max_nodes = configured
+
+
+@contextlib.contextmanager
+def notice_raised_while_waiting():
+    def raise_notice(signum, frame):
+        signal.signal(signum, signal.SIG_IGN)
+        raise NoticeWhileWaiting(signum)
+
+    previous = signal.signal(signal.SIGTERM, raise_notice)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @contextlib.contextmanager
@@ -210,17 +260,19 @@ def elastic(profile: GpuTrainingProfile) -> MachineFittedElastic:
         local_cpu_workers=profile.local_cpu_workers,
         # c10d rendezvous: the TCPStore read timeout must cover the slowest node's start too.
         rdzv_configs={"timeout": timeout, "join_timeout": timeout, "read_timeout": timeout},
-        # Restart the worker group on transient worker loss; a deterministic error fails each time.
+        # 0: a failed worker ends the attempt at once, and Flyte's retry decides (docs/reliability.md).
         max_restarts=profile.max_restarts,
         # How often the agent checks its workers: a dead or failed rank stops the group this fast,
         # and the task returns this soon after the last rank finishes. Polling is cheap; torchrun's default.
         monitor_interval=0.1,
         preemption_grace_s=profile.attempts.preemption_grace_s,
         # Used only by a PyTorchJob (nnodes > 1). The operator ends the job at the attempt's timeout,
-        # deleting its pods. On completion it deletes none: with `Running` it would delete the pod
-        # holding rank 0 while that pod still writes the task's outputs (docs/reliability.md).
+        # deleting its pods. Once the job has Succeeded or Failed it deletes the pods still running or
+        # pending, which frees their nodes, and keeps the finished ones' logs (training-operator v1.8.1,
+        # pkg/controller.v1/common/job.go, `DeletePodsAndServices`); a pod without rank 0 waits for rank
+        # 0's outputs and Deck before it exits (docs/reliability.md).
         run_policy=RunPolicy(
-            clean_pod_policy=CleanPodPolicy.NONE,
+            clean_pod_policy=CleanPodPolicy.RUNNING,
             active_deadline_seconds=int(profile.attempts.timeout.total_seconds()),
         ),
     )

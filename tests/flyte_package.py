@@ -12,6 +12,8 @@ from google.protobuf.json_format import MessageToDict
 
 REPO = Path(__file__).resolve().parents[1]
 REGISTRY, TAG = "registry.example.com/ml", "t1"
+# Every scheduled launch plan complete: the launch plans carry their schedules, inputs and notifications.
+SCHEDULES = REPO / "tests" / "schedules.yaml"
 
 
 @dataclass
@@ -24,7 +26,8 @@ class Package:
 def build_package(destination: Path) -> Path:
     """`make package`, as the README says, into `destination`."""
     archive = destination / "package.tgz"
-    command = ["make", "-s", "package", f"REGISTRY={REGISTRY}", f"TAG={TAG}", f"PACKAGE={archive}"]
+    command = ["make", "-s", "package", f"REGISTRY={REGISTRY}", f"TAG={TAG}", f"PACKAGE={archive}",
+               f"SCHEDULES={SCHEDULES}"]  # fmt: skip
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     return archive

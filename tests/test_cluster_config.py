@@ -34,7 +34,10 @@ def test_readme_cluster_commands_match_the_project():
     named = set(re.findall(r"--image ([\w-]+)=", section))
     assert named == built
     assert "pyflyte --config flyte.config.yaml register workflows" in section
-    assert "make package" in section and "--activate-launchplans" in section
+    assert "make package" in section
+    # Registration activates only the scheduled launch plans deploy/schedules.yaml completes;
+    # --activate-launchplans would activate every one of them.
+    assert "deploy/schedules.yaml" in section and "--activate-launchplans" not in section
     makefile = (REPO / "Makefile").read_text()
     assert "pyflyte --pkgs workflows package" in makefile
     assert "pyflyte --config flyte.config.yaml register workflows $(IMAGE_FLAGS)" in makefile

@@ -8,12 +8,18 @@ fails here until deploy/ is updated.
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import shlex
+import subprocess
+import sys
+import tempfile
 from dataclasses import dataclass
 from datetime import timedelta
 from decimal import Decimal
 from functools import cache
+from pathlib import Path
 
 import pytest
 import yaml
@@ -23,8 +29,18 @@ from kubernetes.utils import parse_quantity
 from tasks.core.cuda_check import DRIVER_FLOOR
 from tasks.core.data import BATCH_ROWS
 from tasks.core.machines import MachineType
-from tasks.core.planner import plan_preprocessing
-from tasks.hardware import CPU_NODE, LAUNCHER_EXIT_MARGIN_S, MACHINE_FOR_GPU, TPU_GENERATIONS, Attempts
+from tasks.core.planner import CatalogEntry, plan_preprocessing
+from tasks.hardware import (
+    CPU_NODE,
+    DEFAULT_OPTIONS,
+    GPU_OPTIONS,
+    LAUNCHER_EXIT_MARGIN_S,
+    MACHINE_FOR_GPU,
+    TPU_GENERATIONS,
+    TPU_OPTIONS,
+    Attempts,
+    offered,
+)
 from tasks.targets import TARGETS
 from tests.dependencies import REPO
 from tests.test_cluster_config import readme_section
@@ -134,14 +150,30 @@ def override_demand(source: str, overrides: dict, interruptible: bool) -> Demand
     return Demand(source, sized["requests"], sized["limits"], accelerator, {}, interruptible)
 
 
+def options_of(target, extra: str) -> list[CatalogEntry]:
+    """What the planner ranks for `target` when MIXEDML_EXTRA_OPTIONS is `extra`."""
+    kinds = {entry.kind for entry in target.catalog}
+    return offered([entry for entry in GPU_OPTIONS + TPU_OPTIONS if entry.kind in kinds], extra)
+
+
+def option_demands(extra: str) -> list[Demand]:
+    """A pod for every option the planner may choose for every target, with `extra` opted in."""
+    return [
+        override_demand(
+            f"planner option {entry.name} (target {name})",
+            target.profile.overrides_for(entry),
+            target.task.metadata.interruptible,
+        )
+        for name, target in TARGETS.items()
+        if target.catalog is not None
+        for entry in options_of(target, extra)
+    ]
+
+
 def planner_demands(package) -> list[Demand]:
-    """Every catalog option for every target, and preprocessing sized for the largest table."""
-    demands = []
-    for name, target in TARGETS.items():
-        interruptible = package.tasks[target.task.name].template.metadata.interruptible
-        for entry in target.catalog or []:
-            source = f"planner option {entry.name} (target {name})"
-            demands.append(override_demand(source, target.profile.overrides_for(entry), interruptible))
+    """Every option for every target, every extra one included, and preprocessing sized for the
+    largest table."""
+    demands = option_demands(" ".join(extra_options()))
     plan = plan_preprocessing(
         LARGEST_TABLE["input_bytes"], LARGEST_TABLE["rows"], LARGEST_TABLE["columns"], BATCH_ROWS, CPU_NODE
     )
@@ -186,10 +218,6 @@ class Pool:
         return None
 
 
-# Pool functions in gke-node-pools.sh: (creates a spot twin, created only when OPTIONAL names it).
-POOL_FUNCTIONS = {"pool": (False, False), "training_pool": (True, False), "optional_pool": (True, True)}
-
-
 def flags(words: list[str]) -> dict[str, str]:
     return {
         word: words[i + 1] if i + 1 < len(words) and not words[i + 1].startswith("--") else ""
@@ -198,34 +226,98 @@ def flags(words: list[str]) -> dict[str, str]:
     }
 
 
-def expanded_script() -> str:
-    """The script with its continuation lines joined and its plain assignments (`DRIVER=...`) expanded."""
-    text = POOLS.read_text().replace("\\\n", " ")
-    for name, value in re.findall(r"^([A-Z_]+)=([^\s$]+)", text, re.MULTILINE):
-        text = text.replace(f"${name}", value)
-    return text
+# What the fake gcloud answers for the cluster's version, and the COS image GKE's map gives it.
+GKE_VERSION, COS_IMAGE = "1.99.0-gke.1", "cos-999-12345-6-7"
+GPU_CHIPS = ("L4", "A100", "H100", "H200")
+
+
+@dataclass
+class ScriptRun:
+    returncode: int
+    gcloud_calls: list[list[str]]
+    stderr: str
+
+
+def run_pools_script(tmp_path: Path, extra: str = "", latest_driver: str = "999.0.0") -> ScriptRun:
+    """deploy/gke-node-pools.sh against a fake `gcloud` that records its arguments, with GKE's version
+    map and COS's driver list served from files where every GPU's LATEST driver is `latest_driver`."""
+    log = tmp_path / "gcloud.log"
+    log.write_text("")
+    fake = tmp_path / "bin" / "gcloud"
+    fake.parent.mkdir(exist_ok=True)
+    fake.write_text(
+        "#!/usr/bin/env bash\n"
+        'printf \'%q \' "$@" >> "$GCLOUD_LOG"; echo >> "$GCLOUD_LOG"\n'
+        f'if [[ "$*" == *currentMasterVersion* ]]; then echo {GKE_VERSION}; fi\n'
+    )
+    fake.chmod(0o755)
+    (tmp_path / "gke-to-cos.json").write_text(
+        json.dumps({"entries": [{"gke_version": GKE_VERSION, "image": COS_IMAGE}]})
+    )
+    drivers = "".join(
+        f'gpu_driver_version_info {{ gpu_device {{ gpu_type: "NVIDIA_{chip}" }} '
+        f'supported_driver_versions {{ version: "{latest_driver}" label: "LATEST" }} }}\n'
+        for chip in GPU_CHIPS
+    )
+    (tmp_path / "12345.6.7.textproto").write_text(drivers)
+    env = os.environ | {
+        "PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}",
+        "GCLOUD_LOG": str(log),
+        "PROJECT": "test-project",
+        "PYTHON": sys.executable,
+        "MIXEDML_EXTRA_OPTIONS": extra,
+        "GKE_TO_COS_URL": (tmp_path / "gke-to-cos.json").as_uri(),
+        "COS_DRIVERS_URL": f"{tmp_path.as_uri()}/{{build}}.textproto",
+    }
+    env.pop("SKIP_DRIVER_CHECK", None)
+    done = subprocess.run(["bash", str(POOLS)], env=env, capture_output=True, text=True, timeout=120)
+    calls = [shlex.split(line) for line in log.read_text().splitlines()]
+    return ScriptRun(done.returncode, calls, done.stderr)
+
+
+def created_pools(run: ScriptRun, optional: bool = False) -> list[Pool]:
+    pools = []
+    for call in run.gcloud_calls:
+        if call[:3] != ["container", "node-pools", "create"]:
+            continue
+        given = flags(call[4:])
+        accelerator = dict(
+            item.split("=", 1) for item in given.get("--accelerator", "").split(",") if "=" in item
+        )
+        pools.append(
+            Pool(
+                call[3], given.get("--machine-type", ""), accelerator, given.get("--tpu-topology", ""),
+                "--spot" in given, optional,
+            )
+        )  # fmt: skip
+    return pools
+
+
+def extra_options() -> list[str]:
+    """Every planner option outside the default catalog: what MIXEDML_EXTRA_OPTIONS may name."""
+    return [entry.name for entry in GPU_OPTIONS + TPU_OPTIONS if entry.name not in DEFAULT_OPTIONS]
+
+
+@cache
+def script_runs() -> tuple[ScriptRun, ScriptRun]:
+    """The script run with its defaults, and with every extra option named."""
+    with tempfile.TemporaryDirectory() as plain, tempfile.TemporaryDirectory() as extended:
+        return run_pools_script(Path(plain)), run_pools_script(Path(extended), " ".join(extra_options()))
 
 
 @cache
 def node_pools() -> tuple[Pool, ...]:
-    pools = []
-    for line in expanded_script().splitlines():
-        if not re.match(rf"({'|'.join(POOL_FUNCTIONS)}) [a-z]", line):
-            continue
-        function, name, *rest = shlex.split(line, comments=True)
-        twin, optional = POOL_FUNCTIONS[function]
-        given = flags(rest)
-        accelerator = dict(
-            item.split("=", 1) for item in given.get("--accelerator", "").split(",") if "=" in item
-        )
-        for spot in (False, True) if twin else ("--spot" in given,):
-            pools.append(
-                Pool(
-                    f"{name}-spot" if spot and twin else name, given.get("--machine-type", ""), accelerator,
-                    given.get("--tpu-topology", ""), spot, optional,
-                )
-            )  # fmt: skip
-    return tuple(pools)
+    """The pools the script creates by default, and those it creates only for the extra options."""
+    default_run, extended_run = script_runs()
+    assert default_run.returncode == 0 and extended_run.returncode == 0, (default_run, extended_run)
+    default = created_pools(default_run)
+    names = {pool.name for pool in default}
+    optional = [pool for pool in created_pools(extended_run, optional=True) if pool.name not in names]
+    return tuple(default + optional)
+
+
+def default_pools() -> tuple[Pool, ...]:
+    return tuple(pool for pool in node_pools() if not pool.optional)
 
 
 def max_nodes() -> int:
@@ -411,13 +503,59 @@ def test_single_host_tpu_pools_pass_no_topology_and_gke_labels_it_from_the_machi
     assert "--tpu-topology" not in POOLS.read_text().split("set -euo pipefail")[1]
 
 
-def test_gpu_pools_install_a_driver_new_enough_for_the_torch_gpu_image():
+def script_driver_floor() -> tuple[str, str]:
+    """(CUDA build of the torch-gpu image's torch, the driver floor) as the script states them."""
+    text = POOLS.read_text()
+    cuda = re.search(r"torch 2\.\d+ is PyPI's CUDA (\d+\.\d+) build", text).group(1)
+    return cuda, re.search(r"^DRIVER_FLOOR=([\d.]+)$", text, re.MULTILINE).group(1)
+
+
+def test_gpu_pools_install_the_latest_driver_at_the_floor_the_training_task_checks():
     gpu_pools = [pool for pool in node_pools() if pool.gpu]
     assert gpu_pools and {pool.accelerator.get("gpu-driver-version") for pool in gpu_pools} == {"latest"}
-    cuda, floor = re.search(
-        r"CUDA (\d+\.\d+) build, which\n# needs driver >= ([\d.]+)", POOLS.read_text()
-    ).groups()
-    assert DRIVER_FLOOR[cuda] == floor, "the floor the script states is the one the training task checks"
+    cuda, floor = script_driver_floor()
+    assert DRIVER_FLOOR[cuda] == floor, "the floor the script enforces is the one the training task checks"
+
+
+def test_no_gpu_pool_is_created_where_latest_installs_a_driver_below_the_floor(tmp_path):
+    """`latest` is the driver COS labels LATEST on the cluster's GKE version: one below the floor stops
+    the script before its first GPU pool; at the floor, every GPU pool is created."""
+    _, floor = script_driver_floor()
+    major, minor, patch = floor.split(".")
+    below = f"{major}.{minor}.{int(patch) - 1:02d}"
+    (tmp_path / "below").mkdir()
+    refused = run_pools_script(tmp_path / "below", latest_driver=below)
+    assert refused.returncode != 0
+    assert not [pool for pool in created_pools(refused) if pool.gpu], "a GPU pool below the floor"
+    assert f"NVIDIA driver {below}" in refused.stderr and floor in refused.stderr
+    (tmp_path / "at").mkdir()
+    accepted = run_pools_script(tmp_path / "at", latest_driver=floor)
+    assert accepted.returncode == 0, accepted.stderr
+    assert [pool.name for pool in created_pools(accepted)] == [pool.name for pool in default_pools()]
+
+
+def test_the_driver_look_up_reads_cos_driver_lists_and_refuses_gpus_it_lists_no_driver_for():
+    sys.path.insert(0, str(DEPLOY))
+    try:
+        from gke_driver_floor import cos_build, latest_driver
+    finally:
+        sys.path.remove(str(DEPLOY))
+    listing = """# COS's gpu_driver_versions.textproto
+    gpu_driver_version_info: {
+      gpu_device: { gpu_type: "NVIDIA_H100_80GB" }
+      supported_driver_versions: { version: "570.172.08" label: "DEFAULT" }
+      supported_driver_versions: { version: "580.95.05" label: "LATEST" }
+    }
+    gpu_driver_version_info: {
+      gpu_device: { gpu_type: "NVIDIA_H100_MEGA_80GB" }
+      supported_driver_versions: { version: "580.82.07" label: "LATEST" }
+    }"""
+    assert latest_driver(listing, "nvidia-h100-80gb") == "580.82.07"  # the lowest of the chip's types
+    assert latest_driver(listing, "nvidia-l4") is None
+    mapping = {"entries": [{"gke_version": "1.34.1-gke.2", "image": "cos-121-18867-199-28"}]}
+    assert cos_build("1.34.1-gke.2", mapping) == "18867.199.28"
+    with pytest.raises(LookupError, match="1.30.0-gke.1"):
+        cos_build("1.30.0-gke.1", mapping)
 
 
 @pytest.mark.slow
@@ -462,6 +600,127 @@ def test_training_pods_save_within_the_share_of_the_spot_notice_gke_gives_them(f
 def test_every_planner_option_has_a_node_pool_default_or_optional(demands):
     problems = [p for demand in demands["planner"] if (p := unscheduled(demand, node_pools()))]
     assert not problems, f"{POOLS.name}:\n" + "\n".join(problems)
+
+
+def test_every_option_the_planner_ranks_by_default_has_a_default_pool():
+    """The catalogs the planner ranks (TARGETS', with no extra options named) hold only options the
+    script creates pools for by default, on demand and, for the interruptible tasks, on spot."""
+    demands = [
+        override_demand(
+            f"planner option {entry.name} (target {name})",
+            target.profile.overrides_for(entry),
+            target.task.metadata.interruptible,
+        )
+        for name, target in TARGETS.items()
+        for entry in target.catalog or []
+    ]
+    assert demands
+    problems = [p for demand in demands if (p := unscheduled(demand, default_pools()))]
+    assert not problems, f"{POOLS.name}:\n" + "\n".join(problems)
+
+
+def test_the_optional_pools_are_those_of_the_extra_options():
+    extra = option_demands(" ".join(extra_options()))
+    optional = [pool for pool in node_pools() if pool.optional]
+    unused = [pool.name for pool in optional if not any(serves(pool, d) and fits(pool, d) for d in extra)]
+    assert optional and not unused, f"pools created for no extra option: {unused}"
+
+
+@pytest.mark.slow
+def test_the_default_run_of_every_target_is_planned_onto_a_default_pool():
+    """The planner's own choice for the workflow's default inputs on the default data."""
+    from tasks.core.data import dataset_fingerprint
+    from tasks.preprocess import preprocess
+    from tasks.right_sizing import EMBEDDED_FINGERPRINT, plan_report, size_preprocessing, workload
+    from workflows.pipeline import training_pipeline
+
+    inputs = training_pipeline.python_interface.default_inputs_as_kwargs
+    dataset, label, config = inputs["dataset"], inputs["label_column"], inputs["hyperparameters"]
+    preprocess_plan, _ = size_preprocessing(dataset, label)
+    prepared = preprocess(
+        dataset=dataset, label_column=label, val_fraction=inputs["val_fraction"],
+        test_fraction=inputs["test_fraction"], seed=config.seed,
+        dataset_fingerprint=dataset_fingerprint(dataset) if dataset else EMBEDDED_FINGERPRINT,
+    )  # fmt: skip
+    problems = []
+    for name, target in TARGETS.items():
+        report = plan_report(
+            name, workload(prepared, name, config), preprocess_plan, inputs["plan_resources"]
+        )
+        if target.catalog is None:
+            assert not report.applied, name
+            continue
+        choice = report.training.choice
+        source = f"target {name}: the default run's plan, {choice.name}"
+        demand = override_demand(
+            source, target.profile.overrides_for(choice), target.task.metadata.interruptible
+        )
+        if problem := unscheduled(demand, default_pools()):
+            problems.append(problem)
+    assert not problems, f"{POOLS.name}:\n" + "\n".join(problems)
+
+
+# --- Spot first, then on demand -------------------------------------------------------------------
+
+# Propeller's NodeConfig defaults (flytepropeller/pkg/controller/config/config.go, tag v1.16.8).
+PROPELLER_NODE_DEFAULTS = {
+    "ignore-retry-cause": False,
+    "interruptible-failure-threshold": -1,
+    "default-max-attempts": 1,
+    "max-node-retries-system-failures": 3,
+}
+
+
+def node_config() -> dict:
+    return PROPELLER_NODE_DEFAULTS | flyte_config().get("propeller", {}).get("node-config", {})
+
+
+def above_threshold(failures: int, max_attempts: int, threshold: int) -> bool:
+    """isAboveInterruptibleFailureThreshold, flytepropeller/pkg/controller/nodes/node_exec_context.go."""
+    return failures >= threshold if threshold > 0 else failures >= max_attempts + threshold
+
+
+def attempts_on_spot_without_capacity(retries: int) -> tuple[int, int]:
+    """(attempts that wait on spot, attempts in all) of an interruptible task when spot has no capacity.
+    Each spot attempt ends Pending past pod-pending-timeout, a retryable *user* failure, which is never
+    a system failure (BuildNodeExecutionContext in node_exec_context.go; isEligibleForRetry in
+    executor.go). Max attempts: retries + 1, or default-max-attempts without retries
+    (computeRetryStrategy, flytepropeller/pkg/compiler/transformers/k8s/utils.go)."""
+    node = node_config()
+    threshold = node["interruptible-failure-threshold"]
+    max_attempts = retries + 1 if retries else node["default-max-attempts"]
+    for attempt in range(max_attempts):
+        if node["ignore-retry-cause"]:
+            on_demand = attempt > 0 and above_threshold(attempt, max_attempts, threshold)
+        else:  # only system failures count, and a pending pod is none
+            on_demand = above_threshold(0, node["max-node-retries-system-failures"] + 1, threshold)
+        if on_demand:
+            return attempt, max_attempts
+    return max_attempts, max_attempts
+
+
+@pytest.mark.slow
+def test_without_spot_capacity_training_runs_on_demand_after_the_wait_the_docs_state(flyte_package):
+    pending = go_duration(k8s_plugin()["pod-pending-timeout"])
+    waits = {}
+    for name, spec in sorted(flyte_package.tasks.items()):
+        metadata = spec.template.metadata
+        if metadata.interruptible:
+            on_spot, attempts = attempts_on_spot_without_capacity(metadata.retries.retries)
+            assert on_spot < attempts, f"{name}: all {attempts} attempts wait for spot capacity and fail"
+            waits[name] = pending * on_spot
+    assert set(waits) == {f"tasks.{name}" for name in INTERRUPTIBLE_TRAINING}
+    (wait,) = set(waits.values())
+    stated = re.search(r"waits (\d+) minutes", (REPO / "docs" / "planning.md").read_text())
+    assert stated and timedelta(minutes=int(stated.group(1))) == wait, "docs/planning.md states the wait"
+
+
+def test_tasks_without_retries_still_retry_a_lost_node():
+    """Where every failure spends the task's budget, a task without `retries` gets default-max-attempts,
+    no fewer retries than the system-failure budget it had."""
+    node = node_config()
+    if node["ignore-retry-cause"]:
+        assert node["default-max-attempts"] - 1 >= PROPELLER_NODE_DEFAULTS["max-node-retries-system-failures"]
 
 
 def test_readme_prepares_the_cluster_in_order():

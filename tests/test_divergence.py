@@ -1,5 +1,6 @@
 """Training that diverges stops with an error naming where, on both loops and under DDP, and saves
-no model; the model check on CPU rows refuses non-finite logits."""
+no model; the training task then ends at once with it, restarting nothing; the model check on CPU
+rows refuses non-finite logits."""
 
 from __future__ import annotations
 
@@ -26,6 +27,18 @@ def nan_logits_keras(spec, options):
     inputs = keras.Input(shape=(spec.n_features,))
     logits = keras.layers.Dense(spec.n_classes)(inputs)
     return keras.Model(inputs, keras.layers.Lambda(lambda x: x * float("nan"))(logits))
+
+
+def recorded_mlp(spec, options):
+    """The built-in MLP, appending the DDP worker's rank to the file `options["builds"]` on each build."""
+    import os
+
+    from tasks.core.models import build
+
+    if "RANK" in os.environ:
+        with open(str(options["builds"]), "a") as builds:
+            builds.write(f"{os.environ['RANK']}\n")
+    return build(mlp_spec([16]), spec.n_features, spec.n_classes, "pytorch")
 
 
 def scaled_linear(spec, factor: float):
@@ -119,3 +132,28 @@ def test_ddp_ranks_stop_together_when_one_ranks_loss_is_not_finite(blob_splits):
     assert ranks[0]["steps_run"] == ranks[1]["steps_run"]
     assert "epoch 1, step 3: the training loss is nan;" in ranks[1]["error"]
     assert "epoch 1, step 3: the training loss is not finite on another rank;" in ranks[0]["error"]
+
+
+@pytest.mark.slow
+def test_the_training_task_ends_at_once_on_divergence_with_its_message_restarting_nothing(
+    blobs, write_table, tmp_path
+):
+    """Two local gloo workers, as `pyflyte run` trains on a CPU machine: the divergence is the task's
+    error, not a failed restart of the workers (gloo's connectFullMesh on a loaded machine), and Flyte
+    would not retry it."""
+    from tasks.core.launch import WorkerFailed
+    from tasks.failures import failure_of
+    from tasks.preprocess import preprocess
+    from tasks.train_torch import train_torch
+
+    prepared = preprocess(
+        dataset=write_table(blobs), label_column="species", val_fraction=0.2, test_fraction=0.2, seed=0
+    )
+    builds = tmp_path / "builds.txt"
+    model = ModelSpec("tests.test_divergence:recorded_mlp", options={"builds": str(builds)})
+    config = TrainConfig(epochs=2, batch_size=32, learning_rate=3e8, model=model)
+    with pytest.raises(WorkerFailed) as error:
+        train_torch(prepared=prepared, hyperparameters=config)
+    assert "failed: TrainingDiverged: training diverged at epoch 1, step " in str(error.value)
+    assert sorted(builds.read_text().split()) == ["0", "1"]  # each rank built its model once
+    assert not failure_of(error.value).retried

@@ -4,17 +4,24 @@ and no training framework they do not."""
 from __future__ import annotations
 
 import functools
+import importlib
 import importlib.util
+import json
+import pkgutil
 import re
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+from flytekit.core.base_task import PythonTask
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+import tasks
 from tasks.compare import compare
+from tasks.core.nvidia_driver import GKE_DRIVER_LIBRARY_DIR
 from tasks.evaluate import evaluate
 from tasks.preprocess import preprocess
 from tasks.right_sizing import prepare_data, train_on_target
@@ -29,6 +36,7 @@ from tests.dependencies import (
     requirement_closure,
     third_party_imports,
 )
+from tests.flyte_package import REGISTRY, TAG, image_of, requests_of
 
 TASKS = [
     preprocess, evaluate, compare, dataset_partition, train_torch, train_torch_multinode, train_tf_gpu, train_tf_tpu,
@@ -327,3 +335,93 @@ def test_the_tf_gpu_image_gets_the_cuda_release_tensorflow_was_tested_with():
         words for words in pip_commands("tf-gpu") if any("and-cuda" in word for word in words)
     ]
     assert tensorflow_installs and all("constraints.txt" in words for words in tensorflow_installs)
+
+
+@functools.cache
+def all_tasks() -> tuple[PythonTask, ...]:
+    """Every Flyte task the project's task modules define, whether or not a test names it."""
+    found = {}
+    for module in pkgutil.iter_modules(tasks.__path__, "tasks."):
+        for value in vars(importlib.import_module(module.name)).values():
+            if isinstance(value, PythonTask) and value.name.startswith("tasks."):
+                found[value.name] = value
+    return tuple(found.values())
+
+
+def gpu_task_stages() -> set[str]:
+    """The stages of the images that tasks requesting GPUs run in."""
+    return {image_target(task) for task in all_tasks() if task.resources.requests.gpu}
+
+
+def finds_the_gke_driver(stage: str) -> None:
+    """GKE mounts the driver at /usr/local/nvidia and sets no variable (tasks/core/nvidia_driver.py):
+    the image puts its libraries on the library path and nvidia-smi on PATH, after the virtualenv."""
+    variables = environment(stage)
+    assert GKE_DRIVER_LIBRARY_DIR in variables.get("LD_LIBRARY_PATH", "").split(":"), (stage, variables)
+    path = variables.get("PATH", "").split(":")
+    driver_bin = str(Path(GKE_DRIVER_LIBRARY_DIR).parent / "bin")
+    assert driver_bin in path and path.index("$PATH") < path.index(driver_bin), (stage, path)
+
+
+def test_every_image_a_gpu_task_runs_in_finds_the_driver_where_gke_mounts_it():
+    stages_of_gpu_tasks = gpu_task_stages()
+    assert stages_of_gpu_tasks  # the project has GPU tasks, so this checks something
+    for stage in stages_of_gpu_tasks:
+        finds_the_gke_driver(stage)
+
+
+@pytest.mark.slow
+def test_every_packaged_task_that_requests_gpus_runs_in_an_image_that_finds_the_driver(flyte_package):
+    """The same, from what the cluster receives: each GPU task's image as registration names it."""
+    images = {image_of(spec) for spec in flyte_package.tasks.values() if "gpu" in requests_of(spec)}
+    stages_named = {
+        re.fullmatch(rf"{re.escape(REGISTRY)}/mixedml-([\w-]+):{TAG}", image).group(1) for image in images
+    }
+    assert stages_named == gpu_task_stages()
+    for stage in stages_named:
+        finds_the_gke_driver(stage)
+
+
+def test_the_tpu_image_installs_under_the_libtpu_pin_and_images_check_holds_it_to_that():
+    """tensorflow-tpu 2.20.0 asks libtpu~=0.0.14, which any later 0.0.x satisfies; constraints.txt pins
+    the release TensorFlow 2.20 was released with, and `make images-check` fails on any other."""
+    assert "libtpu" in constraint_pins()
+    installs_tensorflow_tpu = [
+        words
+        for words in pip_commands("tpu")
+        if "tensorflow-tpu" in {canonicalize_name(Requirement(r).name) for r in install_targets(words)}
+    ]
+    assert installs_tensorflow_tpu and all("constraints.txt" in words for words in installs_tensorflow_tpu)
+    assert "libtpu" in check_images_script().IMAGES["tpu"].exact
+
+
+def resolved(**versions: str) -> list[dict]:
+    """A pip --report's install list with these packages at these versions."""
+    return [{"metadata": {"name": name, "version": version}} for name, version in versions.items()]
+
+
+def test_images_check_flags_a_libtpu_other_than_the_pin():
+    script = check_images_script()
+    tpu, pins = script.IMAGES["tpu"], script.pins()
+    assert script.pin_mismatches(tpu, resolved(libtpu=pins["libtpu"]), pins) == []
+    assert script.pin_mismatches(tpu, resolved(libtpu="0.0.52"), pins) == [
+        f"libtpu resolved to 0.0.52, not its pin {pins['libtpu']}"
+    ]
+    assert script.pin_mismatches(tpu, resolved(numpy="2.4.6"), pins) == [
+        f"libtpu resolved to nothing, not its pin {pins['libtpu']}"
+    ]
+    unpinned = {name: version for name, version in pins.items() if name != "libtpu"}
+    assert script.pin_mismatches(tpu, resolved(libtpu="0.0.52"), unpinned) == [
+        "libtpu has no pin in constraints.txt"
+    ]
+
+
+def test_images_check_fails_the_tpu_image_when_the_resolver_picks_another_libtpu(monkeypatch, capsys):
+    """`check` itself, with pip's answer given, so no package index is asked."""
+    script = check_images_script()
+    report = json.dumps({"install": resolved(libtpu="0.0.52", **{"tensorflow-tpu": "2.20.0"})})
+    answer = subprocess.CompletedProcess([], 0, stdout=report, stderr="")
+    monkeypatch.setattr(script, "unreachable", lambda url: "")
+    monkeypatch.setattr(script.subprocess, "run", lambda *args, **kwargs: answer)
+    assert script.check("tpu", script.IMAGES["tpu"]) == "FAILED"
+    assert "libtpu resolved to 0.0.52" in capsys.readouterr().out

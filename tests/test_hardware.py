@@ -7,10 +7,10 @@ import pytest
 from tasks.core.machines import DAEMONSET_ALLOWANCE, MachineType
 from tasks.hardware import (
     DEFAULT_PRICES_PER_HOUR,
-    GPU_CATALOG,
+    GPU_OPTIONS,
     MACHINE_FOR_GPU,
     TORCH_DDP_ENVIRONMENT,
-    TPU_CATALOG,
+    TPU_OPTIONS,
     TRAIN_GPU,
     TRAIN_GPU_MULTINODE,
     TRAIN_TPU,
@@ -57,7 +57,7 @@ def planned_pod(entry) -> tuple[float, float]:
     return float(sized.cpu), quantity(sized.mem)
 
 
-@pytest.mark.parametrize("entry", GPU_CATALOG, ids=lambda e: e.name)
+@pytest.mark.parametrize("entry", GPU_OPTIONS, ids=lambda e: e.name)
 def test_as_many_pods_of_a_gpu_option_fit_on_its_node_as_the_node_has_slices(entry):
     """A pod sized for its share leaves the node's other slices (or GPUs) room for their pods."""
     cpu, memory_gib = planned_pod(entry)
@@ -67,7 +67,7 @@ def test_as_many_pods_of_a_gpu_option_fit_on_its_node_as_the_node_has_slices(ent
 
 
 def test_a_mig_slice_takes_its_share_of_the_node_not_the_whole_node():
-    by_name = {entry.name: entry for entry in GPU_CATALOG}
+    by_name = {entry.name: entry for entry in GPU_OPTIONS}
     slice_cpu, slice_memory = planned_pod(by_name["a100-mig-1g.5gb"])
     whole_cpu, whole_memory = planned_pod(by_name["a100-40gb"])  # the same a2-highgpu-1g node
     assert slice_cpu <= whole_cpu / 7 and slice_memory <= whole_memory / 7
@@ -81,13 +81,13 @@ def test_the_cheapest_option_is_the_cheapest_to_run():
         machine = MACHINE_FOR_GPU[entry.device]
         return node_share(entry) * machine.gpus * DEFAULT_PRICES_PER_HOUR[entry.device]
 
-    for entry in GPU_CATALOG:
+    for entry in GPU_OPTIONS:
         assert entry.price_per_hour == pytest.approx(cost_of_occupied_node(entry)), entry.name
-    by_price = sorted(GPU_CATALOG, key=lambda entry: entry.price_per_hour)
-    assert by_price == sorted(GPU_CATALOG, key=cost_of_occupied_node)
+    by_price = sorted(GPU_OPTIONS, key=lambda entry: entry.price_per_hour)
+    assert by_price == sorted(GPU_OPTIONS, key=cost_of_occupied_node)
 
 
-@pytest.mark.parametrize("entry", TPU_CATALOG, ids=lambda e: e.name)
+@pytest.mark.parametrize("entry", TPU_OPTIONS, ids=lambda e: e.name)
 def test_every_tpu_option_fits_its_tpu_vm(entry):
     profile = TRAIN_TPU.for_option(entry)
     assert profile.machine.misfit(quantity(profile.cpu), quantity(profile.mem)) is None
@@ -96,7 +96,7 @@ def test_every_tpu_option_fits_its_tpu_vm(entry):
 
 def test_h100_and_h200_carry_gke_label_values():
     assert TRAIN_GPU_MULTINODE.device == "nvidia-h100-80gb"
-    by_name = {entry.name: entry for entry in GPU_CATALOG}
+    by_name = {entry.name: entry for entry in GPU_OPTIONS}
     whole = gpu_accelerator(by_name["h200-141gb"]).to_flyte_idl()
     assert (whole.device, whole.unpartitioned) == ("nvidia-h200-141gb", True)
     mig = gpu_accelerator(by_name["h100-mig-1g.10gb"]).to_flyte_idl()
@@ -163,7 +163,7 @@ def test_a_profile_declares_its_hardware_in_a_record_and_in_words():
     assert TRAIN_GPU_MULTINODE.describe() == "8 x nvidia-h100-80gb GPU"
 
 
-@pytest.mark.parametrize("entry", TPU_CATALOG, ids=lambda e: e.name)
+@pytest.mark.parametrize("entry", TPU_OPTIONS, ids=lambda e: e.name)
 def test_a_tpu_option_moves_the_task_to_its_slice(entry):
     overrides = TARGETS["tpu"].profile.overrides_for(entry)
     accelerator = overrides["accelerator"].to_flyte_idl()
@@ -176,16 +176,16 @@ def test_a_tpu_option_moves_the_task_to_its_slice(entry):
 
 def test_a_gpu_profile_refuses_a_tpu_option_naming_it():
     with pytest.raises(ValueError, match="planner option tpu-v5e-1x1 is a tpu option, not a GPU"):
-        TRAIN_GPU.overrides_for(TPU_CATALOG[0])
+        TRAIN_GPU.overrides_for(TPU_OPTIONS[0])
 
 
 def test_catalog_prices_come_from_the_one_price_table():
     """A price is stated once: options cost their devices (or their MIG share) at the table's price."""
-    from tasks.hardware import DEFAULT_PRICES_PER_HOUR, GPU_CATALOG, MIG_COMPUTE_SLICES, TPU_CATALOG
+    from tasks.hardware import DEFAULT_PRICES_PER_HOUR, GPU_OPTIONS, MIG_COMPUTE_SLICES, TPU_OPTIONS
 
-    for entry in GPU_CATALOG + TPU_CATALOG:
+    for entry in GPU_OPTIONS + TPU_OPTIONS:
         per_device = DEFAULT_PRICES_PER_HOUR[entry.device]
         share = int(entry.partition.split("g.")[0]) / MIG_COMPUTE_SLICES if entry.kind == "mig" else 1
         assert entry.price_per_hour == pytest.approx(per_device * entry.devices * share), entry.name
-    (two_by_two,) = [entry for entry in TPU_CATALOG if entry.name == "tpu-v5e-2x2"]
+    (two_by_two,) = [entry for entry in TPU_OPTIONS if entry.name == "tpu-v5e-2x2"]
     assert (two_by_two.devices, two_by_two.price_per_hour) == (4, pytest.approx(4.80))

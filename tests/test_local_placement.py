@@ -7,10 +7,10 @@ import logging
 from dataclasses import replace
 from types import SimpleNamespace
 
+import psutil
 import pytest
 import torch
 
-from tasks.core import shards
 from tasks.core.config import TrainConfig
 from tasks.core.models import mlp_spec
 from tasks.core.planner import CatalogEntry, Workload, plan_training
@@ -23,7 +23,7 @@ GIB = 2**30
 
 
 def free_host_memory(monkeypatch, gib: float) -> None:
-    monkeypatch.setattr(shards.psutil, "virtual_memory", lambda: SimpleNamespace(available=int(gib * GIB)))
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: SimpleNamespace(available=int(gib * GIB)))
 
 
 def test_rows_stay_in_memory_while_they_take_a_share_of_what_is_free_and_stream_beyond(monkeypatch):

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 import warnings
 from collections import OrderedDict
 from dataclasses import replace
@@ -25,7 +28,15 @@ from tasks.core.memory import (
 )
 from tasks.core.models import build, measure_footprint, mlp_spec
 from tasks.core.planner import PlanError, Workload, estimate_for, plan_preprocessing, plan_training
-from tasks.hardware import CPU_NODE, GPU_CATALOG, TPU_CATALOG
+from tasks.hardware import (
+    CPU_NODE,
+    EXTRA_OPTIONS_VARIABLE,
+    GPU_CATALOG,
+    GPU_OPTIONS,
+    TPU_CATALOG,
+    TPU_OPTIONS,
+    offered,
+)
 
 MIB = 2**20
 
@@ -166,7 +177,33 @@ def test_the_micro_batch_is_lowered_no_further_than_the_runs_minimum():
 
 def test_model_too_large_for_the_catalog_fails_saying_what_it_needs():
     with pytest.raises(PlanError, match=r"needs about \d+\.\d GiB per device .* largest option, h200-141gb"):
-        plan_training(workload([98304, 98304]), GPU_CATALOG)
+        plan_training(workload([98304, 98304]), GPU_OPTIONS)
+
+
+def test_options_beyond_the_default_catalog_are_opt_in_and_unknown_names_fail():
+    default = {entry.name for entry in offered(GPU_OPTIONS + TPU_OPTIONS, "")}
+    more = {entry.name for entry in offered(GPU_OPTIONS, "a100-40gb, tpu-v6e-1x1")}
+    assert more - default == {"a100-40gb"}  # a TPU name adds nothing to the GPU catalog
+    assert "tpu-v6e-1x1" in {entry.name for entry in offered(TPU_OPTIONS, "a100-40gb tpu-v6e-1x1")}
+    assert default < {entry.name for entry in GPU_OPTIONS + TPU_OPTIONS}
+    with pytest.raises(ValueError, match=r"MIXEDML_EXTRA_OPTIONS: unknown options \['a100-96gb'\]"):
+        offered(GPU_OPTIONS, "a100-96gb l4")
+
+
+def test_the_catalogs_read_the_extra_options_where_the_module_is_imported():
+    """Registration (`pyflyte register --env`) puts the variable in every task's container, so the
+    planning tasks rank what their process reads at import."""
+    names = "from tasks.hardware import GPU_CATALOG, TPU_CATALOG; print(*[e.name for e in GPU_CATALOG + TPU_CATALOG])"
+    env = os.environ | {EXTRA_OPTIONS_VARIABLE: "a100-40gb tpu-v6e-1x1"}
+    ranked = subprocess.run(
+        [sys.executable, "-c", names], env=env, capture_output=True, text=True, check=True
+    )
+    assert {"a100-40gb", "tpu-v6e-1x1"} <= set(ranked.stdout.split())
+    env.pop(EXTRA_OPTIONS_VARIABLE)
+    ranked = subprocess.run(
+        [sys.executable, "-c", names], env=env, capture_output=True, text=True, check=True
+    )
+    assert not {"a100-40gb", "tpu-v6e-1x1"} & set(ranked.stdout.split())
 
 
 def test_tpu_plan_uses_the_tpu_catalog():

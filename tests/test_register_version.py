@@ -51,8 +51,11 @@ def register(root: Path, *make_args: str) -> tuple[str, set[str]]:
     command = ["make", "-n", "-o", STAMP, "register", *make_args]
     done = subprocess.run(command, cwd=root, env=environment(root), capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    (line,) = [line for line in done.stdout.splitlines() if " register workflows " in line]
-    return re.search(r"--version (\S+)", line).group(1), set(re.findall(r"--image [\w-]+=\S+:(\S+)", line))
+    command = " ".join(done.stdout.replace("\\\n", " ").splitlines()[-1:])
+    assert " register workflows " in command, done.stdout
+    return re.search(r"--version (\S+)", command).group(1), set(
+        re.findall(r"--image [\w-]+=\S+:(\S+)", command)
+    )
 
 
 def test_a_clean_tree_registers_under_its_commit_and_tags_its_images_alike(checkout):
@@ -98,3 +101,14 @@ def test_register_refuses_without_a_commit_to_name_the_version_after(tmp_path):
     )
     assert done.returncode != 0
     assert "no git commit to name the version after; pass VERSION=" in done.stderr
+
+
+def test_the_planners_extra_options_register_under_a_version_of_their_own(checkout):
+    """They reach the tasks' containers without changing the tree: the same tree registered with other
+    options must not reuse the version, which flyteadmin would refuse. The images keep the tree's tag."""
+    plain, _ = register(checkout)
+    extra, tags = register(checkout, "MIXEDML_EXTRA_OPTIONS=a100-40gb")
+    assert extra.startswith(f"{plain}-settings-") and tags == {plain}
+    assert register(checkout, "MIXEDML_EXTRA_OPTIONS=a100-40gb")[0] == extra
+    assert register(checkout, "MIXEDML_EXTRA_OPTIONS=tpu-v6e-1x1")[0] not in (plain, extra)
+    assert register(checkout, "MIXEDML_EXTRA_OPTIONS=a100-40gb", "VERSION=v7")[0] == "v7"

@@ -106,14 +106,17 @@ def test_training_timeout_becomes_the_nodes_deadline():
     assert node_metadata.timeout == TRAIN_GPU.attempts.timeout
 
 
-def test_multinode_pytorchjob_carries_a_run_policy():
-    spec = template(train_torch_multinode)
+def test_multinode_pytorchjob_frees_its_nodes_when_done_and_restarts_no_worker(flyte_package):
+    """What the package registers: once the job has Succeeded or Failed, the operator deletes its pods
+    still running (a failed job's survivors included), and torch elastic restarts no worker group."""
+    spec = flyte_package.tasks["tasks.train_torch.train_torch_multinode"].template
     assert spec.type == "pytorch"
-    policy = MessageToDict(spec.custom)["runPolicy"]
-    # None: on completion the operator deletes no pod, so rank 0's finishes writing the outputs. It is
-    # the enum's zero, which protobuf leaves out and flyteplugins' ParseCleanPodPolicy reads as None.
-    assert policy.get("cleanPodPolicy", "CLEANPOD_POLICY_NONE") == "CLEANPOD_POLICY_NONE"
+    job = MessageToDict(spec.custom)
+    policy = job["runPolicy"]
+    assert policy["cleanPodPolicy"] == "CLEANPOD_POLICY_RUNNING"
     assert policy["activeDeadlineSeconds"] == TRAIN_GPU_MULTINODE.attempts.timeout.total_seconds()
+    # 0 is the field's default, which protobuf leaves out.
+    assert job["elasticConfig"].get("maxRestarts", 0) == 0
 
 
 def test_a_lost_node_of_a_pytorchjob_spends_user_retries_so_it_gets_more():

@@ -1,16 +1,26 @@
-"""Scheduled launch plans; they register together with the workflows (`pyflyte register workflows`)."""
+"""Scheduled launch plans; they register together with the workflows (`pyflyte register workflows`).
+
+Their inputs and failure notifications come from one file a user edits (workflows/schedules.py reads
+it): a launch plan is scheduled, and activated on registration, only when the file gives it every
+input it needs to be worth running; otherwise it registers without its schedule, and says so.
+"""
 
 from __future__ import annotations
 
+import sys
+from dataclasses import dataclass
 from datetime import datetime
 
 from flytekit import CronSchedule, LaunchPlan, workflow
+from flytekit.core.workflow import WorkflowBase
 
 from tasks.core.config import TrainConfig
+from tasks.hardware import DEFAULT_PRICES_PER_HOUR
 from tasks.schedule import dataset_partition
 from tasks.score import Scored
-from workflows.comparison import hardware_comparison
+from workflows.comparison import Compared, hardware_comparison
 from workflows.pipeline import TrainingOutputs, training_pipeline
+from workflows.schedules import KICKOFF, PlanSpec, load_schedules
 from workflows.scoring import batch_predict
 
 
@@ -32,27 +42,22 @@ def scheduled_training(
     )  # fmt: skip
 
 
-# Every night at 02:00 UTC; the schedule passes its fire time in as `kickoff_time`.
-nightly_retrain = LaunchPlan.get_or_create(
-    workflow=scheduled_training,
-    name="nightly_retrain",
-    schedule=CronSchedule(schedule="0 2 * * *", kickoff_time_input_arg="kickoff_time"),
-    default_inputs={
-        "dataset_template": "",
-        "label_column": "label",
-        "hyperparameters": TrainConfig(),
-        "publish_to": "",
-    },
-    fixed_inputs={"target": "gpu"},
-)
-
-# Mondays at 04:00 UTC: is the TPU still the better deal for this model?
-weekly_hardware_comparison = LaunchPlan.get_or_create(
-    workflow=hardware_comparison,
-    name="weekly_hardware_comparison",
-    schedule=CronSchedule(schedule="0 4 * * 1"),
-    default_inputs={"hyperparameters": TrainConfig()},
-)
+@workflow
+def scheduled_comparison(
+    kickoff_time: datetime,
+    dataset_template: str = "",
+    label_column: str = "label",
+    hyperparameters: TrainConfig = TrainConfig(),  # noqa: B008 - Flyte needs the literal default
+    plan_resources: bool = True,
+    prices: dict[str, float] = DEFAULT_PRICES_PER_HOUR,  # noqa: B006
+) -> Compared:
+    """hardware_comparison on the partition named by the kickoff time: the GPU and the TPU run on the
+    user's current data and model, not on the embedded demo data."""
+    dataset = dataset_partition(template=dataset_template, kickoff_time=kickoff_time)
+    return hardware_comparison(
+        dataset=dataset, label_column=label_column, hyperparameters=hyperparameters,
+        plan_resources=plan_resources, prices=prices,
+    )  # fmt: skip
 
 
 @workflow
@@ -71,10 +76,56 @@ def scheduled_scoring(
     )
 
 
-# Every night at 03:00 UTC, after nightly_retrain has had an hour: whichever model is the latest
-# published then scores the day's partition.
-nightly_scoring = LaunchPlan.get_or_create(
-    workflow=scheduled_scoring,
-    name="nightly_scoring",
-    schedule=CronSchedule(schedule="0 3 * * *", kickoff_time_input_arg="kickoff_time"),
+@dataclass(frozen=True)
+class Scheduled:
+    workflow: WorkflowBase
+    cron: str  # UTC (deploy/flyte-binary-values.yaml sets the scheduler's time zone)
+    required: tuple[str, ...]  # without these a run trains, scores or compares nothing of the user's
+
+
+SCHEDULED = {
+    # Every night at 02:00: train on yesterday's partition and publish the bundle for nightly_scoring.
+    "nightly_retrain": Scheduled(scheduled_training, "0 2 * * *", ("dataset_template", "publish_to")),
+    # An hour later: whichever model is the latest published then scores the day's partition.
+    "nightly_scoring": Scheduled(scheduled_scoring, "0 3 * * *", ("model_prefix", "dataset_template")),
+    # Mondays at 04:00: is the TPU still the better deal for this model on this data?
+    "weekly_hardware_comparison": Scheduled(scheduled_comparison, "0 4 * * 1", ("dataset_template",)),
+}
+
+SCHEDULES = load_schedules(
+    {name: PlanSpec(plan.workflow.python_interface.inputs, plan.required) for name, plan in SCHEDULED.items()}
 )
+
+
+def scheduled_launch_plan(name: str) -> LaunchPlan:
+    """The launch plan with the file's inputs and notifications. `auto_activate` makes `pyflyte register`
+    activate it as it registers it (flytekit/remote/remote.py, FlyteRemote.raw_register), so only a
+    complete plan is activated; one with inputs missing carries no schedule, so activating it by hand
+    cannot start runs that fail every night."""
+    plan, config = SCHEDULED[name], SCHEDULES.plans[name]
+    if config.missing:
+        print(
+            f"{name}: defined without its schedule, so not activated on registration: "
+            f"{SCHEDULES.source} leaves {SCHEDULES.unset_keys(name)} unset",
+            file=sys.stderr,
+        )
+    return LaunchPlan.get_or_create(
+        workflow=plan.workflow,
+        name=name,
+        schedule=None if config.missing else CronSchedule(schedule=plan.cron, kickoff_time_input_arg=KICKOFF),
+        default_inputs=config.inputs,
+        notifications=SCHEDULES.notifications,
+        auto_activate=not config.missing,
+    )
+
+
+nightly_retrain = scheduled_launch_plan("nightly_retrain")
+nightly_scoring = scheduled_launch_plan("nightly_scoring")
+weekly_hardware_comparison = scheduled_launch_plan("weekly_hardware_comparison")
+
+if not SCHEDULES.notifications and any(not plan.missing for plan in SCHEDULES.plans.values()):
+    print(
+        f"scheduled launch plans: {SCHEDULES.source} names no one under 'notifications', so a failed "
+        "scheduled run shows only in the Flyte console",
+        file=sys.stderr,
+    )

@@ -4,6 +4,8 @@
 for the CUDA runtime torch was built with; `torch.cuda.is_available()` does check. On a node whose
 driver is too old the first says "1 GPU" and the second False, and a launcher that trusted the count
 would start GPU workers that then train on the CPU. So the check reads both, and NVML's driver version.
+When CUDA is not usable it also tries to load the driver's libraries: an image that cannot find them
+(tasks/core/nvidia_driver.py) looks to torch like a node without a driver.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tasks.core.accelerators import AcceleratorUnavailable
+from tasks.core.nvidia_driver import DriverLibraries, driver_libraries
 
 # The oldest Linux driver each CUDA toolkit release runs on (NVIDIA's CUDA Toolkit release notes,
 # "CUDA Toolkit and Corresponding Driver Versions", GA releases).
@@ -32,6 +35,7 @@ class CudaFindings:
     nvml_gpus: list[str]  # what the driver's NVML reports, whatever CUDA says
     driver: str | None
     nvml_error: str | None = None
+    libraries: DriverLibraries = DriverLibraries()  # probed only when CUDA is not usable
 
     @property
     def driver_floor(self) -> str | None:
@@ -50,7 +54,9 @@ class CudaFindings:
         else:
             driver = f"NVIDIA driver {self.driver} reports {len(self.nvml_gpus)} GPU(s): {', '.join(self.nvml_gpus)}"
         usable = f"{self.device_count} usable CUDA device(s)" if self.available else "CUDA is not usable"
-        return f"{usable}; {driver}; {self.build()}"
+        # A CPU build needs no driver, so missing libraries are not its cause.
+        libraries = self.libraries.describe() if self.cuda_build else ""
+        return "; ".join(filter(None, [usable, driver, self.build(), libraries]))
 
 
 def nvml_readings() -> tuple[list[str], str | None, str | None]:
@@ -84,6 +90,7 @@ def cuda_findings() -> CudaFindings:
         nvml_gpus=gpus,
         driver=driver,
         nvml_error=error,
+        libraries=DriverLibraries() if available else driver_libraries(),
     )
 
 

@@ -22,6 +22,14 @@ class MissingPyTorchJob(RuntimeError):
     """A multi-node launch on a cluster that ran the task as a single pod."""
 
 
+class WorkerFailed(RuntimeError):
+    """A training worker raised: its rank, its error's type and message."""
+
+
+class WorkerKilled(RuntimeError):
+    """A training worker died by a signal, with no Python error recorded."""
+
+
 LOCAL_CPU_WORKERS_VARIABLE = "MIXEDML_LOCAL_CPU_WORKERS"
 DEFAULT_LOCAL_CPU_WORKERS = 2
 
@@ -81,3 +89,21 @@ def plan_launch(
         notes.append(f"{nproc_per_node} GPUs per node requested but {gpu_count} present; using {gpu_count}")
         return WorkerLaunch(1, 1, gpu_count, notes)
     return WorkerLaunch(1, 1, nproc_per_node, notes)
+
+
+def worker_failure(child_failed) -> WorkerFailed | WorkerKilled:
+    """The first failure of torch elastic's `ChildFailedError`, as the run's error.
+
+    Each worker records its exception in its error file (torch/distributed/elastic/multiprocessing/
+    errors: `record`, `ProcessFailure`, whose message is "<type>: <message>" under "message"); a worker
+    ended by a signal records none and has a negative exit code. The first failure is the earliest
+    (`get_first_failure`), so a rank that only lost its peer is not mistaken for the cause.
+    """
+    rank, failure = child_failed.get_first_failure()
+    if failure.exitcode < 0:
+        return WorkerKilled(
+            f"training worker rank {rank} (pid {failure.pid}) was killed by {failure.signal_name()} "
+            "without a Python error"
+        )
+    message = failure.message.get("message", "") if isinstance(failure.message, dict) else failure.message
+    return WorkerFailed(f"training worker rank {rank} failed: {message}")

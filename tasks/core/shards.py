@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
-import psutil
 import torch
 
 from tasks.core.data import RankPart
@@ -41,6 +40,8 @@ def auto_placement(rows: int, features: int, device: torch.device, ranks_on_mach
 def free_memory_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
+    import psutil  # here: a GPU machine that reuses the loop may lack it, and needs it only on CPU
+
     return psutil.virtual_memory().available
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from tasks.core.accelerators import AcceleratorUnavailable
 from tasks.core.config import TF_STRATEGIES
+from tasks.core.nvidia_driver import DriverLibraries, driver_libraries
 from tasks.core.validation import raise_for, tpu_target_problems
 
 log = logging.getLogger(__name__)
@@ -195,18 +196,26 @@ def require_gpus(expected: str, count: int, environ: Mapping[str, str] = os.envi
 
     seen = len(tf.config.list_physical_devices("GPU"))
     if seen < count:
-        raise AcceleratorUnavailable(expected, gpus_found(seen, tf.sysconfig.get_build_info(), environ))
+        found = gpus_found(seen, tf.sysconfig.get_build_info(), environ, driver_libraries(environ))
+        raise AcceleratorUnavailable(expected, found)
 
 
-def gpus_found(seen: int, build: Mapping, environ: Mapping[str, str] = os.environ) -> str:
-    """What TensorFlow can say about the GPUs it does not see, from `tf.sysconfig.get_build_info()`."""
+def gpus_found(
+    seen: int,
+    build: Mapping,
+    environ: Mapping[str, str] = os.environ,
+    libraries: DriverLibraries | None = None,
+) -> str:
+    """What TensorFlow can say about the GPUs it does not see, from `tf.sysconfig.get_build_info()`,
+    and, for a CUDA build, which driver libraries could not be loaded."""
     sees = f"TensorFlow sees {seen or 'no'} GPU{'s' if seen > 1 else ''}"
     if not build.get("is_cuda_build"):
         return f"{sees}: this TensorFlow build has no CUDA support (a CPU build, not tensorflow[and-cuda])"
     built = f"built for CUDA {build.get('cuda_version', '?')} and cuDNN {build.get('cudnn_version', '?')}"
     visible = environ.get("CUDA_VISIBLE_DEVICES")
     restricted = f", CUDA_VISIBLE_DEVICES={visible!r}" if visible is not None else ""
-    return f"{sees} ({built}{restricted}; the node's NVIDIA driver must support that CUDA version)"
+    missing = f"; {libraries.describe()}" if libraries and libraries.unloadable else ""
+    return f"{sees} ({built}{restricted}; the node's NVIDIA driver must support that CUDA version){missing}"
 
 
 # TPU systems this process initialised, by target: the task checks its slice before it builds the
