@@ -28,9 +28,9 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # GKE installs the NVIDIA driver. The torch-gpu image's torch 2.13 is PyPI's CUDA 13.0 build, which
 # needs driver >= DRIVER_FLOOR. `default` installs an older branch; `latest` installs the driver the
 # node's COS release labels LATEST, which depends on the GKE version. So rather than pin a GKE version,
-# each GPU pool is created only after gke_driver_floor.py has looked up, in the map GKE's GPU page
-# points to, the driver `latest` gives on the cluster's version, and found it at or above the floor
-# (SKIP_DRIVER_CHECK=1 skips the look-up). The cluster is on the regular release channel, whose
+# before each GPU pool gke_driver_floor.py looks up, in the files GKE's GPU page points to, the driver
+# `latest` gives on the cluster's version, and stops the script when it is below the floor (a look-up
+# that fails only warns; SKIP_DRIVER_CHECK=1 skips it). The cluster is on the regular release channel, whose
 # upgrades only move forward; the training task also checks the driver at start and fails naming it.
 DRIVER_FLOOR=580.65.06
 DRIVER=gpu-driver-version=latest

@@ -21,8 +21,7 @@ from tasks.checkpointing import flyte_checkpoint
 from tasks.core.config import Hardware, TrainConfig
 from tasks.core.preemption import PreemptionNotice
 from tasks.failures import retried_as_recoverable
-from tasks.logs import setup_logging
-from tasks.storage import flyte_storage_as_fsspec_defaults
+from tasks.process import begin_task
 from tasks.types import PreparedData, TrainedModel
 
 if TYPE_CHECKING:
@@ -54,9 +53,8 @@ def train_with_ddp(
         train,
     )
 
-    setup_logging()
+    begin_task()
     tensorboard_without_tensorflow()  # a spawned worker process: TensorFlow never runs here
-    flyte_storage_as_fsspec_defaults()  # the splits are read by URI, in tasks/core
     splits = prepared.splits_in_place()  # each rank reads its own row groups, nothing downloaded whole
     workdir = Path(current_context().working_directory)
     artifact = workdir / "model.pt"

@@ -19,7 +19,7 @@ from tasks.core.config import Hardware
 from tasks.core.scoring import split_metrics
 from tasks.decks import DECKS, evaluation_deck
 from tasks.hardware import ML_CPU_IMAGE, SMALL_CPU, guaranteed
-from tasks.logs import setup_logging
+from tasks.process import begin_task
 from tasks.storage import local_path
 from tasks.types import EvaluationReport, PreparedData, ResourcePlan, TrainedModel
 
@@ -53,7 +53,7 @@ Evaluated = NamedTuple("Evaluated", [("report", EvaluationReport), ("model", Fly
 )
 def evaluate(prepared: PreparedData, trained: TrainedModel, plan: ResourcePlan | None = None) -> Evaluated:
     """The model bundle of the run, and the test split's metrics as that bundle scores it."""
-    setup_logging()
+    begin_task()
     billed, notes = billed_hardware(trained, plan)
     folder = str(Path(current_context().working_directory) / "model")
     record = BundleRecord.of(prepared.table, trained.run, billed, prepared.fingerprint)

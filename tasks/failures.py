@@ -112,5 +112,6 @@ def retried_as_recoverable() -> Iterator[None]:
     except Exception as error:
         failure = failure_of(error)
         if failure.retried:
-            raise FlyteRecoverableException(f"{type(error).__name__}, retried: {failure.what}") from error
+            message = f"{type(error).__name__}: {error} (retried: {failure.what})"
+            raise FlyteRecoverableException(message) from error
         raise

@@ -5,24 +5,14 @@ A task process exits with 128 + the signal, the status a shell reports for a pro
 ended (the notice's watchdog in tasks/core/preemption.py exits with the same). Propeller classifies
 a non-zero exit with no pod reason, or a node-shutdown reason, as a system error and retries it
 (flyteplugins/go/tasks/pluginmachinery/flytek8s/pod_helper.go, `DemystifyFailure`). A DDP worker is
-not the task's process: it raises a recoverable error instead, which torch elastic's plugin passes on
-as a retryable failure of the task.
+not the task's process: its `Preempted` is retried through the failure table (tasks/failures.py).
 """
 
 from __future__ import annotations
 
 import signal
 
-from flytekit.exceptions.user import FlyteRecoverableException
-
-from tasks.core.preemption import Preempted
-
 
 def preempted_exit(signum: int = signal.SIGTERM) -> SystemExit:
     """What the task process raises to end a preempted attempt."""
     return SystemExit(128 + signum)
-
-
-def preempted_worker_error(stopped: Preempted) -> FlyteRecoverableException:
-    """What a DDP worker raises when the notice reached it directly rather than through the agent."""
-    return FlyteRecoverableException(str(stopped))

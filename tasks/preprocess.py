@@ -25,7 +25,7 @@ from tasks.core.planner import PreprocessPlan
 from tasks.core.validation import embedded_label_problems, raise_for
 from tasks.decks import DECKS, dataset_profile_deck
 from tasks.hardware import CPU_IMAGE, PREPROCESS_CPU, SMALL_CPU, guaranteed
-from tasks.logs import setup_logging
+from tasks.process import begin_task
 from tasks.storage import parquet_dataset
 from tasks.types import PieceSplits, PreparedData
 
@@ -71,7 +71,7 @@ def preprocess(
     seed: int,
     dataset_fingerprint: str = "",
 ) -> PreparedData:
-    setup_logging()
+    begin_task()
     scratch = Path(current_context().working_directory)
     uri = resolve_dataset(dataset, label_column, scratch)
     split = SplitConfig(val_fraction=val_fraction, test_fraction=test_fraction, seed=seed)
@@ -107,7 +107,7 @@ def assign_piece_splits(
     pieces: list[DataPiece],
 ) -> PieceSplits:
     """Every row's class and split, from the label column alone, and the folder the pieces write to."""
-    setup_logging()
+    begin_task()
     split = SplitConfig(val_fraction=val_fraction, test_fraction=test_fraction, seed=seed)
     assignment = str(Path(current_context().working_directory) / "assignment.npy")
     output = FlyteContextManager.current_context().file_access.get_random_remote_directory()
@@ -125,20 +125,20 @@ def local_assignment(splits: PieceSplits) -> np.ndarray:
 @task(container_image=CPU_IMAGE, **guaranteed(PREPROCESS_CPU), **CACHED, **PIECE_ATTEMPTS)
 def piece_train_moments(splits: PieceSplits, piece: DataPiece) -> dict:
     """The piece's feature values checked, and the moments of its train rows (`FeatureMoments.to_dict`)."""
-    setup_logging()
+    begin_task()
     return piece_moments(splits.layout, piece, local_assignment(splits)).to_dict()
 
 
 @task(container_image=CPU_IMAGE, **guaranteed(SMALL_CPU), **CACHED)
 def merge_piece_moments(splits: PieceSplits, moments: list[dict]) -> ScalerStats:
-    setup_logging()
+    begin_task()
     return merged_scaler(splits.layout, [FeatureMoments.from_dict(piece) for piece in moments])
 
 
 @task(container_image=CPU_IMAGE, **guaranteed(PREPROCESS_CPU), **CACHED, **PIECE_ATTEMPTS)
 def write_piece_splits(splits: PieceSplits, scaler: ScalerStats, piece: DataPiece) -> dict[str, int]:
     """The piece's part of each split; the rows written, by split."""
-    setup_logging()
+    begin_task()
     return write_piece(splits.layout, piece, local_assignment(splits), scaler)
 
 
@@ -147,7 +147,7 @@ def collect_piece_splits(
     splits: PieceSplits, scaler: ScalerStats, written: list[dict[str, int]]
 ) -> PreparedData:
     """The folders of parts as the splits, once every piece wrote its rows."""
-    setup_logging()
+    begin_task()
     prepared = collected(splits.layout, scaler, written)
     report_prepared(prepared.table)
     folders = {

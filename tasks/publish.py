@@ -7,6 +7,7 @@ from flytekit.types.directory import FlyteDirectory
 
 from tasks.core.publish import publish_bundle
 from tasks.hardware import ML_CPU_IMAGE, SMALL_CPU, guaranteed
+from tasks.process import begin_task
 
 
 # ml-cpu: publishing names bundles as tasks.core.bundle does, whose loader imports either framework.
@@ -16,6 +17,7 @@ def publish_model(bundle: FlyteDirectory, prefix: str) -> str:
     version's URI. An empty prefix publishes nothing and returns ""."""
     if not prefix:
         return ""
+    begin_task()
     uri = publish_bundle(bundle.download(), prefix)
     print(f"published the model bundle as {uri}", flush=True)
     return uri

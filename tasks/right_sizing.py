@@ -42,8 +42,8 @@ from tasks.hardware import (
     SMALL_CPU,
     guaranteed,
 )
-from tasks.logs import setup_logging
 from tasks.preprocess import preprocess, preprocess_in_pieces
+from tasks.process import begin_task
 from tasks.targets import TARGETS
 from tasks.types import PreparedData, ResourcePlan, TrainedModel
 
@@ -81,7 +81,7 @@ def prepare_data(
 
     Runs first and on CPU, so a bad input fails here, before any accelerator is requested.
     """
-    setup_logging()
+    begin_task()
     raise_for(
         problems(target, hyperparameters, TARGETS, val_fraction, test_fraction)
         + embedded_label_problems(dataset, label_column)
@@ -153,7 +153,7 @@ def train_on_target(
 ) -> tuple[TrainedModel, ResourcePlan]:
     """Check the model on CPU rows, estimate its memory, pick the cheapest accelerator that holds it,
     and train there."""
-    setup_logging()
+    begin_task()
     # The batch against the prepared rows, before any accelerator; the launcher checks the worker split.
     raise_for(batch_problems(hyperparameters, 1, prepared.table.rows["train"]))
     report = plan_report(target, workload(prepared, target, hyperparameters), preprocess_plan, plan_resources)

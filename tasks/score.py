@@ -46,7 +46,7 @@ from tasks.hardware import (
     gpu_option_overrides,
     guaranteed,
 )
-from tasks.logs import setup_logging
+from tasks.process import begin_task
 
 log = logging.getLogger(__name__)
 
@@ -67,13 +67,13 @@ DECLARED_GPU = f"1 x {DEFAULT_GPU.device} GPU (its pod requests nvidia.com/gpu)"
 
 @task(container_image=ML_CPU_IMAGE, **guaranteed(PREPROCESS_CPU), **PIECE_ATTEMPTS)
 def score_piece_cpu(job: ScoringJob, piece: ScoringPiece) -> PieceResult:
-    setup_logging()
+    begin_task()
     return score_piece(job, piece)
 
 
 @task(container_image=TORCH_GPU_IMAGE, **GPU_PIECE, **PIECE_ATTEMPTS)
 def score_piece_torch_gpu(job: ScoringJob, piece: ScoringPiece) -> PieceResult:
-    setup_logging()
+    begin_task()
     if on_flyte_cluster():
         require_cuda(DECLARED_GPU, 1)
     return score_piece(job, piece, gpu_bundle(job.model))
@@ -81,7 +81,7 @@ def score_piece_torch_gpu(job: ScoringJob, piece: ScoringPiece) -> PieceResult:
 
 @task(container_image=TF_GPU_IMAGE, **GPU_PIECE, **PIECE_ATTEMPTS)
 def score_piece_tf_gpu(job: ScoringJob, piece: ScoringPiece) -> PieceResult:
-    setup_logging()
+    begin_task()
     if on_flyte_cluster():
         require_gpus(DECLARED_GPU, 1)
     return score_piece(job, piece)
@@ -94,7 +94,7 @@ GPU_PIECE_TASKS = {"pytorch": score_piece_torch_gpu, "tensorflow": score_piece_t
 @task(container_image=ML_CPU_IMAGE, **guaranteed(SMALL_CPU), **DECKS)
 def collect_scores(plan: ScoringPlan, hardware: HardwareChoice, results: list[PieceResult]) -> Scored:
     """The parts as one dataset, and the metrics where the input holds the label column."""
-    setup_logging()
+    begin_task()
     report = summarise(plan, results, hardware)
     Deck("Scoring", f"<pre>{html.escape(report.summary())}</pre>")
     print(report.summary(), flush=True)
@@ -112,7 +112,7 @@ def score(
     rows_per_piece: int,
 ) -> Scored:
     """Check every input and plan on CPU, then score the pieces, at most `max_parallel` at a time."""
-    setup_logging()
+    begin_task()
     check_hardware(hardware)
     if max_parallel < 1:
         raise ValueError(f"max_parallel={max_parallel} must be at least 1")

@@ -23,8 +23,8 @@ from tasks.core.tf_strategy import require_gpus, require_tpu, set_pjrt_defaults,
 from tasks.decks import DECKS, training_deck
 from tasks.failures import retried_as_recoverable
 from tasks.hardware import TRAIN_TF_GPU, TRAIN_TPU, TrainingProfile
-from tasks.logs import setup_logging
 from tasks.preemption_exit import preempted_exit
+from tasks.process import begin_task
 from tasks.types import PreparedData, TrainedModel
 
 log = logging.getLogger(__name__)
@@ -71,7 +71,7 @@ def train_tensorflow(
 
 @task(**TRAIN_TPU.task_options(), **DECKS)
 def train_tf_tpu(prepared: PreparedData, hyperparameters: TrainConfig) -> TrainedModel:
-    setup_logging()
+    begin_task()
     with retried_as_recoverable():  # which failures Flyte retries: tasks/failures.py
         on_cluster = on_flyte_cluster()
         strategy = tpu_target_strategy(hyperparameters.tf_strategy, on_cluster)
@@ -83,7 +83,7 @@ def train_tf_tpu(prepared: PreparedData, hyperparameters: TrainConfig) -> Traine
 
 @task(**TRAIN_TF_GPU.task_options(), **DECKS)
 def train_tf_gpu(prepared: PreparedData, hyperparameters: TrainConfig) -> TrainedModel:
-    setup_logging()
+    begin_task()
     with retried_as_recoverable():
         if on_flyte_cluster():
             require_gpus(TRAIN_TF_GPU.describe(), TRAIN_TF_GPU.gpus_per_node)

@@ -558,6 +558,16 @@ def test_the_driver_look_up_reads_cos_driver_lists_and_refuses_gpus_it_lists_no_
         cos_build("1.30.0-gke.1", mapping)
 
 
+def test_a_driver_look_up_that_fails_warns_and_leaves_the_refusal_to_the_tasks_gpu_guard(tmp_path):
+    """GKE may move or reshape the published files: only a driver known to be below the floor stops."""
+    gone = tmp_path / "missing.json"
+    environment = os.environ | {"GKE_TO_COS_URL": gone.as_uri()}
+    command = [sys.executable, str(DEPLOY / "gke_driver_floor.py"), "1.34.1-gke.2", "nvidia-l4", "580.65.06"]
+    done = subprocess.run(command, env=environment, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "warning: could not tell which driver" in done.stderr and "580.65.06" in done.stderr
+
+
 @pytest.mark.slow
 def test_every_task_has_a_default_node_pool(demands):
     default_pools = tuple(pool for pool in node_pools() if not pool.optional)

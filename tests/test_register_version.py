@@ -51,8 +51,8 @@ def register(root: Path, *make_args: str) -> tuple[str, set[str]]:
     command = ["make", "-n", "-o", STAMP, "register", *make_args]
     done = subprocess.run(command, cwd=root, env=environment(root), capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    command = " ".join(done.stdout.replace("\\\n", " ").splitlines()[-1:])
-    assert " register workflows " in command, done.stdout
+    lines = done.stdout.replace("\\\n", " ").splitlines()  # continued lines joined
+    (command,) = [line for line in lines if " register workflows " in line]
     return re.search(r"--version (\S+)", command).group(1), set(
         re.findall(r"--image [\w-]+=\S+:(\S+)", command)
     )
