@@ -105,3 +105,15 @@ def test_cuda_placements_pinned_and_copied_a_step_ahead_train_as_the_device_resi
         assert outcome.run.history == device.run.history, placement
         for a, b in zip(parameters(outcome), parameters(device), strict=True):
             assert torch.equal(a, b), placement
+
+
+def test_auto_placement_on_a_gpu_reads_its_free_memory():
+    """Where no plan chose (a run on a machine other than the planned one), "auto" keeps a rank's rows
+    on the GPU while they take a share of its free memory, and streams them beyond."""
+    from tasks.core.shards import RESIDENT_SHARE, auto_placement
+
+    device = torch.device("cuda")
+    free = torch.cuda.mem_get_info(device)[0]
+    row_bytes = 64 * 4 + 8
+    assert auto_placement(1_000_000, 64, device) == "device"
+    assert auto_placement(int(RESIDENT_SHARE * free / row_bytes * 1.5), 64, device) == "stream"
