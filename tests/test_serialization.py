@@ -106,6 +106,7 @@ def test_training_timeout_becomes_the_nodes_deadline():
     assert node_metadata.timeout == TRAIN_GPU.attempts.timeout
 
 
+@pytest.mark.slow
 def test_multinode_pytorchjob_frees_its_nodes_when_done_and_restarts_no_worker(flyte_package):
     """What the package registers: once the job has Succeeded or Failed, the operator deletes its pods
     still running (a failed job's survivors included), and torch elastic restarts no worker group."""
