@@ -35,7 +35,10 @@ import importlib
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+if TYPE_CHECKING:
+    from tasks.core.memory import ModelFootprint
 
 FRAMEWORKS = ("pytorch", "tensorflow")
 # Built-in names and the builder each framework uses for them.
@@ -51,6 +54,28 @@ MLP_DEFAULTS = {"hidden_sizes": [256, 128], "dropout": 0.1}
 CNN_DEFAULTS = {"channels": [32, 64], "dropout": 0.25}
 
 Options = Mapping[str, Any]
+
+
+class FrameworkModels(Protocol):
+    """What each framework's half (`FRAMEWORK_MODULES`: tasks/core/torch_models.py and keras_models.py,
+    each a module that provides these names) gives the checks, the planner and the built-ins; a test
+    checks both halves against it. The framework's types are `Any` here: this module imports neither."""
+
+    MODEL_TYPE: ClassVar[str]  # what a builder must return, as an error message names it
+
+    def is_model(self, value: object) -> bool: ...
+
+    def trainable_count(self, model: Any) -> int: ...
+
+    def probe_logits(self, model: Any, rows: int, n_features: int) -> tuple[list[int], bool]:
+        """The logits' shape on `rows` random rows, and whether every value is finite."""
+
+    def footprint(self, spec: ModelSpec, input_spec: InputSpec, precision: str) -> ModelFootprint:
+        """The model's memory per worker in `precision`, for the planner (tasks/core/memory.py)."""
+
+    def mlp(self, spec: InputSpec, options: Options) -> Any: ...
+
+    def cnn(self, spec: InputSpec, options: Options) -> Any: ...
 
 
 class ModelError(ValueError):
@@ -345,7 +370,7 @@ def input_spec_for(spec: ModelSpec, n_features: int, n_classes: int) -> InputSpe
         raise ModelError(f"model {spec.builder!r}: {error}") from None
 
 
-def framework_module(framework: str):
+def framework_module(framework: str) -> FrameworkModels:
     if framework not in FRAMEWORK_MODULES:
         raise ModelError(f"unknown framework {framework!r}, not one of {FRAMEWORKS}")
     return importlib.import_module(FRAMEWORK_MODULES[framework])
