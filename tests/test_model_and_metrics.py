@@ -4,30 +4,25 @@ import numpy as np
 import pytest
 import torch
 
-from tasks.core.config import ModelConfig
 from tasks.core.metrics import classification_metrics
-from tasks.core.torch_models import build_mlp, load_torch_artifact, predict
+from tasks.core.models import InputSpec
+from tasks.core.torch_models import build_mlp, load_torch_artifact, mlp, predict
 
 
 def test_mlp_shape_follows_config():
-    model = build_mlp(ModelConfig(n_features=7, n_classes=4, hidden_sizes=[16, 8, 5], dropout=0.0))
+    model = build_mlp(n_features=7, n_classes=4, hidden_sizes=[16, 8, 5], dropout=0.0)
     linears = [m for m in model if isinstance(m, torch.nn.Linear)]
     assert [(m.in_features, m.out_features) for m in linears] == [(7, 16), (16, 8), (8, 5), (5, 4)]
     assert model(torch.zeros(3, 7)).shape == (3, 4)
 
 
 @pytest.mark.parametrize(
-    "kwargs, match",
-    [
-        ({"n_features": 0, "n_classes": 3}, "feature"),
-        ({"n_features": 3, "n_classes": 1}, "classes"),
-        ({"n_features": 3, "n_classes": 2, "hidden_sizes": [0]}, "hidden_sizes"),
-        ({"n_features": 3, "n_classes": 2, "dropout": 1.0}, "dropout"),
-    ],
+    "options, match",
+    [({"hidden_sizes": [0.0]}, "hidden_sizes"), ({"dropout": 1.0}, "dropout"), ({"width": 3.0}, "unknown")],
 )
-def test_model_config_rejects_bad_shapes(kwargs, match):
+def test_the_mlp_builder_refuses_bad_options_by_name(options, match):
     with pytest.raises(ValueError, match=match):
-        ModelConfig(**kwargs)
+        mlp(InputSpec(3, 2), options)
 
 
 def test_torch_artifact_refuses_pickled_objects(tmp_path):
@@ -39,7 +34,7 @@ def test_torch_artifact_refuses_pickled_objects(tmp_path):
 
 def test_predict_in_batches_matches_one_pass():
     torch.manual_seed(1)
-    model = build_mlp(ModelConfig(n_features=5, n_classes=3, hidden_sizes=[8], dropout=0.2)).eval()
+    model = build_mlp(n_features=5, n_classes=3, hidden_sizes=[8], dropout=0.2).eval()
     features = np.random.default_rng(0).normal(size=(50, 5)).astype(np.float32)
     with torch.no_grad():
         expected = model(torch.from_numpy(features)).argmax(1).numpy()

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from tasks.core.config import ModelConfig, TrainConfig
+from tasks.core.config import TrainConfig
 from tasks.core.memory import ESTIMATE_HIGH, ESTIMATE_LOW
 from tasks.core.models import (
     MLP_DEFAULTS,
@@ -111,12 +111,8 @@ def test_options_accept_numbers_strings_and_lists():
 
 def test_the_default_model_is_the_mlp_with_its_defaults():
     assert TrainConfig().model == ModelSpec("mlp")
-    assert {
-        "hidden_sizes": ModelConfig(37, 5).hidden_sizes,
-        "dropout": ModelConfig(37, 5).dropout,
-    } == MLP_DEFAULTS
     model = build(ModelSpec(), 37, 5, "pytorch")
-    defaults = build_mlp(ModelConfig(37, 5))
+    defaults = build_mlp(37, 5, MLP_DEFAULTS["hidden_sizes"], MLP_DEFAULTS["dropout"])
     assert [p.shape for p in model.parameters()] == [p.shape for p in defaults.parameters()]
 
 

@@ -6,7 +6,7 @@ import json
 import math
 from dataclasses import dataclass, field
 
-from tasks.core.models import MLP_DEFAULTS, ModelSpec, mlp_problems, spec_problems
+from tasks.core.models import ModelSpec, spec_problems
 
 # "auto": bf16 autocast on GPUs that support it, fp16 with a grad scaler on older ones.
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
@@ -45,22 +45,6 @@ def micro_batch(batch_size: int, workers: int, grad_accum_steps: int) -> int | N
     accumulation steps, else None: the training loops give every micro-batch the same number of rows."""
     per_step = workers * grad_accum_steps
     return batch_size // per_step if per_step > 0 and batch_size % per_step == 0 else None
-
-
-@dataclass
-class ModelConfig:
-    n_features: int
-    n_classes: int
-    hidden_sizes: list[int] = field(default_factory=lambda: list(MLP_DEFAULTS["hidden_sizes"]))
-    dropout: float = MLP_DEFAULTS["dropout"]
-
-    def __post_init__(self) -> None:
-        if self.n_features < 1 or self.n_classes < 2:
-            raise ValueError(
-                f"need >= 1 feature and >= 2 classes, got {self.n_features} and {self.n_classes}"
-            )
-        for name, problem in mlp_problems(self.hidden_sizes, self.dropout).items():
-            raise ValueError(f"{name}={getattr(self, name)!r}: {problem}")
 
 
 @dataclass

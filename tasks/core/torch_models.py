@@ -11,7 +11,6 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from tasks.core.config import ModelConfig
 from tasks.core.memory import ModelFootprint
 from tasks.core.models import (
     InputSpec,
@@ -37,13 +36,13 @@ PROBE_LIMIT_BYTES = 2**30
 log = logging.getLogger(__name__)
 
 
-def build_mlp(config: ModelConfig) -> nn.Sequential:
+def build_mlp(n_features: int, n_classes: int, hidden_sizes: list[int], dropout: float) -> nn.Sequential:
     layers: list[nn.Module] = []
-    width = config.n_features
-    for hidden in config.hidden_sizes:
-        layers += [nn.Linear(width, hidden), nn.ReLU(), nn.Dropout(config.dropout)]
+    width = n_features
+    for hidden in hidden_sizes:
+        layers += [nn.Linear(width, hidden), nn.ReLU(), nn.Dropout(dropout)]
         width = hidden
-    layers.append(nn.Linear(width, config.n_classes))
+    layers.append(nn.Linear(width, n_classes))
     return nn.Sequential(*layers)
 
 
@@ -105,7 +104,7 @@ def build_on_meta(spec: ModelSpec, input_spec: InputSpec) -> nn.Module | None:
 def mlp(spec: InputSpec, options: Options) -> nn.Sequential:
     """Fully connected layers with ReLU and dropout. Options: hidden_sizes ("256,128"), dropout (0.1)."""
     hidden, dropout = mlp_options(options)
-    return build_mlp(ModelConfig(spec.n_features, spec.n_classes, hidden, dropout))
+    return build_mlp(spec.n_features, spec.n_classes, hidden, dropout)
 
 
 def cnn(spec: InputSpec, options: Options) -> SmallCNN:
