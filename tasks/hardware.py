@@ -437,8 +437,9 @@ def offered(options: list[CatalogEntry], extra: str) -> list[CatalogEntry]:
 
 
 # What the planner ranks: the options whose node pools the cluster has.
-GPU_CATALOG = offered(GPU_OPTIONS, os.environ.get(EXTRA_OPTIONS_VARIABLE, ""))
-TPU_CATALOG = offered(TPU_OPTIONS, os.environ.get(EXTRA_OPTIONS_VARIABLE, ""))
+EXTRA_OPTIONS = os.environ.get(EXTRA_OPTIONS_VARIABLE, "")
+GPU_CATALOG = offered(GPU_OPTIONS, EXTRA_OPTIONS)
+TPU_CATALOG = offered(TPU_OPTIONS, EXTRA_OPTIONS)
 # The GPUs with MIG partitions, by device name.
 MIG_GPUS = {
     "nvidia-tesla-a100": A100,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import math
 import os
 import re
 from collections.abc import Collection, Mapping
@@ -23,8 +22,15 @@ import yaml
 from flytekit import Email, PagerDuty, Slack, WorkflowExecutionPhase
 from flytekit.core.notification import Notification
 
-from tasks.core.partition import PLACEHOLDER_RULES, fill
-from tasks.core.validation import build, convert, shape_problems, value_problems, with_option_lists_joined
+from tasks.core.partition import partition_uri
+from tasks.core.validation import (
+    build,
+    convert,
+    price_problems,
+    shape_problems,
+    value_problems,
+    with_option_lists_joined,
+)
 from tasks.targets import TARGETS
 
 ENV = "MIXEDML_SCHEDULES"
@@ -173,10 +179,11 @@ def checked(value: object, hint: object, key: str) -> tuple[object, list[str]]:
 
 
 def template_rule(template: str) -> str:
+    """What the run would refuse (tasks/core/partition.py), without the input's name it puts first."""
     try:
-        fill(template, datetime(2000, 1, 1))
-    except (IndexError, KeyError, ValueError, TypeError) as error:
-        return f"cannot be filled: {error}; {PLACEHOLDER_RULES}"
+        partition_uri(template, datetime(2000, 1, 1))
+    except ValueError as error:
+        return str(error).removeprefix(f"input 'dataset_template' = '{template}' ")
     return ""
 
 
@@ -186,9 +193,9 @@ RULES = {
     "target": lambda target: "" if target in TARGETS else f"not one of {', '.join(TARGETS)}",
     "max_parallel": lambda count: "" if count >= 1 else "must be at least 1",
     "prices": lambda prices: (
-        ""
-        if all(0 <= price < math.inf for price in prices.values())
-        else "every price must be a finite number >= 0 (USD per accelerator-hour)"
+        "every price must be a finite number >= 0 (USD per accelerator-hour)"
+        if price_problems(prices)
+        else ""
     ),
 }
 

@@ -38,7 +38,7 @@ class RankZeroSilent(RuntimeError):
 def listed(filesystem: fsspec.AbstractFileSystem, prefix: str) -> str:
     """`prefix` as a path of `filesystem`, its listing cache dropped (object stores' listings are cached
     per filesystem instance)."""
-    root = filesystem._strip_protocol(prefix).rstrip("/")
+    root = fsspec.core.split_protocol(prefix)[1].rstrip("/")
     filesystem.invalidate_cache(root)
     return root
 
