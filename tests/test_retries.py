@@ -66,7 +66,8 @@ def wait_for_state(
         if path.exists():
             try:
                 state = load(path)
-            except (EOFError, RuntimeError, ValueError):  # caught mid-write: read it again next poll
+            # caught mid-write or mid-replace (torch's reader has raised EINVAL there): read it again next poll
+            except (EOFError, OSError, RuntimeError, ValueError):
                 state = None
             if state is not None and ready(state):
                 return state
