@@ -31,9 +31,11 @@ from benchmarks.measure import (
 from benchmarks.scale_bench import scale
 from benchmarks.scoring_bench import scoring
 from benchmarks.synthetic import write_table
-from tasks.core.config import SplitPaths, TrainConfig
-from tasks.core.data import SplitConfig, prepare_dataset
-from tasks.core.models import mlp_spec
+from tasks.core.data.assignment import SplitConfig
+from tasks.core.data.prepare import prepare_dataset
+from tasks.core.data.splits import SplitPaths
+from tasks.core.models.plugins import mlp_spec
+from tasks.core.training.config import TrainConfig
 
 FULL = {
     "pipeline_rows": 1_000_000,

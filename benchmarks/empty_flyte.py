@@ -12,7 +12,7 @@ import json
 from flytekit import dynamic, task, workflow
 from flytekitplugins.kfpytorch import Elastic
 
-from tasks.core.launch import local_cpu_workers
+from tasks.core.training.launch import local_cpu_workers
 
 
 @task

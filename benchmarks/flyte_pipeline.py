@@ -47,7 +47,7 @@ def timed_tasks(clock: PhaseClock):
 
 
 def main(data: str, epochs: str, batch: str, placement: str = "auto") -> None:
-    from tasks.core.config import TrainConfig
+    from tasks.core.training.config import TrainConfig
     from workflows.pipeline import training_pipeline
 
     CLOCK.mark("start-up")

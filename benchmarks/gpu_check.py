@@ -30,7 +30,7 @@ from benchmarks import gpu_figures as gpu
 from benchmarks import gpu_scoring
 from benchmarks.gpu_profile import ProfileSummary, profile_training
 from benchmarks.measure import REPO
-from tasks.core.config import TrainConfig
+from tasks.core.training.config import TrainConfig
 
 PASS, FAIL, SKIPPED = "pass", "FAIL", "skipped"
 

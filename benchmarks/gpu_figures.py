@@ -27,10 +27,11 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 from benchmarks import loop_bench
 from benchmarks.measure import Figure, alternating_best_rates
 from benchmarks.synthetic import write_table
-from tasks.core import torch_training
-from tasks.core.config import SplitPaths, TrainConfig
-from tasks.core.memory import ESTIMATE_HIGH, ESTIMATE_LOW
-from tasks.core.models import measure_footprint, mlp_options, mlp_spec
+from tasks.core.data.splits import SplitPaths
+from tasks.core.models.memory import ESTIMATE_HIGH, ESTIMATE_LOW
+from tasks.core.models.plugins import measure_footprint, mlp_options, mlp_spec
+from tasks.core.training import torch_training
+from tasks.core.training.config import TrainConfig
 
 NO_CUDA = "no CUDA device (torch.cuda.is_available() is False)"
 # H100 / H200 SXM datasheet, dense (no sparsity); other GPUs: MIXEDML_PEAK_BF16_FLOPS.
@@ -496,7 +497,7 @@ def nvml_telemetry() -> str:
     """The Training Deck's GPU telemetry, read through NVML while the GPU works."""
     require_cuda()
     require_modules(("pynvml", "nvidia-ml-py, the GPU telemetry"), ("psutil", "CPU and RAM telemetry"))
-    from tasks.core.telemetry import UtilisationSampler
+    from tasks.core.training.telemetry import UtilisationSampler
 
     with UtilisationSampler(interval_s=0.2) as sampler:
         keep_busy(seconds=2.0)

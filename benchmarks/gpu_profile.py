@@ -1,6 +1,6 @@
 """A profile of the project's torch training loop: what holds up a run whose GPU figure missed its goal.
 
-`profile_training` runs `tasks.core.torch_training.train` once under `torch.profiler` and reduces the
+`profile_training` runs `tasks.core.training.torch_training.train` once under `torch.profiler` and reduces the
 profile to a few numbers: how much of the run the device was busy, how many kernel launches and host
 synchronisations each optimizer step cost, and which operators took the time. `ProfileSummary.verdict`
 turns them into one line: launch-bound, held up by host syncs, held up by other host work, or bound
@@ -19,8 +19,9 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
-from tasks.core import torch_training
-from tasks.core.config import SplitPaths, TrainConfig
+from tasks.core.data.splits import SplitPaths
+from tasks.core.training import torch_training
+from tasks.core.training.config import TrainConfig
 
 # Below this the device idles for more than 40% of the run: the host, not the device, sets the pace.
 BUSY_LOW = 0.6

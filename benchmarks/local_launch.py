@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from tasks.core.launch import local_cpu_workers
+from tasks.core.training.launch import local_cpu_workers
 
 
 def local_workers(entrypoint, run_id: str):

@@ -6,8 +6,8 @@ import time
 
 import numpy as np
 
-from tasks.core.config import SplitPaths, TrainConfig
-from tasks.core.data import read_split
+from tasks.core.data.splits import SplitPaths, read_split
+from tasks.core.training.config import TrainConfig
 
 
 def bare_torch_samples_per_second(
@@ -17,7 +17,7 @@ def bare_torch_samples_per_second(
     import torch
     import torch.nn.functional as F
 
-    from tasks.core.models import build
+    from tasks.core.models.plugins import build
 
     x, y = (
         torch.from_numpy(a).to(device)
@@ -45,7 +45,7 @@ def bare_torch_samples_per_second(
 
 
 def project_torch_samples_per_second(splits: SplitPaths, config: TrainConfig) -> float:
-    from tasks.core.torch_training import train
+    from tasks.core.training.torch_training import train
 
     return train(config, splits).run.samples_per_second
 
@@ -54,7 +54,7 @@ def bare_keras_samples_per_second(splits: SplitPaths, config: TrainConfig) -> fl
     import keras
     import tensorflow as tf
 
-    from tasks.core.models import build
+    from tasks.core.models.plugins import build
 
     x, y = read_split(splits.train, splits.feature_names, splits.label_column)
     keras.backend.clear_session()
@@ -72,8 +72,8 @@ def bare_keras_samples_per_second(splits: SplitPaths, config: TrainConfig) -> fl
 def project_keras_samples_per_second(splits: SplitPaths, config: TrainConfig) -> float:
     import keras
 
-    from tasks.core.tf_strategy import Environment
-    from tasks.core.tf_training import train_keras
+    from tasks.core.training.tf_strategy import Environment
+    from tasks.core.training.tf_training import train_keras
 
     keras.backend.clear_session()  # each run starts from the same state, as the bare run does
     return train_keras(config, splits, env=Environment()).run.samples_per_second

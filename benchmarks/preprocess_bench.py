@@ -15,7 +15,8 @@ import pyarrow.parquet as pq
 
 
 def ours(path: str, out: str) -> None:
-    from tasks.core.data import SplitConfig, prepare_dataset
+    from tasks.core.data.assignment import SplitConfig
+    from tasks.core.data.prepare import prepare_dataset
 
     prepare_dataset(path, "label", out, SplitConfig(seed=0))
 

@@ -5,7 +5,7 @@ Name it in a run as the model `examples.residual:build` with options such as
 (installed with the project, or on its PYTHONPATH); the reference is resolved there, never shipped
 as pickled code.
 
-The contract (`tasks.core.models` states it in full):
+The contract (`tasks.core.models.plugins` states it in full):
 
 - `build(spec, options)` returns a `torch.nn.Module`, used for PyTorch targets;
   `build_keras(spec, options)` returns a `keras.Model`, used for TensorFlow targets (the `_keras`
@@ -26,7 +26,7 @@ no TensorFlow, and one module serves both.
 
 from __future__ import annotations
 
-from tasks.core.models import InputSpec, Options, check_options, option_float, option_int
+from tasks.core.models.plugins import InputSpec, Options, check_options, option_float, option_int
 
 DEFAULTS = {"width": 128, "blocks": 2, "dropout": 0.1}
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from flytekit import task
 
-from tasks.core.compare import HardwareComparison, RunSummary, compare_runs
-from tasks.core.validation import price_problems, raise_for
-from tasks.decks import DECKS, comparison_deck
+from tasks.core.messages import raise_for
+from tasks.core.report.compare import HardwareComparison, RunSummary, compare_runs
+from tasks.core.validation import price_problems
 from tasks.hardware import CPU_IMAGE, SMALL_CPU, guaranteed
+from tasks.plumbing.decks import DECKS, comparison_deck
 from tasks.types import EvaluationReport
 
 

@@ -17,11 +17,12 @@ from flytekit import current_context
 from flytekit.types.directory import FlyteDirectory
 from flytekit.types.file import FlyteFile
 
-from tasks.checkpointing import flyte_checkpoint
-from tasks.core.config import Hardware, TrainConfig
-from tasks.core.preemption import PreemptionNotice
-from tasks.failures import retried_as_recoverable
-from tasks.process import begin_task
+from tasks.core.training.config import TrainConfig
+from tasks.core.training.preemption import PreemptionNotice
+from tasks.core.training.records import Hardware
+from tasks.plumbing.checkpointing import flyte_checkpoint
+from tasks.plumbing.failures import retried_as_recoverable
+from tasks.plumbing.process import begin_task
 from tasks.types import PreparedData, TrainedModel
 
 if TYPE_CHECKING:
@@ -43,11 +44,11 @@ def train_with_ddp(
     prepared: PreparedData, config: TrainConfig, profile: GpuTrainingProfile
 ) -> TrainedModel | SetUpRefused:
     """Runs in every DDP worker; rank 0's return value becomes the task output. A failure that Flyte
-    retries (tasks/failures.py) is raised as `FlyteRecoverableException`: the kfpytorch plugin marks
+    retries (tasks/plumbing/failures.py) is raised as `FlyteRecoverableException`: the kfpytorch plugin marks
     only that one recoverable for the launcher (flytekitplugins/kfpytorch/task.py, `spawn_helper`)."""
-    from tasks.core.checkpoint import TrainingCheckpoint
-    from tasks.core.torch_startup import tensorboard_without_tensorflow
-    from tasks.core.torch_training import (
+    from tasks.core.training.checkpoint import TrainingCheckpoint
+    from tasks.core.training.torch_startup import tensorboard_without_tensorflow
+    from tasks.core.training.torch_training import (
         SetUpFailed,
         shutdown_distributed,
         train,

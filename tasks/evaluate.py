@@ -14,13 +14,13 @@ from typing import NamedTuple
 from flytekit import current_context, task
 from flytekit.types.directory import FlyteDirectory
 
-from tasks.core.bundle import BundleRecord, add_metrics, load_bundle, write_bundle
-from tasks.core.config import Hardware
-from tasks.core.scoring import split_metrics
-from tasks.decks import DECKS, evaluation_deck
+from tasks.core.serving.bundle import BundleRecord, add_metrics, load_bundle, write_bundle
+from tasks.core.serving.scoring import split_metrics
+from tasks.core.training.records import Hardware
 from tasks.hardware import ML_CPU_IMAGE, SMALL_CPU, guaranteed
-from tasks.process import begin_task
-from tasks.storage import local_path
+from tasks.plumbing.decks import DECKS, evaluation_deck
+from tasks.plumbing.process import begin_task
+from tasks.plumbing.storage import local_path
 from tasks.types import EvaluationReport, PreparedData, ResourcePlan, TrainedModel
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ def billed_hardware(trained: TrainedModel, plan: ResourcePlan | None) -> tuple[H
     ), []
 
 
-# A run's outputs: the report, and the model bundle (tasks/core/bundle.py). The functional form keeps the
+# A run's outputs: the report, and the model bundle (tasks/core/serving/bundle.py). The functional form keeps the
 # field types real classes, as flytekit reads them, under postponed annotations.
 Evaluated = NamedTuple("Evaluated", [("report", EvaluationReport), ("model", FlyteDirectory)])  # noqa: UP014
 

@@ -27,11 +27,11 @@ from flytekit.extras.accelerators import (
 )
 from kubernetes.client import V1Container, V1PodSpec, V1ResourceRequirements, V1Toleration
 
-from tasks.core.config import Hardware
-from tasks.core.launch import DEFAULT_LOCAL_CPU_WORKERS
-from tasks.core.machines import MachineType
-from tasks.core.planner import CatalogEntry
-from tasks.core.preemption import DEFAULT_GRACE_S
+from tasks.core.planning.machines import MachineType
+from tasks.core.planning.planner import CatalogEntry
+from tasks.core.training.launch import DEFAULT_LOCAL_CPU_WORKERS
+from tasks.core.training.preemption import DEFAULT_GRACE_S
+from tasks.core.training.records import Hardware
 
 
 def image(name: str) -> str:

@@ -1,13 +1,11 @@
 """Preprocessing on CPU: validate the input table, split it, standardise it.
 
 In one pod (`preprocess`), or, for an input too large for one, in pieces that map tasks read at once
-(`preprocess_in_pieces`, tasks/core/pieces.py): the same rows in each split either way.
+(`preprocess_in_pieces`, tasks/core/data/pieces.py): the same rows in each split either way.
 """
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import logging
 from dataclasses import replace
 from functools import partial
@@ -18,15 +16,26 @@ from flytekit import FlyteContextManager, Resources, current_context, map_task, 
 from flytekit.types.file import FlyteFile
 from flytekit.types.structured import StructuredDataset
 
-from tasks.core.data import PreparedTable, ScalerStats, SplitConfig, prepare_dataset, write_embedded_digits
-from tasks.core.moments import FeatureMoments
-from tasks.core.pieces import DataPiece, assign_pieces, collected, merged_scaler, piece_moments, write_piece
-from tasks.core.planner import PreprocessPlan
-from tasks.core.validation import embedded_label_problems, raise_for
-from tasks.decks import DECKS, dataset_profile_deck
+from tasks.core.data.assignment import SplitConfig
+from tasks.core.data.moments import FeatureMoments
+from tasks.core.data.pieces import (
+    DataPiece,
+    assign_pieces,
+    collected,
+    merged_scaler,
+    piece_moments,
+    write_piece,
+)
+from tasks.core.data.prepare import PreparedTable, prepare_dataset, write_embedded_digits
+from tasks.core.data.scaling import ScalerStats
+from tasks.core.messages import raise_for
+from tasks.core.planning.planner import PreprocessPlan
+from tasks.core.validation import embedded_label_problems
 from tasks.hardware import CPU_IMAGE, PREPROCESS_CPU, SMALL_CPU, guaranteed
-from tasks.process import begin_task
-from tasks.storage import parquet_dataset
+from tasks.plumbing.code_version import code_version, imported_closure
+from tasks.plumbing.decks import DECKS, dataset_profile_deck
+from tasks.plumbing.process import begin_task
+from tasks.plumbing.storage import parquet_dataset
 from tasks.types import PieceSplits, PreparedData
 
 log = logging.getLogger(__name__)
@@ -42,17 +51,12 @@ def resolve_dataset(dataset: str, label_column: str, scratch: Path) -> str:
     return write_embedded_digits(str(scratch))
 
 
-def code_version(*modules: str) -> str:
-    """A hash of the source that decides preprocessing's output: editing it invalidates the cache."""
-    digest = hashlib.sha256()
-    for module in modules:
-        digest.update(Path(importlib.util.find_spec(module).origin).read_bytes())
-    return digest.hexdigest()[:16]
-
-
-PREPROCESS_CODE_VERSION = code_version(
-    "tasks.core.data", "tasks.core.moments", "tasks.core.pieces", "tasks.preprocess"
-)
+# The code that shapes the splits: this module and what the preparation in tasks/core imports (not
+# training's or serving's code, so editing those keeps users' cached splits).
+SPLIT_SHAPING_MODULES = imported_closure("tasks.core.data.prepare", "tasks.core.data.pieces") | {
+    "tasks.preprocess"
+}
+PREPROCESS_CODE_VERSION = code_version(*SPLIT_SHAPING_MODULES)
 # Every preprocessing task is cached: the key is the inputs, including the data's fingerprint (so a
 # rewritten file at the same URI recomputes), plus the hash of the code above. The pieces' keys hold
 # the cached label scan's output, which names the folder they write: a rerun finds their parts there.

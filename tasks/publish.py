@@ -5,12 +5,12 @@ from __future__ import annotations
 from flytekit import task
 from flytekit.types.directory import FlyteDirectory
 
-from tasks.core.publish import publish_bundle
+from tasks.core.serving.publish import publish_bundle
 from tasks.hardware import ML_CPU_IMAGE, SMALL_CPU, guaranteed
-from tasks.process import begin_task
+from tasks.plumbing.process import begin_task
 
 
-# ml-cpu: publishing names bundles as tasks.core.bundle does, whose loader imports either framework.
+# ml-cpu: publishing names bundles as tasks.core.serving.bundle does, whose loader imports either framework.
 @task(container_image=ML_CPU_IMAGE, **guaranteed(SMALL_CPU))
 def publish_model(bundle: FlyteDirectory, prefix: str) -> str:
     """Copy the bundle to `<prefix>/<version>/`, then point `<prefix>/LATEST` at it; returns the

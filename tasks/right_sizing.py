@@ -16,12 +16,13 @@ from functools import partial
 
 from flytekit import Deck, Resources, dynamic
 
-from tasks.core.accelerators import on_flyte_cluster
-from tasks.core.config import TrainConfig
-from tasks.core.data import BATCH_ROWS, dataset_fingerprint, describe_input
-from tasks.core.models import measure_footprint
-from tasks.core.pieces import DataPiece, plan_pieces
-from tasks.core.planner import (
+from tasks.core.data.fingerprint import dataset_fingerprint, describe_input
+from tasks.core.data.pieces import DataPiece, plan_pieces
+from tasks.core.data.reading import BATCH_ROWS
+from tasks.core.messages import raise_for
+from tasks.core.models.plugins import measure_footprint
+from tasks.core.planning.accelerators import on_flyte_cluster
+from tasks.core.planning.planner import (
     PlanError,
     PreprocessPlan,
     TrainingPlan,
@@ -29,21 +30,17 @@ from tasks.core.planner import (
     plan_preprocessing,
     plan_training,
 )
-from tasks.core.validation import (
-    batch_problems,
-    embedded_label_problems,
-    problems,
-    raise_for,
-)
-from tasks.decks import DECKS
+from tasks.core.training.config import TrainConfig
+from tasks.core.validation import batch_problems, embedded_label_problems, problems
 from tasks.hardware import (
     CPU_NODE,
     ML_CPU_IMAGE,
     SMALL_CPU,
     guaranteed,
 )
+from tasks.plumbing.decks import DECKS
+from tasks.plumbing.process import begin_task
 from tasks.preprocess import preprocess, preprocess_in_pieces
-from tasks.process import begin_task
 from tasks.targets import TARGETS
 from tasks.types import PreparedData, ResourcePlan, TrainedModel
 

@@ -6,7 +6,7 @@ from datetime import datetime
 
 from flytekit import task
 
-from tasks.core.partition import partition_uri
+from tasks.core.data.partition import partition_uri
 from tasks.hardware import CPU_IMAGE, SMALL_CPU, guaranteed
 
 

@@ -1,7 +1,7 @@
 """Batch scoring on Flyte: plan on a small CPU pod, score the pieces with a map task, add up the counts.
 
 `score` is `@dynamic`: it checks every input and measures the model's cost on the first rows
-(tasks/core/scoring.py), decides between CPU pods and a GPU, and only then maps the scoring task over
+(tasks/core/serving/scoring.py), decides between CPU pods and a GPU, and only then maps the scoring task over
 the pieces, so no accelerator is requested before the plan says so. Every piece writes its own parquet
 part into one output folder, which `collect_scores` returns as one StructuredDataset.
 """
@@ -16,9 +16,9 @@ from typing import NamedTuple
 from flytekit import Deck, FlyteContextManager, dynamic, map_task, task
 from flytekit.types.structured import StructuredDataset
 
-from tasks.core.accelerators import on_flyte_cluster
-from tasks.core.cuda_check import require_cuda
-from tasks.core.scoring import (
+from tasks.core.planning.accelerators import on_flyte_cluster
+from tasks.core.planning.cuda_check import require_cuda
+from tasks.core.serving.scoring import (
     HardwareChoice,
     PieceResult,
     ScoringJob,
@@ -33,8 +33,7 @@ from tasks.core.scoring import (
     score_piece,
     summarise,
 )
-from tasks.core.tf_strategy import require_gpus
-from tasks.decks import DECKS
+from tasks.core.training.tf_strategy import require_gpus
 from tasks.hardware import (
     DEFAULT_PRICES_PER_HOUR,
     GPU_CATALOG,
@@ -46,7 +45,8 @@ from tasks.hardware import (
     gpu_option_overrides,
     guaranteed,
 )
-from tasks.process import begin_task
+from tasks.plumbing.decks import DECKS
+from tasks.plumbing.process import begin_task
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ PIECE_ATTEMPTS = {"retries": 2}
 DEFAULT_GPU = cheapest_whole_gpu(GPU_CATALOG)
 GPU_PIECE = gpu_option_overrides(DEFAULT_GPU)
 # On a cluster a GPU piece scores on its GPU or fails naming it, never on the host CPU
-# (tasks/core/accelerators.py); the planner's overrides may put it on another GPU than this one.
+# (tasks/core/planning/accelerators.py); the planner's overrides may put it on another GPU than this one.
 DECLARED_GPU = f"1 x {DEFAULT_GPU.device} GPU (its pod requests nvidia.com/gpu)"
 
 

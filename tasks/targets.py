@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from flytekit.core.python_function_task import PythonFunctionTask
 
-from tasks.core.planner import CatalogEntry
+from tasks.core.planning.planner import CatalogEntry
 from tasks.hardware import (
     GPU_CATALOG,
     TPU_CATALOG,

@@ -14,17 +14,18 @@ from flytekit import current_context, task
 from flytekit.types.directory import FlyteDirectory
 from flytekit.types.file import FlyteFile
 
-from tasks.checkpointing import flyte_checkpoint
-from tasks.core.accelerators import on_flyte_cluster
-from tasks.core.config import Hardware, TrainConfig, TrainingRun
-from tasks.core.preemption import Preempted, PreemptionNotice
-from tasks.core.telemetry import UtilisationSampler
-from tasks.core.tf_strategy import require_gpus, require_tpu, set_pjrt_defaults, tpu_target_strategy
-from tasks.decks import DECKS, training_deck
-from tasks.failures import retried_as_recoverable
+from tasks.core.planning.accelerators import on_flyte_cluster
+from tasks.core.training.config import TrainConfig
+from tasks.core.training.preemption import Preempted, PreemptionNotice
+from tasks.core.training.records import Hardware, TrainingRun
+from tasks.core.training.telemetry import UtilisationSampler
+from tasks.core.training.tf_strategy import require_gpus, require_tpu, set_pjrt_defaults, tpu_target_strategy
 from tasks.hardware import TRAIN_TF_GPU, TRAIN_TPU, TrainingProfile
-from tasks.preemption_exit import preempted_exit
-from tasks.process import begin_task
+from tasks.plumbing.checkpointing import flyte_checkpoint
+from tasks.plumbing.decks import DECKS, training_deck
+from tasks.plumbing.failures import retried_as_recoverable
+from tasks.plumbing.preemption_exit import preempted_exit
+from tasks.plumbing.process import begin_task
 from tasks.types import PreparedData, TrainedModel
 
 log = logging.getLogger(__name__)
@@ -38,7 +39,7 @@ def declared_hardware(run: TrainingRun, profile: TrainingProfile) -> Hardware:
 def train_tensorflow(
     prepared: PreparedData, config: TrainConfig, profile: TrainingProfile, strategy: str
 ) -> TrainedModel:
-    from tasks.core.tf_training import KerasRunOptions, train_keras
+    from tasks.core.training.tf_training import KerasRunOptions, train_keras
 
     splits = prepared.local_splits()
     artifact = Path(current_context().working_directory) / "model.npz"
@@ -72,7 +73,7 @@ def train_tensorflow(
 @task(**TRAIN_TPU.task_options(), **DECKS)
 def train_tf_tpu(prepared: PreparedData, hyperparameters: TrainConfig) -> TrainedModel:
     begin_task()
-    with retried_as_recoverable():  # which failures Flyte retries: tasks/failures.py
+    with retried_as_recoverable():  # which failures Flyte retries: tasks/plumbing/failures.py
         on_cluster = on_flyte_cluster()
         strategy = tpu_target_strategy(hyperparameters.tf_strategy, on_cluster)
         set_pjrt_defaults()  # before TensorFlow is imported, which reads them once

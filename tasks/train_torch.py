@@ -23,20 +23,26 @@ from flytekit.exceptions.user import FlyteUserRuntimeException
 from flytekitplugins.kfpytorch import CleanPodPolicy, Elastic, RunPolicy
 from flytekitplugins.kfpytorch.task import PytorchElasticFunctionTask
 
-from tasks.core.accelerators import on_flyte_cluster
-from tasks.core.config import TrainConfig
-from tasks.core.job_completion import wait_for_rank_zero, written_by_rank_zero
-from tasks.core.launch import DEFAULT_LOCAL_CPU_WORKERS, local_cpu_workers, plan_launch, worker_failure
-from tasks.core.preemption import DEFAULT_GRACE_S
-from tasks.core.telemetry import UtilisationSampler
-from tasks.core.torch_startup import rendezvous_events_named_without_stack_walks
-from tasks.core.validation import batch_problems, raise_for
+from tasks.core.messages import raise_for
+from tasks.core.planning.accelerators import on_flyte_cluster
+from tasks.core.training.config import TrainConfig
+from tasks.core.training.job_completion import wait_for_rank_zero, written_by_rank_zero
+from tasks.core.training.launch import (
+    DEFAULT_LOCAL_CPU_WORKERS,
+    local_cpu_workers,
+    plan_launch,
+    worker_failure,
+)
+from tasks.core.training.preemption import DEFAULT_GRACE_S
+from tasks.core.training.telemetry import UtilisationSampler
+from tasks.core.training.torch_startup import rendezvous_events_named_without_stack_walks
+from tasks.core.validation import batch_problems
 from tasks.ddp_worker import SetUpRefused, train_with_ddp
-from tasks.decks import DECKS, training_deck
-from tasks.failures import retried_as_recoverable
 from tasks.hardware import LAUNCHER_EXIT_MARGIN_S, TRAIN_GPU, TRAIN_GPU_MULTINODE, GpuTrainingProfile
-from tasks.preemption_exit import preempted_exit
-from tasks.storage import flyte_filesystem, require_local_copies
+from tasks.plumbing.decks import DECKS, training_deck
+from tasks.plumbing.failures import retried_as_recoverable
+from tasks.plumbing.preemption_exit import preempted_exit
+from tasks.plumbing.storage import flyte_filesystem, require_local_copies
 from tasks.types import PreparedData, TrainedModel
 
 log = logging.getLogger(__name__)
@@ -68,7 +74,7 @@ class MachineFittedElasticTask(PytorchElasticFunctionTask):
     spends time on charts between its last step and its exit."""
 
     def execute(self, **kwargs):
-        """The plugin's launch, its failures classified for Flyte's retries (tasks/failures.py)."""
+        """The plugin's launch, its failures classified for Flyte's retries (tasks/plumbing/failures.py)."""
         with retried_as_recoverable():
             return super().execute(**kwargs)
 
@@ -78,7 +84,7 @@ class MachineFittedElasticTask(PytorchElasticFunctionTask):
         with UtilisationSampler() as sampler:
             trained = self._launch_fitted(**kwargs)  # only the launcher that holds rank 0 returns
         if isinstance(trained, SetUpRefused):
-            from tasks.core.torch_training import SetUpFailed
+            from tasks.core.training.torch_training import SetUpFailed
 
             raise SetUpFailed(trained.message)  # a user error: Flyte does not retry it
         training_deck(trained, sampler.samples)
@@ -87,7 +93,7 @@ class MachineFittedElasticTask(PytorchElasticFunctionTask):
     def require_declared_gpus(self) -> None:
         """On a cluster, refuse to start unless the GPUs the task declared are usable: the local CPU
         fallback there would be a silent wrong result."""
-        from tasks.core.cuda_check import require_cuda
+        from tasks.core.planning.cuda_check import require_cuda
 
         gpus = self.task_config.nproc_per_node
         device = self.accelerator.to_flyte_idl().device if self.accelerator else "NVIDIA"
@@ -96,7 +102,7 @@ class MachineFittedElasticTask(PytorchElasticFunctionTask):
     def _launch_stopping_on_signal(self, **kwargs):
         """On SIGTERM (the preemption notice) torch elastic passes the signal to the workers, waits for
         them to save, and the plugin turns the agent's `SignalException` into `IgnoreOutputs`: a
-        successful exit without outputs. End it as a preempted attempt instead (tasks/preemption_exit.py),
+        successful exit without outputs. End it as a preempted attempt instead (tasks/plumbing/preemption_exit.py),
         which propeller retries."""
         from torch.distributed.elastic.multiprocessing.api import SignalException
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -130,7 +136,7 @@ class MachineFittedElasticTask(PytorchElasticFunctionTask):
 
     def wait_for_rank_zero_outputs(self) -> None:
         """Keeps this pod from succeeding, and so the PyTorchJob from completing, before rank 0's pod
-        has written the task's outputs (tasks/core/job_completion.py says why).
+        has written the task's outputs (tasks/core/training/job_completion.py says why).
 
         SIGTERM while waiting: once rank 0's result is written, the job is complete and the operator
         deletes this pod (`cleanPodPolicy: Running`), which then exits without writing anything, so no

@@ -8,13 +8,14 @@ from flytekit.types.directory import FlyteDirectory
 from flytekit.types.file import FlyteFile
 from flytekit.types.structured import StructuredDataset
 
-from tasks.core.config import Hardware, SplitPaths, TrainingRun
-from tasks.core.data import PreparedTable
-from tasks.core.metrics import ClassificationMetrics
-from tasks.core.models import describe_spec
-from tasks.core.pieces import PieceLayout
-from tasks.core.planner import OptionFit, PreprocessPlan, TrainingPlan
-from tasks.storage import local_path, stored_path
+from tasks.core.data.pieces import PieceLayout
+from tasks.core.data.prepare import PreparedTable
+from tasks.core.data.splits import SplitPaths
+from tasks.core.models.plugins import describe_spec
+from tasks.core.planning.planner import OptionFit, PreprocessPlan, TrainingPlan
+from tasks.core.report.metrics import ClassificationMetrics
+from tasks.core.training.records import Hardware, TrainingRun
+from tasks.plumbing.storage import local_path, stored_path
 
 
 @dataclass
@@ -44,7 +45,7 @@ class PreparedData:
 
 @dataclass
 class PieceSplits:
-    """What the pieces of one preprocessing share (tasks/core/pieces.py): where their rows lie and
+    """What the pieces of one preprocessing share (tasks/core/data/pieces.py): where their rows lie and
     the split of every row (.npy, one byte a row)."""
 
     layout: PieceLayout
@@ -148,7 +149,7 @@ class EvaluationReport:
 
 
 # Registered where they are defined, so that a task module naming them has their literal types built
-# once and the hyperparameters checked strictly (tasks/literal_types.py) before it defines its tasks.
-from tasks.literal_types import register_boundary_types  # noqa: E402 - it builds on the classes above
+# once and the hyperparameters checked strictly (tasks/plumbing/literal_types.py) before it defines its tasks.
+from tasks.plumbing.literal_types import register_boundary_types  # noqa: E402 - it builds on the classes above
 
 register_boundary_types(PreparedData, PieceSplits, TrainedModel, ResourcePlan, EvaluationReport)

@@ -16,10 +16,11 @@ from dataclasses import asdict
 
 import torch
 
-from tasks.core import torch_training
-from tasks.core.checkpoint import TrainingCheckpoint
-from tasks.core.config import SplitPaths, TrainConfig
-from tasks.core.models import ModelSpec
+from tasks.core.data.splits import SplitPaths
+from tasks.core.models.plugins import ModelSpec
+from tasks.core.training import torch_training
+from tasks.core.training.checkpoint import TrainingCheckpoint
+from tasks.core.training.config import TrainConfig
 
 
 def slow_down() -> None:

@@ -16,8 +16,8 @@ import numpy as np  # noqa: E402
 import pandas as pd
 import pytest
 
-from tasks.core.config import TrainConfig
-from tasks.core.models import ModelSpec, mlp_spec
+from tasks.core.models.plugins import ModelSpec, mlp_spec
+from tasks.core.training.config import TrainConfig
 
 
 @dataclass
@@ -155,7 +155,8 @@ def write_table(tmp_path):
 @pytest.fixture(scope="session")
 def blob_splits(tmp_path_factory):
     """Prepared train/val/test parquet splits of `blobs_frame`, as the training loop reads them."""
-    from tasks.core.data import SplitConfig, prepare_dataset
+    from tasks.core.data.assignment import SplitConfig
+    from tasks.core.data.prepare import prepare_dataset
 
     root = tmp_path_factory.mktemp("blobs")
     source = root / "blobs.parquet"

@@ -6,11 +6,11 @@ from typing import Any
 
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from tasks.core.torch_startup import rendezvous_events_named_without_stack_walks
+from tasks.core.training.torch_startup import rendezvous_events_named_without_stack_walks
 
 
 def train_and_report(config, splits) -> dict[str, Any]:
-    from tasks.core.torch_training import shutdown_distributed, train
+    from tasks.core.training.torch_training import shutdown_distributed, train
 
     try:
         outcome = train(config, splits)
@@ -54,7 +54,7 @@ def train_with_failing_rank(config, splits, failing_rank: int, how: str) -> dict
     import signal
     import time
 
-    from tasks.core import torch_training
+    from tasks.core.training import torch_training
 
     real_step, calls = torch_training.optimizer_step, []
 
@@ -81,9 +81,9 @@ def train_until_one_rank_is_signalled(
     import os
     import signal
 
-    from tasks.core import torch_training
-    from tasks.core.checkpoint import TrainingCheckpoint
-    from tasks.core.preemption import Preempted, PreemptionNotice
+    from tasks.core.training import torch_training
+    from tasks.core.training.checkpoint import TrainingCheckpoint
+    from tasks.core.training.preemption import Preempted, PreemptionNotice
 
     real_step, calls = torch_training.optimizer_step, []
 
@@ -110,8 +110,8 @@ def train_until_one_rank_diverges(config, splits, diverging_rank: int, diverging
     Returns the error each rank stopped with and the optimizer steps it ran."""
     import os
 
-    from tasks.core import torch_training
-    from tasks.core.models import TrainingDiverged
+    from tasks.core.models.plugins import TrainingDiverged
+    from tasks.core.training import torch_training
 
     real_step, calls = torch_training.optimizer_step, []
 
@@ -134,7 +134,7 @@ def train_until_one_rank_diverges(config, splits, diverging_rank: int, diverging
 
 def train_recording_reads(config, splits) -> dict[str, Any]:
     """Train and report, with the training split's row ids that this rank's reader read."""
-    from tasks.core.data import RankPart
+    from tasks.core.training.rank_part import RankPart
 
     real_read, read = RankPart.read_block, []
 

@@ -15,11 +15,12 @@ from pathlib import Path
 
 import keras
 
-from tasks.core.config import SplitPaths, TrainConfig
-from tasks.core.models import mlp_spec
-from tasks.core.preemption import PREEMPTED_EXIT_CODE, Preempted, PreemptionNotice
-from tasks.core.tf_strategy import Environment
-from tasks.core.tf_training import KerasRunOptions, train_keras
+from tasks.core.data.splits import SplitPaths
+from tasks.core.models.plugins import mlp_spec
+from tasks.core.training.config import TrainConfig
+from tasks.core.training.preemption import PREEMPTED_EXIT_CODE, Preempted, PreemptionNotice
+from tasks.core.training.tf_strategy import Environment
+from tasks.core.training.tf_training import KerasRunOptions, train_keras
 
 CONFIG = TrainConfig(epochs=3, batch_size=8, seed=3, model=mlp_spec([16]), checkpoint_every_steps=0)
 GRACE_S = 20.0

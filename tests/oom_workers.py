@@ -34,7 +34,7 @@ def build_with_oom_in_backward(real_build, number: int | None, backwards: list[i
 def train_with_and_without_oom(config, splits, failing_rank: int, failing_backward: int) -> dict[str, Any]:
     """On each rank: average known gradients, train unfaulted, then train again while `failing_rank`
     runs out of memory in its `failing_backward`-th backward. Returns what each part showed."""
-    from tasks.core import torch_training
+    from tasks.core.training import torch_training
 
     try:
         ctx = torch_training.init_distributed(config.collective_timeout_s)
@@ -47,7 +47,7 @@ def train_with_and_without_oom(config, splits, failing_rank: int, failing_backwa
 
 
 def train_and_watch(config, splits, failing_backward: int | None) -> dict[str, Any]:
-    from tasks.core import torch_training
+    from tasks.core.training import torch_training
 
     real_build, real_accumulate = torch_training.build, torch_training.accumulate_gradients
     backwards: list[int] = []
@@ -85,7 +85,7 @@ def averaged_gradients(rank: int, world_size: int) -> dict[str, list]:
     Returns the gradients before and after averaging."""
     import torch
 
-    from tasks.core import torch_training
+    from tasks.core.training import torch_training
 
     model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
     parameters = list(model.parameters())

@@ -12,7 +12,8 @@ import numpy as np
 import pandas as pd
 from sklearn.metrics import confusion_matrix
 
-from tasks.core.data import EMBEDDED_DIGITS_LABEL, SPLITS, SplitConfig, assign_splits, write_embedded_digits
+from tasks.core.data.assignment import SPLITS, SplitConfig, assign_splits
+from tasks.core.data.prepare import EMBEDDED_DIGITS_LABEL, write_embedded_digits
 from tests.flyte_package import REPO
 from tests.test_bundle import LOAD_WITHOUT_FLYTE
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from tasks.core.config import SplitPaths
+from tasks.core.data.splits import SplitPaths
 
 ROW_GROUP_ROWS = 23  # not a divisor of the batch, so steps straddle blocks
 

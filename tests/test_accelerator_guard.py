@@ -7,9 +7,9 @@ import ctypes
 
 import pytest
 
-from tasks.core.accelerators import AcceleratorUnavailable, on_flyte_cluster
-from tasks.core.cuda_check import CudaFindings, cuda_findings, require_cuda
-from tasks.core.nvidia_driver import DRIVER_LIBRARIES, DriverLibraries
+from tasks.core.planning.accelerators import AcceleratorUnavailable, on_flyte_cluster
+from tasks.core.planning.cuda_check import CudaFindings, cuda_findings, require_cuda
+from tasks.core.planning.nvidia_driver import DRIVER_LIBRARIES, DriverLibraries
 from tests.pods import refused_like_a_pod
 
 # A GKE node with the default driver branch and PyPI's torch, a CUDA 13.0 build: NVML counts the GPU,

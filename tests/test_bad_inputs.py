@@ -13,9 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tasks.core.config import TrainConfig, micro_batch
-from tasks.core.data import DatasetError, SplitConfig, prepare_dataset
-from tasks.core.models import ModelSpec
+from tasks.core.data.assignment import SplitConfig
+from tasks.core.data.files import DatasetError
+from tasks.core.data.prepare import prepare_dataset
+from tasks.core.models.plugins import ModelSpec
+from tasks.core.training.config import TrainConfig, micro_batch
 from tasks.core.validation import batch_problems, embedded_label_problems, problems, split_problems
 from tasks.targets import TARGETS
 from tests.conftest import blobs_frame

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.core.launch import LOCAL_CPU_WORKERS_VARIABLE
+from tasks.core.training.launch import LOCAL_CPU_WORKERS_VARIABLE
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from flytekit.types.file import FlyteFile
 
-from tasks.core.compare import compare_runs
-from tasks.core.config import TrainingRun
-from tasks.core.metrics import ClassificationMetrics
-from tasks.core.planner import PreprocessPlan, TrainingPlan
+from tasks.core.planning.planner import PreprocessPlan, TrainingPlan
+from tasks.core.report.compare import compare_runs
+from tasks.core.report.metrics import ClassificationMetrics
+from tasks.core.training.records import TrainingRun
 from tasks.evaluate import billed_hardware
 from tasks.hardware import TPU_CATALOG, TRAIN_TPU
 from tasks.types import EvaluationReport, ResourcePlan, TrainedModel

@@ -17,12 +17,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tasks.core import bundle as bundles
-from tasks.core.bundle import BundleError, BundleRecord, add_metrics, load_bundle, write_bundle
-from tasks.core.config import Hardware, TrainConfig
-from tasks.core.data import DatasetError, SplitConfig, prepare_dataset, standardise
-from tasks.core.metrics import classification_metrics
-from tasks.core.models import ModelError, mlp_spec
+from tasks.core.data.assignment import SplitConfig
+from tasks.core.data.files import DatasetError
+from tasks.core.data.prepare import prepare_dataset
+from tasks.core.data.scaling import standardise
+from tasks.core.models.plugins import ModelError, mlp_spec
+from tasks.core.report.metrics import classification_metrics
+from tasks.core.serving import bundle as bundles
+from tasks.core.serving.bundle import BundleError, BundleRecord, add_metrics, load_bundle, write_bundle
+from tasks.core.training.config import TrainConfig
+from tasks.core.training.records import Hardware
 from tests.conftest import blobs_frame
 
 REPO = Path(__file__).resolve().parents[1]
@@ -45,7 +49,7 @@ def record_of(prepared, run) -> BundleRecord:
 
 @pytest.fixture(scope="module")
 def torch_bundle(prepared, tmp_path_factory):
-    from tasks.core.torch_training import train
+    from tasks.core.training.torch_training import train
 
     root = tmp_path_factory.mktemp("torch-bundle")
     outcome = train(CONFIG, prepared.split_paths(), str(root / "model.pt"))
@@ -57,8 +61,8 @@ def torch_bundle(prepared, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def keras_bundle(prepared, tmp_path_factory):
-    from tasks.core.tf_strategy import Environment
-    from tasks.core.tf_training import train_keras
+    from tasks.core.training.tf_strategy import Environment
+    from tasks.core.training.tf_training import train_keras
 
     root = tmp_path_factory.mktemp("keras-bundle")
     outcome = train_keras(CONFIG, prepared.split_paths(), str(root / "model.npz"), env=Environment())
@@ -95,11 +99,11 @@ def test_the_bundle_scores_the_raw_test_split_as_the_trained_model_scores_its_st
     raw = np.column_stack([table.column(name).to_numpy() for name in prepared.table.feature_names])
     inputs = standardise(raw, prepared.table.scaler)
     if loaded.manifest.record.framework == "pytorch":
-        from tasks.core.torch_models import predict
+        from tasks.core.models.torch_models import predict
 
         expected = predict(loaded.model, inputs)
     else:
-        from tasks.core.keras_models import predict_keras
+        from tasks.core.models.keras_models import predict_keras
 
         expected = predict_keras(loaded.model, inputs)
     np.testing.assert_array_equal(codes, expected)
@@ -275,8 +279,8 @@ LOAD_WITHOUT_FLYTE = """
 import json, sys
 sys.modules["flytekit"] = None  # importing flytekit now fails
 import pandas as pd
-from tasks.core.bundle import load_bundle
-assert not {"torch", "tensorflow", "keras"} & set(sys.modules), "tasks.core.bundle imports a framework"
+from tasks.core.serving.bundle import load_bundle
+assert not {"torch", "tensorflow", "keras"} & set(sys.modules), "tasks.core.serving.bundle imports a framework"
 rows = pd.read_parquet(sys.argv[1])
 print(json.dumps([load_bundle(folder).predict(rows).tolist() for folder in sys.argv[2:]]))
 """

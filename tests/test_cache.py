@@ -13,9 +13,9 @@ import pytest
 from flytekit.types.structured import StructuredDataset
 
 from tasks import preprocess as preprocess_module
-from tasks.core.config import TrainConfig
+from tasks.core.training.config import TrainConfig
+from tasks.plumbing.storage import dataset_uri, require_local_copies
 from tasks.right_sizing import prepare_data
-from tasks.storage import dataset_uri, require_local_copies
 from tests.conftest import blobs_frame
 
 pytestmark = pytest.mark.slow
@@ -66,12 +66,20 @@ def test_a_different_split_is_not_served_from_the_cache(tmp_path, preprocess_cal
     assert len(preprocess_calls) == 2
 
 
-def test_cache_version_follows_the_preprocessing_code():
-    from tasks.preprocess import PREPROCESS_CODE_VERSION, code_version
+def test_cache_version_follows_the_code_that_shapes_the_splits_and_no_other():
+    from tasks.plumbing.code_version import code_version
+    from tasks.preprocess import PREPROCESS_CODE_VERSION, SPLIT_SHAPING_MODULES
 
-    modules = ("tasks.core.data", "tasks.core.moments", "tasks.core.pieces", "tasks.preprocess")
-    assert code_version(*modules) == PREPROCESS_CODE_VERSION
-    assert code_version(*modules[:-1]) != PREPROCESS_CODE_VERSION
+    assert code_version(*SPLIT_SHAPING_MODULES) == PREPROCESS_CODE_VERSION
+    assert {"tasks.preprocess", "tasks.core.data.prepare", "tasks.core.data.reading"} <= SPLIT_SHAPING_MODULES
+    shaping_less_one = SPLIT_SHAPING_MODULES - {"tasks.core.data.scaling"}
+    assert code_version(*shaping_less_one) != PREPROCESS_CODE_VERSION
+    # Editing training, serving or the Flyte plumbing leaves users' cached splits alone.
+    assert not {
+        m
+        for m in SPLIT_SHAPING_MODULES
+        if m.startswith(("tasks.core.training", "tasks.core.serving", "tasks.plumbing"))
+    }
     tasks = (
         preprocess_module.preprocess,  # one pod, and each step of the pieces
         preprocess_module.assign_piece_splits,

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tasks.core.checkpoint import STATE_FILE
-from tasks.core.models import ModelSpec
+from tasks.core.models.plugins import ModelSpec
+from tasks.core.training.checkpoint import STATE_FILE
 from tests import checkpoint_worker
 from tests.streaming_splits import small_row_groups
 

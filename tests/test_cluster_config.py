@@ -8,7 +8,7 @@ from datetime import datetime
 import pytest
 from flytekit.configuration import Config
 
-from tasks.core.partition import partition_uri
+from tasks.core.data.partition import partition_uri
 from tests.dependencies import REPO
 from tests.test_dockerfile import stages
 

@@ -1,7 +1,7 @@
 import pytest
 
-from tasks.core.compare import RunSummary, compare_runs
-from tasks.core.config import Hardware, TrainingRun
+from tasks.core.report.compare import RunSummary, compare_runs
+from tasks.core.training.records import Hardware, TrainingRun
 
 
 def run(name, accelerator, count, seconds, accuracy):

@@ -8,12 +8,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tasks.core.accelerators import AcceleratorUnavailable
-from tasks.core.config import TrainConfig
-from tasks.core.cuda_check import require_cuda
-from tasks.core.memory import ESTIMATE_HIGH, ESTIMATE_LOW
-from tasks.core.models import build, measure_footprint, mlp_spec
-from tasks.core.torch_training import autocast_dtype, build_optimizer, train
+from tasks.core.models.memory import ESTIMATE_HIGH, ESTIMATE_LOW
+from tasks.core.models.plugins import build, measure_footprint, mlp_spec
+from tasks.core.planning.accelerators import AcceleratorUnavailable
+from tasks.core.planning.cuda_check import require_cuda
+from tasks.core.training.config import TrainConfig
+from tasks.core.training.torch_training import autocast_dtype, build_optimizer, train
 from tests.streaming_splits import small_row_groups
 
 pytestmark = [
@@ -110,7 +110,7 @@ def test_cuda_placements_pinned_and_copied_a_step_ahead_train_as_the_device_resi
 def test_auto_placement_on_a_gpu_reads_its_free_memory():
     """Where no plan chose (a run on a machine other than the planned one), "auto" keeps a rank's rows
     on the GPU while they take a share of its free memory, and streams them beyond."""
-    from tasks.core.shards import RESIDENT_SHARE, auto_placement
+    from tasks.core.training.rows import RESIDENT_SHARE, auto_placement
 
     device = torch.device("cuda")
     free = torch.cuda.mem_get_info(device)[0]

@@ -7,15 +7,27 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from tasks.core import data
-from tasks.core.data import DatasetError, SplitConfig, prepare_dataset, read_split
+from tasks.core.data import reading
+from tasks.core.data.assignment import SPLITS, SplitConfig
+from tasks.core.data.files import DatasetError
+from tasks.core.data.labels import typed_labels
+from tasks.core.data.prepare import (
+    EMBEDDED_DIGITS_LABEL,
+    RAW_SPLIT,
+    PreparedSplits,
+    prepare_dataset,
+    write_embedded_digits,
+)
+from tasks.core.data.scaling import standardise
+from tasks.core.data.splits import read_split
+from tasks.core.training.rank_part import read_shard
 
 
-def prepare(path: str, tmp_path, label: str = "species", **split) -> data.PreparedSplits:
+def prepare(path: str, tmp_path, label: str = "species", **split) -> PreparedSplits:
     return prepare_dataset(path, label, str(tmp_path / "out"), SplitConfig(**split))
 
 
-def split_frames(prepared: data.PreparedSplits) -> dict[str, pd.DataFrame]:
+def split_frames(prepared: PreparedSplits) -> dict[str, pd.DataFrame]:
     return {name: pq.read_table(path).to_pandas() for name, path in prepared.paths.items()}
 
 
@@ -36,7 +48,7 @@ def test_split_is_stratified_and_deterministic(blobs, write_table, tmp_path):
     again = prepare(path, tmp_path / "b", seed=7)
     other = prepare(path, tmp_path / "c", seed=8)
     a, b, c = split_frames(first), split_frames(again), split_frames(other)
-    for name in data.SPLITS:
+    for name in SPLITS:
         pd.testing.assert_frame_equal(a[name], b[name])
     assert not a["test"].equals(c["test"])
     overall = blobs["species"].value_counts(normalize=True).sort_index().to_numpy()
@@ -45,10 +57,10 @@ def test_split_is_stratified_and_deterministic(blobs, write_table, tmp_path):
         np.testing.assert_allclose(shares, overall, atol=0.05)
 
 
-def row_ids(prepared: data.PreparedSplits, frame: pd.DataFrame, split: str) -> np.ndarray:
+def row_ids(prepared: PreparedSplits, frame: pd.DataFrame, split: str) -> np.ndarray:
     """Column f0 back as the row id it was: standardised in the train and val splits, raw in the test split."""
     ids = frame["f0"].to_numpy()
-    if split != data.RAW_SPLIT:
+    if split != RAW_SPLIT:
         ids = ids * prepared.table.scaler.scale[0] + prepared.table.scaler.mean[0]
     return np.rint(ids).astype(int)
 
@@ -68,12 +80,12 @@ def test_test_split_is_raw_and_the_others_standardised_bit_for_bit(blobs, write_
     for name, frame in split_frames(prepared).items():
         rows = raw[row_ids(prepared, frame, name)]
         values = frame[features].to_numpy()
-        if name == data.RAW_SPLIT:
+        if name == RAW_SPLIT:
             assert values.dtype == np.float64
             np.testing.assert_array_equal(values, rows)
         else:
             assert values.dtype == np.float32
-            np.testing.assert_array_equal(values, data.standardise(rows, prepared.table.scaler))
+            np.testing.assert_array_equal(values, standardise(rows, prepared.table.scaler))
     test_features, _ = read_split(prepared.paths["test"], features, "species")
     assert test_features.dtype == np.float32
 
@@ -92,9 +104,9 @@ def test_scaler_is_fitted_on_train_only(blobs, write_table, tmp_path):
 def test_streaming_in_small_batches_gives_the_same_result(blobs, write_table, tmp_path, monkeypatch):
     path = write_table(blobs)
     whole = split_frames(prepare(path, tmp_path / "whole"))
-    monkeypatch.setattr(data, "BATCH_ROWS", 17)
+    monkeypatch.setattr(reading, "BATCH_ROWS", 17)
     batched = split_frames(prepare(path, tmp_path / "batched"))
-    for name in data.SPLITS:
+    for name in SPLITS:
         pd.testing.assert_frame_equal(whole[name], batched[name])
 
 
@@ -102,8 +114,7 @@ def test_read_shard_splits_rows_between_ranks(blobs, write_table, tmp_path):
     prepared = prepare(write_table(blobs.iloc[:101]), tmp_path, val_fraction=0.2, test_fraction=0.2)
     n = prepared.table.rows["train"]
     shards = [
-        data.read_shard(prepared.paths["train"], prepared.table.feature_names, "species", r, 2)
-        for r in (0, 1)
+        read_shard(prepared.paths["train"], prepared.table.feature_names, "species", r, 2) for r in (0, 1)
     ]
     assert all(len(ids) == -(-n // 2) for _, _, ids in shards)
     assert set(shards[0][2]) | set(shards[1][2]) == set(range(n))
@@ -114,10 +125,10 @@ def test_read_shard_splits_rows_between_ranks(blobs, write_table, tmp_path):
 
 
 def test_embedded_digits(tmp_path):
-    path = data.write_embedded_digits(str(tmp_path))
+    path = write_embedded_digits(str(tmp_path))
     table = pq.read_table(path)
     assert table.num_rows == 1797 and table.num_columns == 65
-    assert data.EMBEDDED_DIGITS_LABEL in table.column_names
+    assert EMBEDDED_DIGITS_LABEL in table.column_names
 
 
 # --- bad input: each error names the file, the column and the problem -------------------------
@@ -232,11 +243,11 @@ def test_label_kind_turns_the_class_labels_back_into_the_column_values(blobs, wr
     frame = blobs.assign(species=[values[i % len(values)] for i in range(len(blobs))])
     prepared = prepare(write_table(frame, name), tmp_path)
     assert (prepared.table.label_kind, prepared.table.class_labels) == (kind, class_labels)
-    typed = data.typed_labels(prepared.table.class_labels, prepared.table.label_kind)
+    typed = typed_labels(prepared.table.class_labels, prepared.table.label_kind)
     assert sorted(typed) == sorted(set(values))
     assert all(type(label) is type(values[0]) for label in typed)
 
 
 def test_unknown_label_kind_is_refused():
     with pytest.raises(ValueError, match="'decimal'"):
-        data.typed_labels(["1"], "decimal")
+        typed_labels(["1"], "decimal")

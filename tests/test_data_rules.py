@@ -14,9 +14,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tasks.core import data
-from tasks.core.bundle import arrow_features
-from tasks.core.data import DatasetError, SplitConfig, prepare_dataset
+from tasks.core.data import reading
+from tasks.core.data.assignment import SPLITS, SplitConfig, assign_splits, checked_assignment, split_rows
+from tasks.core.data.files import DatasetError
+from tasks.core.data.prepare import PreparedSplits, prepare_dataset
+from tasks.core.data.scaling import ScalerStats, check_standardised, standardise
+from tasks.core.serving.bundle import arrow_features
 from tests.conftest import blobs_frame
 
 FEATURES = ["f0", "f1", "f2", "f3"]
@@ -27,7 +30,7 @@ def snapshot(path: Path) -> dict[str, bytes]:
     return {str(file): file.read_bytes() for file in files if file.is_file()}
 
 
-def prepare_unchanged(path: Path, tmp_path: Path, **split) -> data.PreparedSplits:
+def prepare_unchanged(path: Path, tmp_path: Path, **split) -> PreparedSplits:
     """Prepare `path`, asserting that the input is byte for byte as it was, refused or not."""
     before = snapshot(path)
     try:
@@ -42,7 +45,7 @@ def refusal(path: Path, tmp_path: Path, **split) -> str:
     return str(error.value)
 
 
-def split_features(prepared: data.PreparedSplits, split: str) -> np.ndarray:
+def split_features(prepared: PreparedSplits, split: str) -> np.ndarray:
     return pq.read_table(prepared.paths[split], columns=prepared.table.feature_names).to_pandas().to_numpy()
 
 
@@ -166,9 +169,9 @@ def test_unrepresentable_magnitudes_are_refused_by_column(tmp_path, case):
 def test_a_standardised_value_beyond_float32_names_the_column_and_row():
     raw = np.array([[0.0, 1.0], [2.0, 1e39]])
     with np.errstate(over="ignore"):
-        values = data.standardise(raw, data.ScalerStats(mean=[0.0, 0.0], scale=[1.0, 1.0]))
+        values = standardise(raw, ScalerStats(mean=[0.0, 0.0], scale=[1.0, 1.0]))
     with pytest.raises(DatasetError, match=r"in.csv: feature column 'g' at row 11 holds 1e\+39"):
-        data.check_standardised(values, raw, ["f", "g"], 10, "in.csv")
+        check_standardised(values, raw, ["f", "g"], 10, "in.csv")
 
 
 # --- fractions that leave a split too few rows for the classes -------------------------------------
@@ -203,7 +206,7 @@ def test_a_split_without_a_row_of_every_class_is_refused(case):
     rare, expected = RARE_CLASSES[case]
     codes = np.repeat([0, 1, 2], [1000, rare, rare])
     with pytest.raises(DatasetError) as error:
-        data.checked_assignment(codes, ["a", "b", "c"], SplitConfig(0.45, 0.45), "in.csv")
+        checked_assignment(codes, ["a", "b", "c"], SplitConfig(0.45, 0.45), "in.csv")
     message = str(error.value)
     assert message.startswith("in.csv: ") and expected in message
     assert f"'b': {rare}" in message and "val_fraction=0.45 and test_fraction=0.45" in message
@@ -215,11 +218,11 @@ def test_a_split_without_a_row_of_every_class_is_refused(case):
 def test_split_rows_counts_as_the_split_draws(rows, val, test):
     split = SplitConfig(val_fraction=val, test_fraction=test)
     codes = np.arange(rows) % 2
-    sure = data.split_rows(rows, split)
+    sure = split_rows(rows, split)
     if min(sure.values()) < 2:  # scikit-learn would refuse, as check_split_sizes does first
         return
-    assignment = data.assign_splits(codes, split)
-    drawn = {name: int((assignment == i).sum()) for i, name in enumerate(data.SPLITS)}
+    assignment = assign_splits(codes, split)
+    drawn = {name: int((assignment == i).sum()) for i, name in enumerate(SPLITS)}
     assert drawn["train"] == sure["train"]
     assert drawn["val"] >= sure["val"] and drawn["test"] >= sure["test"]
 
@@ -297,8 +300,8 @@ def test_a_2_mib_line_is_read(tmp_path):
 
 @pytest.mark.parametrize("first_row", [False, True], ids=["later line", "first line"])
 def test_a_line_longer_than_the_block_is_named_with_its_length(tmp_path, monkeypatch, first_row):
-    monkeypatch.setattr(data, "CSV_BLOCK_BYTES", 1 << 12)
-    monkeypatch.setattr(data, "GUESS_BLOCK_BYTES", 1 << 12)
+    monkeypatch.setattr(reading, "CSV_BLOCK_BYTES", 1 << 12)
+    monkeypatch.setattr(reading, "GUESS_BLOCK_BYTES", 1 << 12)
     frame = with_a_long_label(blobs_frame(), 10_000)
     if first_row:
         frame = frame.iloc[::-1]

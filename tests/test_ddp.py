@@ -8,7 +8,7 @@ from contextlib import contextmanager
 import numpy as np
 import pytest
 
-from tasks.core.config import TrainConfig
+from tasks.core.training.config import TrainConfig
 from tests.ddp_workers import launch_local, train_and_report
 
 pytestmark = pytest.mark.slow

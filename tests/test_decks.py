@@ -90,8 +90,8 @@ def test_a_real_browser_renders_the_evaluation_deck(decks, tmp_path):
 def test_tensorboard_event_files_hold_the_scalars(tmp_path, blob_splits):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from tasks.core.config import TrainConfig
-    from tasks.core.torch_training import train
+    from tasks.core.training.config import TrainConfig
+    from tasks.core.training.torch_training import train
 
     outcome = train(TrainConfig(epochs=3, batch_size=32), blob_splits, log_dir=str(tmp_path / "board"))
     events = EventAccumulator(str(tmp_path / "board"))
@@ -114,11 +114,11 @@ DDP_WORKER = """
 import pickle, sys
 for task_function in pickle.loads(sys.stdin.buffer.read()):
     pickle.loads(task_function)
-loaded = sorted(m for m in ("sklearn", "matplotlib", "tensorflow", "tasks.train_torch", "tasks.decks")
+loaded = sorted(m for m in ("sklearn", "matplotlib", "tensorflow", "tasks.train_torch", "tasks.plumbing.decks")
                 if m in sys.modules)
 assert not loaded, f"every DDP worker would import {loaded} before its first step"
-from tasks.core.torch_startup import tensorboard_without_tensorflow
-from tasks.core.torch_training import event_writer
+from tasks.core.training.torch_startup import tensorboard_without_tensorflow
+from tasks.core.training.torch_training import event_writer
 assert "tensorflow" not in sys.modules, "importing the training loop imported TensorFlow"
 tensorboard_without_tensorflow()
 board = event_writer(sys.argv[1])
@@ -154,8 +154,8 @@ def test_importing_the_workflows_loads_no_plotting_library():
 
 
 def test_one_epoch_gets_a_table_and_two_epochs_get_charts_too():
-    from tasks.core.config import EpochMetrics
-    from tasks.decks import learning_curves
+    from tasks.core.training.records import EpochMetrics
+    from tasks.plumbing.decks import learning_curves
 
     epochs = [EpochMetrics(epoch=e, train_loss=1.0 / e, val_loss=1.1 / e, train_accuracy=0.5, val_accuracy=0.6)
               for e in (1, 2)]  # fmt: skip
@@ -173,7 +173,7 @@ def test_tensorflow_free_switch_is_skipped_once_tensorflow_is_loaded(tmp_path):
     import keras
     import tensorflow as tf
 
-    from tasks.core.torch_startup import tensorboard_without_tensorflow
+    from tasks.core.training.torch_startup import tensorboard_without_tensorflow
 
     saved = sys.modules.pop(NOTF, None)
     try:

@@ -26,10 +26,10 @@ import yaml
 from google.protobuf.json_format import MessageToDict
 from kubernetes.utils import parse_quantity
 
-from tasks.core.cuda_check import DRIVER_FLOOR
-from tasks.core.data import BATCH_ROWS
-from tasks.core.machines import MachineType
-from tasks.core.planner import CatalogEntry, plan_preprocessing
+from tasks.core.data.reading import BATCH_ROWS
+from tasks.core.planning.cuda_check import DRIVER_FLOOR
+from tasks.core.planning.machines import MachineType
+from tasks.core.planning.planner import CatalogEntry, plan_preprocessing
 from tasks.hardware import (
     CPU_NODE,
     DEFAULT_OPTIONS,
@@ -639,7 +639,7 @@ def test_the_optional_pools_are_those_of_the_extra_options():
 @pytest.mark.slow
 def test_the_default_run_of_every_target_is_planned_onto_a_default_pool():
     """The planner's own choice for the workflow's default inputs on the default data."""
-    from tasks.core.data import dataset_fingerprint
+    from tasks.core.data.fingerprint import dataset_fingerprint
     from tasks.preprocess import preprocess
     from tasks.right_sizing import EMBEDDED_FINGERPRINT, plan_report, size_preprocessing, workload
     from workflows.pipeline import training_pipeline

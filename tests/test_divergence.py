@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.core.config import TrainConfig
-from tasks.core.models import ModelError, ModelSpec, TrainingDiverged, check_model, mlp_spec
+from tasks.core.models.plugins import ModelError, ModelSpec, TrainingDiverged, check_model, mlp_spec
+from tasks.core.training.config import TrainConfig
 
 NAN_MODEL = ModelSpec("tests.test_divergence:nan_logits")
 INF_MODEL = ModelSpec("tests.test_divergence:inf_logits")
@@ -33,7 +33,7 @@ def recorded_mlp(spec, options):
     """The built-in MLP, appending the DDP worker's rank to the file `options["builds"]` on each build."""
     import os
 
-    from tasks.core.models import build
+    from tasks.core.models.plugins import build
 
     if "RANK" in os.environ:
         with open(str(options["builds"]), "a") as builds:
@@ -90,8 +90,8 @@ def assert_names_the_step_and_the_fix(error: TrainingDiverged, where: str) -> No
 
 @pytest.mark.parametrize("case", list(DIVERGING))
 def test_torch_stops_on_a_non_finite_loss_and_saves_no_model(case, blob_splits, tmp_path):
-    from tasks.core.checkpoint import TrainingCheckpoint
-    from tasks.core.torch_training import train
+    from tasks.core.training.checkpoint import TrainingCheckpoint
+    from tasks.core.training.torch_training import train
 
     config, where = DIVERGING[case]
     artifact = tmp_path / "model.pt"
@@ -106,7 +106,7 @@ def test_torch_stops_on_a_non_finite_loss_and_saves_no_model(case, blob_splits, 
 
 @pytest.mark.parametrize("case", list(DIVERGING))
 def test_keras_stops_on_a_non_finite_loss_and_saves_no_model(case, blob_splits, tmp_path):
-    from tasks.core.tf_training import KerasRunOptions, train_keras
+    from tasks.core.training.tf_training import KerasRunOptions, train_keras
 
     config, where = DIVERGING[case]
     artifact, checkpoint = tmp_path / "model.npz", tmp_path / "checkpoint"
@@ -141,8 +141,8 @@ def test_the_training_task_ends_at_once_on_divergence_with_its_message_restartin
     """Two local gloo workers, as `pyflyte run` trains on a CPU machine: the divergence is the task's
     error, not a failed restart of the workers (gloo's connectFullMesh on a loaded machine), and Flyte
     would not retry it."""
-    from tasks.core.launch import WorkerFailed
-    from tasks.failures import failure_of
+    from tasks.core.training.launch import WorkerFailed
+    from tasks.plumbing.failures import failure_of
     from tasks.preprocess import preprocess
     from tasks.train_torch import train_torch
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tasks import decks
-from tasks.core.config import Hardware, TrainingRun
-from tasks.core.metrics import classification_metrics
+from tasks.core.report.metrics import classification_metrics
+from tasks.core.training.records import Hardware, TrainingRun
+from tasks.plumbing import decks
 from tasks.types import EvaluationReport
 
 

@@ -14,9 +14,9 @@ import tensorflow as tf
 import torch
 from torch import nn
 
-from tasks.core.data import ScalerStats
-from tasks.core.exports import ExportResult, export_model
-from tasks.core.models import ModelSpec, build
+from tasks.core.data.scaling import ScalerStats
+from tasks.core.models.plugins import ModelSpec, build
+from tasks.core.serving.exports import ExportResult, export_model
 
 N_FEATURES, N_CLASSES = 64, 3
 RNG = np.random.default_rng(7)

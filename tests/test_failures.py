@@ -1,4 +1,4 @@
-"""Every row of the failure table (tasks/failures.py) reaches Flyte as the table says: each exception is
+"""Every row of the failure table (tasks/plumbing/failures.py) reaches Flyte as the table says: each exception is
 raised inside the training tasks, which flytekit's own entrypoint runs as in a pod, and the kind of the
 error document it writes (what propeller retries or not) is read back."""
 
@@ -13,14 +13,14 @@ from flyteidl.core import errors_pb2, literals_pb2
 from flytekit.bin.entrypoint import _dispatch_execute, setup_execution
 from flytekit.exceptions.user import FlyteRecoverableException
 
-from tasks.failures import FAILURES, failure_of
+from tasks.plumbing.failures import FAILURES, failure_of
 from tests.flyte_package import REPO
 from tests.test_launch import TASK_INPUTS, fake_elastic_launch
 
 # Arguments for the classes whose constructor takes more than a message.
 ARGUMENTS = {
-    "tasks.core.preemption.Preempted": (2, 40, 1.5),
-    "tasks.core.accelerators.AcceleratorUnavailable": ("1 x nvidia-l4 GPU", "no GPU is visible"),
+    "tasks.core.training.preemption.Preempted": (2, 40, 1.5),
+    "tasks.core.planning.accelerators.AcceleratorUnavailable": ("1 x nvidia-l4 GPU", "no GPU is visible"),
 }
 
 
@@ -84,7 +84,7 @@ def test_the_tensorflow_task_reports_each_failure_as_the_table_says(row, in_a_po
 def test_a_ddp_worker_raises_a_retried_failure_as_recoverable_for_the_plugin(row, monkeypatch, tmp_path):
     """The kfpytorch plugin marks a worker's failure recoverable only for a FlyteRecoverableException
     (flytekitplugins/kfpytorch/task.py, `spawn_helper`); other errors keep their type."""
-    from tasks.core import torch_training
+    from tasks.core.training import torch_training
     from tasks.ddp_worker import SetUpRefused, train_with_ddp
     from tasks.hardware import TRAIN_GPU
 
@@ -146,7 +146,7 @@ def test_a_failed_worker_group_is_reported_by_its_first_failure(
 
 def test_the_reliability_page_lists_the_table_as_the_code_has_it():
     page = (REPO / "docs" / "reliability.md").read_text()
-    table = page.split("<!-- failures table: rows of FAILURES in tasks/failures.py -->\n", 1)[1]
+    table = page.split("<!-- failures table: rows of FAILURES in tasks/plumbing/failures.py -->\n", 1)[1]
     rows = [line.split(" | ") for line in table.split("\n\n", 1)[0].splitlines()[2:]]
     listed = [(cells[0].strip("| `"), cells[1] == "yes", cells[2].rstrip(" |")) for cells in rows]
     assert listed == [(row.exception, row.retried, row.what) for row in FAILURES]

@@ -1,4 +1,4 @@
-"""Both framework halves provide what `tasks.core.models.FrameworkModels` says they provide, with the
+"""Both framework halves provide what `tasks.core.models.plugins.FrameworkModels` says they provide, with the
 same parameters, so that the checks, the planner and the built-ins call either alike."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import inspect
 
 import pytest
 
-from tasks.core.models import FRAMEWORK_MODULES, FRAMEWORKS, FrameworkModels, framework_module
+from tasks.core.models.plugins import FRAMEWORK_MODULES, FRAMEWORKS, FrameworkModels, framework_module
 
 FUNCTIONS = sorted(
     name

@@ -19,10 +19,11 @@ from benchmarks import gpu_check, gpu_scoring
 from benchmarks import gpu_figures as gpu
 from benchmarks.gpu_profile import ProfileSummary
 from benchmarks.measure import REPO
-from tasks.core.config import EpochMetrics, TrainConfig, TrainingRun
-from tasks.core.models import mlp_spec
-from tasks.core.scoring import GPU_MODEL_SPEEDUP
-from tasks.core.torch_training import TrainOutcome
+from tasks.core.models.plugins import mlp_spec
+from tasks.core.serving.scoring import GPU_MODEL_SPEEDUP
+from tasks.core.training.config import TrainConfig
+from tasks.core.training.records import EpochMetrics, TrainingRun
+from tasks.core.training.torch_training import TrainOutcome
 
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks what happens without CUDA")
 STEP_NAMES = [step.name for step in gpu_check.gpu_steps(gpu.Workspace(Path("unused"), gpu.SMOKE), 1e15)]
@@ -75,11 +76,11 @@ def test_runs_without_flytekit_pytest_and_nvml_and_without_cuda_skips_every_step
     # Every module the GPU steps run was imported, so none of them needs what was blocked.
     for module in (
         "benchmarks.gpu_figures",
-        "tasks.core.torch_training",
-        "tasks.core.memory",
+        "tasks.core.training.torch_training",
+        "tasks.core.models.memory",
         "benchmarks.loop_bench",
         "benchmarks.gpu_scoring",
-        "tasks.core.scoring",
+        "tasks.core.serving.scoring",
     ):
         assert f"'{module}'" in imported
 

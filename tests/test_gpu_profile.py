@@ -22,9 +22,9 @@ from benchmarks.gpu_profile import (
     profile_training,
     union_length,
 )
-from tasks.core import torch_training
-from tasks.core.config import TrainConfig
-from tasks.core.models import mlp_spec
+from tasks.core.models.plugins import mlp_spec
+from tasks.core.training import torch_training
+from tasks.core.training.config import TrainConfig
 
 TINY = TrainConfig(epochs=1, batch_size=32, model=mlp_spec([16]))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.core.machines import DAEMONSET_ALLOWANCE, MachineType
+from tasks.core.planning.machines import DAEMONSET_ALLOWANCE, MachineType
 from tasks.hardware import (
     DEFAULT_PRICES_PER_HOUR,
     GPU_OPTIONS,
@@ -109,7 +109,7 @@ def test_each_target_dispatches_to_its_frameworks_task_on_an_image_for_its_hardw
     task is its framework's; an image serves one framework (a pod pulls one CUDA stack at most) and
     the TPU image exactly the TPU slices; the planner chooses only from the target's own hardware
     family, and a target without a catalog is multi-node, keeping the profile it declares."""
-    from tasks.core.config import TrainConfig
+    from tasks.core.training.config import TrainConfig
     from tasks.core.validation import problems
     from tasks.hardware import TpuSliceProfile
 
@@ -155,7 +155,7 @@ def test_only_the_torch_tasks_get_the_nccl_environment():
 
 
 def test_a_profile_declares_its_hardware_in_a_record_and_in_words():
-    from tasks.core.config import Hardware
+    from tasks.core.training.records import Hardware
 
     assert TRAIN_TPU.declared(1) == Hardware("tpu-v5-lite-podslice", 4, "2x2")  # billed whole
     assert TRAIN_GPU.declared(1) == Hardware("nvidia-l4", 1)

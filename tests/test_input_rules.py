@@ -16,11 +16,12 @@ from flytekit.models.literals import Binary, Literal, Scalar
 from google.protobuf import json_format, struct_pb2
 
 import tasks.types  # noqa: F401 - registers the transformer that decodes TrainConfig strictly
-from tasks.core.compare import RunSummary, compare_runs
-from tasks.core.config import INT_RANGES, Hardware, TrainConfig, TrainingRun
-from tasks.core.models import ModelSpec, mlp_options
-from tasks.core.partition import partition_uri
-from tasks.core.validation import InputError, hyperparameter_problems, parse_hyperparameters
+from tasks.core.data.partition import partition_uri
+from tasks.core.messages import InputError
+from tasks.core.models.plugins import ModelSpec, mlp_options
+from tasks.core.report.compare import RunSummary, compare_runs
+from tasks.core.training.config import INT_RANGES, TrainConfig, hyperparameter_problems, parse_hyperparameters
+from tasks.core.training.records import Hardware, TrainingRun
 
 INF, NAN = float("inf"), float("nan")
 

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tasks.core.preemption import PREEMPTED_EXIT_CODE
+from tasks.core.training.preemption import PREEMPTED_EXIT_CODE
 from tasks.train_torch import notice_acted_on_once, stop_remaining_workers
 
 pytestmark = pytest.mark.slow

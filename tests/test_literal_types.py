@@ -1,4 +1,4 @@
-"""tasks/literal_types.py keeps each boundary dataclass's Flyte literal type once built, in a subclass
+"""tasks/plumbing/literal_types.py keeps each boundary dataclass's Flyte literal type once built, in a subclass
 of flytekit's own dataclass transformer. These tests pin what that relies on in flytekit, so that an
 upgrade which changes it fails here: the transformer is the one flytekit picks for each type, its
 literal types are flytekit's own, and values convert to the same literals and back."""
@@ -18,8 +18,8 @@ from flytekit.types.file import FlyteFile
 from flytekit.types.structured import StructuredDataset
 
 import tasks.types  # noqa: F401 - registers the boundary types
-from tasks.core.config import TrainConfig
-from tasks.literal_types import BOUNDARY_TYPES, TRANSFORMER, LiteralTypeOnce
+from tasks.core.training.config import TrainConfig
+from tasks.plumbing.literal_types import BOUNDARY_TYPES, TRANSFORMER, LiteralTypeOnce
 from tasks.types import ResourcePlan
 
 NAMES = [t.__name__ for t in BOUNDARY_TYPES]

@@ -11,11 +11,11 @@ import psutil
 import pytest
 import torch
 
-from tasks.core.config import TrainConfig
-from tasks.core.models import mlp_spec
-from tasks.core.planner import CatalogEntry, Workload, plan_training
-from tasks.core.shards import RESIDENT_SHARE, auto_placement
-from tasks.core.torch_training import train
+from tasks.core.models.plugins import mlp_spec
+from tasks.core.planning.planner import CatalogEntry, Workload, plan_training
+from tasks.core.training.config import TrainConfig
+from tasks.core.training.rows import RESIDENT_SHARE, auto_placement
+from tasks.core.training.torch_training import train
 from tasks.right_sizing import planned_hyperparameters
 
 CPU = torch.device("cpu")
@@ -60,7 +60,7 @@ def test_a_local_run_with_auto_places_its_rows_by_the_free_memory(
 ):
     free_host_memory(monkeypatch, free_gib)
     config = TrainConfig(epochs=1, batch_size=32, model=mlp_spec([8]))
-    with caplog.at_level(logging.INFO, logger="tasks.core.torch_training"):
+    with caplog.at_level(logging.INFO, logger="tasks.core.training.torch_training"):
         outcome = train(replace(config, data_placement="auto"), blob_splits)
     assert f"training rows: {placement} (auto" in caplog.text
     assert outcome.run.history, "the run trained"

@@ -12,9 +12,8 @@ import pytest
 import torch
 from torch import nn
 
-from tasks.core.config import TrainConfig
-from tasks.core.memory import ESTIMATE_HIGH, ESTIMATE_LOW
-from tasks.core.models import (
+from tasks.core.models.memory import ESTIMATE_HIGH, ESTIMATE_LOW
+from tasks.core.models.plugins import (
     MLP_DEFAULTS,
     InputSpec,
     ModelError,
@@ -24,8 +23,9 @@ from tasks.core.models import (
     option_int,
     option_ints,
 )
-from tasks.core.probe import model_state_bytes, probe_footprint
-from tasks.core.torch_models import build_mlp, load_torch_artifact, save_torch_artifact
+from tasks.core.models.probe import model_state_bytes, probe_footprint
+from tasks.core.models.torch_models import build_mlp, load_torch_artifact, save_torch_artifact
+from tasks.core.training.config import TrainConfig
 from tests.test_planner import measured_peak_bytes
 
 HERE = "tests.test_model_builders"
@@ -132,8 +132,8 @@ def test_model_spec_round_trips_through_flytes_type_engine():
 @pytest.mark.slow
 def test_core_models_never_load_tensorflow():
     code = (
-        "import sys; import tasks.core.models, tasks.core.torch_models, tasks.core.probe, examples.residual;"
-        "from tasks.core.models import ModelSpec, check_model; check_model(ModelSpec('cnn', '1x8x8'), 64, 10, 'pytorch');"
+        "import sys; import tasks.core.models.plugins, tasks.core.models.torch_models, tasks.core.models.probe, examples.residual;"
+        "from tasks.core.models.plugins import ModelSpec, check_model; check_model(ModelSpec('cnn', '1x8x8'), 64, 10, 'pytorch');"
         "print(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -177,7 +177,7 @@ def test_torch_artifact_rebuilds_through_the_builder_with_identical_predictions(
 
 
 def test_keras_artifact_rebuilds_through_the_builder_with_identical_predictions(tmp_path):
-    from tasks.core.keras_models import SPEC_KEY, load_keras_artifact, save_keras_artifact
+    from tasks.core.models.keras_models import SPEC_KEY, load_keras_artifact, save_keras_artifact
 
     spec, n_features = SPECS["residual"]
     model = build(spec, n_features, 10, "tensorflow")
@@ -230,9 +230,9 @@ def test_the_probe_keeps_its_dispatch_unwrapped_so_torch_dynamo_is_not_imported(
     that renames that private hook fails here, not in a slower plan."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from tasks.core.probe import AllocationTimeline
+    from tasks.core.models.probe import AllocationTimeline
 
     assert callable(getattr(TorchDispatchMode, "_should_skip_dynamo", None))
     assert AllocationTimeline._should_skip_dynamo() is False
     dispatch = vars(AllocationTimeline)["__torch_dispatch__"]
-    assert dispatch.__module__ == "tasks.core.probe" and not hasattr(dispatch, "__wrapped__")
+    assert dispatch.__module__ == "tasks.core.models.probe" and not hasattr(dispatch, "__wrapped__")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.core.models import ModelError, ModelSpec, measure_footprint
+from tasks.core.models.plugins import ModelError, ModelSpec, measure_footprint
 
 
 def frozen_linear(spec, options):
@@ -61,7 +61,7 @@ def test_a_model_with_nothing_to_train_is_refused_naming_the_reference(builder, 
 def test_a_set_up_error_is_raised_naming_the_rank_with_its_cause_chained():
     import torch
 
-    from tasks.core.torch_training import DistributedContext, SetUpFailed, agreed_set_up
+    from tasks.core.training.torch_training import DistributedContext, SetUpFailed, agreed_set_up
 
     alone = DistributedContext(rank=0, world_size=1, device=torch.device("cpu"), backend="none")
     assert agreed_set_up(lambda: "ready", alone) == "ready"
@@ -92,7 +92,7 @@ def fails_on_rank_1(spec, options):
 
 @pytest.mark.slow
 def test_the_training_task_fails_once_without_retry_naming_the_rank_that_failed(blobs, write_table, tmp_path):
-    from tasks.core.config import TrainConfig
+    from tasks.core.training.config import TrainConfig
     from tasks.preprocess import preprocess
     from tasks.train_torch import train_torch
 

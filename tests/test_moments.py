@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from tasks.core.moments import FeatureMoments, merged
+from tasks.core.data.moments import FeatureMoments, merged
 
 
 @pytest.mark.parametrize("pieces", [1, 3, 7])

@@ -8,10 +8,10 @@ import ctypes
 import pytest
 import tensorflow as tf
 
-from tasks.core import nvidia_driver
-from tasks.core.accelerators import AcceleratorUnavailable
-from tasks.core.nvidia_driver import DRIVER_LIBRARIES, driver_libraries
-from tasks.core.tf_strategy import require_gpus
+from tasks.core.planning import nvidia_driver
+from tasks.core.planning.accelerators import AcceleratorUnavailable
+from tasks.core.planning.nvidia_driver import DRIVER_LIBRARIES, driver_libraries
+from tasks.core.training.tf_strategy import require_gpus
 from tests.test_accelerator_guard import loader_without
 
 CUDA_BUILD = {"is_cuda_build": True, "cuda_version": "12.5.1", "cudnn_version": "9"}

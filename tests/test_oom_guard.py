@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tasks.core import torch_training
-from tasks.core.config import TrainConfig
-from tasks.core.models import ModelSpec, mlp_spec
+from tasks.core.models.plugins import ModelSpec, mlp_spec
+from tasks.core.training import torch_training
+from tasks.core.training.config import TrainConfig
 from tests.oom_workers import build_with_oom_in_backward
 
 pytestmark = pytest.mark.usefixtures("single_process")
@@ -98,6 +98,6 @@ def test_a_rank_that_gives_up_for_another_ranks_oom_says_so():
 
 
 def blob_splits_rows(splits) -> int:
-    from tasks.core.data import read_split
+    from tasks.core.data.splits import read_split
 
     return len(read_split(splits.train, splits.feature_names, splits.label_column)[1])

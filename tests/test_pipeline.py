@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from tasks.core.config import TrainConfig
-from tasks.core.models import ModelSpec, mlp_spec
-from tasks.core.planner import PlanError
-from tasks.core.validation import InputError
+from tasks.core.messages import InputError
+from tasks.core.models.plugins import ModelSpec, mlp_spec
+from tasks.core.planning.planner import PlanError
+from tasks.core.training.config import TrainConfig
 from tasks.targets import TARGETS
 from tests.conftest import COMPARISON_HYPERPARAMETERS, blobs_frame
 from tests.run_bundles import assert_scores_as_evaluate_did
@@ -124,7 +124,7 @@ def scheduled_run_on_a_users_csv(tmp_path_factory):
     stray spaces and differ only by case. Returns the report and the Deck pages evaluation wrote."""
     from datetime import datetime
 
-    from tasks import decks
+    from tasks.plumbing import decks
     from workflows.launch_plans import scheduled_training
 
     root = tmp_path_factory.mktemp("events")

@@ -18,16 +18,16 @@ from flytekit import workflow
 from flytekit.configuration import ImageConfig, SerializationSettings
 from flytekit.tools.translator import get_serializable
 
-from tasks.core.config import TrainConfig
-from tasks.core.memory import (
+from tasks.core.models.memory import (
     ESTIMATE_HIGH,
     ESTIMATE_LOW,
     GRADIENT_REDUCE_BUCKET_BYTES,
     NCCL_BYTES,
     ModelFootprint,
 )
-from tasks.core.models import build, measure_footprint, mlp_spec
-from tasks.core.planner import PlanError, Workload, estimate_for, plan_preprocessing, plan_training
+from tasks.core.models.plugins import build, measure_footprint, mlp_spec
+from tasks.core.planning.planner import PlanError, Workload, estimate_for, plan_preprocessing, plan_training
+from tasks.core.training.config import TrainConfig
 from tasks.hardware import (
     CPU_NODE,
     EXTRA_OPTIONS_VARIABLE,

@@ -7,7 +7,7 @@ import xml.etree.ElementTree as ElementTree
 
 import numpy as np
 
-from tasks.core import plots
+from tasks.core.report import plots
 
 LABELS_200 = [f"class_{i}" for i in range(200)]
 

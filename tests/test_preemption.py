@@ -12,9 +12,9 @@ import time
 import pytest
 import torch
 
-from tasks.core.checkpoint import STATE_FILE
-from tasks.core.config import TrainConfig
-from tasks.core.preemption import PREEMPTED_EXIT_CODE, PreemptionNotice
+from tasks.core.training.checkpoint import STATE_FILE
+from tasks.core.training.config import TrainConfig
+from tasks.core.training.preemption import PREEMPTED_EXIT_CODE, PreemptionNotice
 from tests.ddp_workers import launch_local, train_until_one_rank_is_signalled
 
 
@@ -38,7 +38,7 @@ def test_a_non_positive_grace_budget_is_rejected():
 def test_a_save_that_overruns_the_grace_budget_ends_the_process_with_the_preempted_code():
     script = textwrap.dedent("""
         import os, signal, time
-        from tasks.core.preemption import PreemptionNotice
+        from tasks.core.training.preemption import PreemptionNotice
         with PreemptionNotice(grace_s=1) as notice:
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(30)  # a save that never finishes

@@ -6,10 +6,10 @@ import math
 import time
 from types import SimpleNamespace
 
-from tasks.core import telemetry
-from tasks.core.progress import ProgressReporter
-from tasks.core.telemetry import UtilisationSampler
-from tasks.decks import utilisation_section
+from tasks.core.training import telemetry
+from tasks.core.training.progress import ProgressReporter
+from tasks.core.training.telemetry import UtilisationSampler
+from tasks.plumbing.decks import utilisation_section
 
 
 class Terminal(io.StringIO):
@@ -39,7 +39,7 @@ def test_pod_logs_get_plain_lines_at_a_bounded_rate():
     log_stream = io.StringIO()  # not a TTY, like a pod's stdout
     reporter = ProgressReporter(epochs=2, stream=log_stream, log_every_s=0.2)
     reads = []
-    logger, collect = logging.getLogger("tasks.core.progress"), Collect()
+    logger, collect = logging.getLogger("tasks.core.training.progress"), Collect()
     logger.addHandler(collect)
     logger.setLevel(logging.INFO)
     try:

@@ -9,11 +9,12 @@ import fsspec
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
-from tasks.core.bundle import MANIFEST, BundleError, BundleRecord, load_bundle, write_bundle
-from tasks.core.config import Hardware, TrainingRun
-from tasks.core.data import DatasetError, ScalerStats
-from tasks.core.models import build, input_spec_for, mlp_spec
-from tasks.core.publish import LATEST, new_version, publish_bundle, resolve_bundle
+from tasks.core.data.files import DatasetError
+from tasks.core.data.scaling import ScalerStats
+from tasks.core.models.plugins import build, input_spec_for, mlp_spec
+from tasks.core.serving.bundle import MANIFEST, BundleError, BundleRecord, load_bundle, write_bundle
+from tasks.core.serving.publish import LATEST, new_version, publish_bundle, resolve_bundle
+from tasks.core.training.records import Hardware, TrainingRun
 from tests.conftest import blobs_frame
 
 FEATURES = ["f0", "f1", "f2", "f3"]
@@ -25,7 +26,7 @@ def write_test_bundle(folder: Path, seed: int = 0) -> str:
     give two models that score differently."""
     import torch
 
-    from tasks.core.torch_models import save_torch_artifact
+    from tasks.core.models.torch_models import save_torch_artifact
 
     spec = mlp_spec([16])
     torch.manual_seed(seed)

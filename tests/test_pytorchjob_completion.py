@@ -16,7 +16,12 @@ from flytekit.core.base_task import IgnoreOutputs
 from flytekit.exceptions.user import FlyteRecoverableException
 from flytekitplugins.kfpytorch.task import PytorchElasticFunctionTask
 
-from tasks.core.job_completion import DECK_FILE, RankZeroSilent, wait_for_rank_zero, written_by_rank_zero
+from tasks.core.training.job_completion import (
+    DECK_FILE,
+    RankZeroSilent,
+    wait_for_rank_zero,
+    written_by_rank_zero,
+)
 from tests.flyte_package import REPO
 from tests.test_launch import TASK_INPUTS
 
@@ -32,7 +37,7 @@ print(time.time())
 WAITING_POD = """
 import sys, time
 import fsspec
-from tasks.core.job_completion import wait_for_rank_zero
+from tasks.core.training.job_completion import wait_for_rank_zero
 wait_for_rank_zero(fsspec.filesystem("file"), sys.argv[1], timeout_s=60, poll_s=0.05)
 print(time.time())
 """
@@ -196,8 +201,8 @@ def test_a_ddp_worker_reads_the_splits_in_place_with_flytekit_s_storage_settings
     import fsspec.config
     from flytekit.bin.entrypoint import setup_execution
 
-    from tasks.core.data import filesystem_for
-    from tasks.storage import flyte_storage_as_fsspec_defaults
+    from tasks.core.data.files import filesystem_for
+    from tasks.plumbing.storage import flyte_storage_as_fsspec_defaults
 
     endpoint = "http://minio.flyte.svc:9000"
     monkeypatch.setenv("FLYTE_AWS_ENDPOINT", endpoint)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.core.launch import LOCAL_CPU_WORKERS_VARIABLE
+from tasks.core.training.launch import LOCAL_CPU_WORKERS_VARIABLE
 from tests.conftest import blobs_frame
 from tests.dependencies import REPO
 

@@ -16,12 +16,12 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from tasks.core.bundle import BundleError, load_bundle
-from tasks.core.data import DatasetError
-from tasks.core.metrics import classification_metrics, metrics_from_confusion
-from tasks.core.planner import CatalogEntry
-from tasks.core.publish import publish_bundle
-from tasks.core.scoring import (
+from tasks.core.data.files import DatasetError
+from tasks.core.planning.planner import CatalogEntry
+from tasks.core.report.metrics import classification_metrics, metrics_from_confusion
+from tasks.core.serving.bundle import BundleError, load_bundle
+from tasks.core.serving.publish import publish_bundle
+from tasks.core.serving.scoring import (
     GPU_MODEL_SPEEDUP,
     RowCost,
     ScoringJob,
@@ -302,7 +302,7 @@ def nightly_scoring_run(scoring_root, bundle_folder):
 
 @pytest.mark.slow
 def test_the_nightly_scoring_scores_every_row_of_the_days_parts_with_the_latest_model(nightly_scoring_run):
-    from tasks.storage import local_path
+    from tasks.plumbing.storage import local_path
 
     outputs, older, latest = nightly_scoring_run
     report = outputs.report
@@ -353,7 +353,7 @@ def test_only_the_gpu_scoring_tasks_ask_for_a_gpu_each_in_its_frameworks_image(f
 SCORE_WITHOUT_FLYTE = """
 import sys
 sys.modules["flytekit"] = None
-from tasks.core.scoring import score_dataset
+from tasks.core.serving.scoring import score_dataset
 print(score_dataset(*sys.argv[1:]).rows)
 """
 
@@ -369,7 +369,7 @@ def test_the_scorer_runs_where_flytekit_cannot_be_imported(bundle_folder, users_
 @pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
 def test_a_gpu_piece_on_a_cluster_node_without_its_gpu_refuses_naming_it(framework, monkeypatch):
     """As the training tasks do: never score on the host CPU where a GPU was declared."""
-    from tasks.core.accelerators import AcceleratorUnavailable
+    from tasks.core.planning.accelerators import AcceleratorUnavailable
     from tasks.score import DEFAULT_GPU, GPU_PIECE_TASKS
 
     monkeypatch.setenv("FLYTE_INTERNAL_EXECUTION_ID", "f00ba4")

@@ -12,10 +12,11 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-from tasks.core import data
-from tasks.core.data import SPLITS, SplitConfig, prepare_dataset
-from tasks.core.moments import merged
-from tasks.core.pieces import assign_pieces, piece_moments, plan_pieces, prepare_in_pieces
+from tasks.core.data.assignment import SPLITS, SplitConfig
+from tasks.core.data.files import DatasetError, detect_format
+from tasks.core.data.moments import merged
+from tasks.core.data.pieces import assign_pieces, piece_moments, plan_pieces, prepare_in_pieces
+from tasks.core.data.prepare import RAW_SPLIT, PreparedSplits, prepare_dataset
 from tests.conftest import blobs_frame
 
 # Uneven parts: one of a single row, one holding one class only, one of many rows.
@@ -35,11 +36,11 @@ def uneven_parts(folder: Path, suffix: str, labels: str = "species") -> pd.DataF
     return whole
 
 
-def split_tables(prepared: data.PreparedSplits) -> dict[str, pa.Table]:
+def split_tables(prepared: PreparedSplits) -> dict[str, pa.Table]:
     return {name: ds.dataset(prepared.paths[name], format="parquet").to_table() for name in SPLITS}
 
 
-def assert_same_splits(pieces: data.PreparedSplits, one_pod: data.PreparedSplits) -> None:
+def assert_same_splits(pieces: PreparedSplits, one_pod: PreparedSplits) -> None:
     expected, found = split_tables(one_pod), split_tables(pieces)
     label = one_pod.table.label_column
     for name in SPLITS:
@@ -47,7 +48,7 @@ def assert_same_splits(pieces: data.PreparedSplits, one_pod: data.PreparedSplits
         assert found[name].column(label).equals(expected[name].column(label))  # bit for bit, in order
         for feature in one_pod.table.feature_names:
             got, want = (t.column(feature).to_numpy() for t in (found[name], expected[name]))
-            if name == data.RAW_SPLIT:
+            if name == RAW_SPLIT:
                 np.testing.assert_array_equal(got, want)
             else:
                 np.testing.assert_allclose(got, want, rtol=2e-7, atol=2e-7)
@@ -124,7 +125,7 @@ def test_a_bad_value_in_a_piece_is_named_by_its_row_in_the_input(tmp_path):
     whole = uneven_parts(folder, ".parquet")
     whole.loc[200, "f2"] = np.nan
     whole.iloc[48:228].to_parquet(folder / "part-00003.parquet", index=False)
-    with pytest.raises(data.DatasetError, match=r"feature column 'f2' has a missing value .* at row 200"):
+    with pytest.raises(DatasetError, match=r"feature column 'f2' has a missing value .* at row 200"):
         prepare_in_pieces(str(folder), "species", str(tmp_path / "pieces"), SplitConfig(), 3)
 
 
@@ -145,7 +146,7 @@ def test_a_folder_mixing_formats_is_refused_naming_a_file_of_each(tmp_path):
     folder = tmp_path / "parts.parquet"
     uneven_parts(folder, ".parquet")
     blobs_frame(n_rows=20).to_csv(folder / "extra.csv", index=False)
-    with pytest.raises(data.DatasetError) as error:
+    with pytest.raises(DatasetError) as error:
         prepare_dataset(str(folder), "species", str(tmp_path / "out"), SplitConfig())
     message = str(error.value)
     assert "mixes file formats" in message and "csv (" in message and "parquet (" in message
@@ -158,20 +159,20 @@ def test_a_folder_of_unnamed_parts_takes_the_folder_name_or_is_refused(tmp_path)
         folder.mkdir()
         blobs_frame().to_parquet(folder / "part-00000", index=False)
         if refused:
-            with pytest.raises(data.DatasetError, match="cannot tell the format of its part files"):
-                data.detect_format(str(folder))
+            with pytest.raises(DatasetError, match="cannot tell the format of its part files"):
+                detect_format(str(folder))
         else:
-            assert data.detect_format(str(folder)) == "parquet"
+            assert detect_format(str(folder)) == "parquet"
 
 
 # --- the map tasks, as a run launches them -------------------------------------------------------
 
 
 def test_prepare_data_maps_the_pieces_of_an_input_past_the_threshold(tmp_path, monkeypatch):
-    from tasks.core import planner
-    from tasks.core.config import TrainConfig
+    from tasks.core.planning import planner
+    from tasks.core.training.config import TrainConfig
+    from tasks.plumbing.storage import dataset_uri
     from tasks.right_sizing import prepare_data
-    from tasks.storage import dataset_uri
 
     folder = tmp_path / "parts"
     uneven_parts(folder, ".parquet")
@@ -184,11 +185,11 @@ def test_prepare_data_maps_the_pieces_of_an_input_past_the_threshold(tmp_path, m
     one_pod = prepare_dataset(str(folder), "species", str(tmp_path / "one"), SplitConfig(seed=2))
     folders = {name: dataset_uri(getattr(prepared, name)) for name in SPLITS}
     assert all(len(list(Path(path).glob("part-*.parquet"))) == plan.pieces for path in folders.values())
-    assert_same_splits(data.PreparedSplits(folders, prepared.table), one_pod)
+    assert_same_splits(PreparedSplits(folders, prepared.table), one_pod)
 
 
 def test_the_plan_summary_says_when_preprocessing_runs_in_pieces():
-    from tasks.core.planner import PreprocessPlan
+    from tasks.core.planning.planner import PreprocessPlan
     from tasks.types import ResourcePlan
 
     def summary(**pieces) -> str:

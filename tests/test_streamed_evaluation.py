@@ -10,9 +10,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tasks.core.bundle import Bundle, load_bundle
-from tasks.core.metrics import classification_metrics
-from tasks.core.scoring import split_metrics
+from tasks.core.report.metrics import classification_metrics
+from tasks.core.serving.bundle import Bundle, load_bundle
+from tasks.core.serving.scoring import split_metrics
 from tests.conftest import blobs_frame
 from tests.test_publish import CLASSES, FEATURES, write_test_bundle
 

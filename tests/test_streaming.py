@@ -7,12 +7,16 @@ import numpy as np
 import pytest
 import torch
 
-from tasks.core import data, shards
-from tasks.core.config import TrainConfig
-from tasks.core.models import measure_footprint, mlp_spec
-from tasks.core.planner import CatalogEntry, PlanError, Workload, plan_training
-from tasks.core.shards import epoch_order, epoch_windows, streamed_rows
-from tasks.core.torch_training import train
+from tasks.core.data.assignment import SplitConfig
+from tasks.core.data.prepare import SPLIT_ROW_GROUP_ROWS, prepare_dataset
+from tasks.core.data.splits import read_split
+from tasks.core.models.plugins import measure_footprint, mlp_spec
+from tasks.core.planning.planner import CatalogEntry, PlanError, Workload, plan_training
+from tasks.core.training import rows
+from tasks.core.training.config import TrainConfig
+from tasks.core.training.rank_part import RankPart, rank_part, read_shard
+from tasks.core.training.rows import epoch_order, epoch_windows, streamed_rows
+from tasks.core.training.torch_training import train
 from tasks.hardware import GPU_CATALOG
 from tests.streaming_splits import small_row_groups
 
@@ -74,8 +78,8 @@ def test_streamed_rows_are_the_epoch_order_from_any_row_on(skip):
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 7])
 def test_rank_parts_are_disjoint_equal_and_read_from_their_own_row_groups(row_group_splits, world_size):
-    split_rows = data.rank_part(row_group_splits.train, 0, 1).rows
-    parts = [data.rank_part(row_group_splits.train, rank, world_size) for rank in range(world_size)]
+    split_rows = rank_part(row_group_splits.train, 0, 1).rows
+    parts = [rank_part(row_group_splits.train, rank, world_size) for rank in range(world_size)]
     ids = [part.row_ids() for part in parts]
     assert {len(i) for i in ids} == {-(-split_rows // world_size)}
     assert set().union(*map(set, ids)) == set(range(split_rows))
@@ -84,8 +88,8 @@ def test_rank_parts_are_disjoint_equal_and_read_from_their_own_row_groups(row_gr
         assert not own & set().union(*(set(i) for r, i in enumerate(ids) if r != rank))
         assert len(own) >= len(ids[rank]) - 1  # padding repeats one of the rank's own rows at most
         assert np.all(np.diff(ids[rank][: len(own)]) == 1)  # a contiguous range
-    features, labels = data.read_split(row_group_splits.train, row_group_splits.feature_names, "species")
-    x, y, row_ids = data.read_shard(
+    features, labels = read_split(row_group_splits.train, row_group_splits.feature_names, "species")
+    x, y, row_ids = read_shard(
         row_group_splits.train, row_group_splits.feature_names, "species", world_size - 1, world_size
     )
     np.testing.assert_array_equal(x, features[row_ids])
@@ -143,20 +147,20 @@ def test_a_table_larger_than_the_device_is_streamed_not_refused():
 
 def test_streamed_reads_are_bounded_by_the_buffer(row_group_splits, monkeypatch):
     """A streamed epoch reads each of its blocks once and never holds more than a window and a block."""
-    reads, real = [], data.RankPart.read_block
+    reads, real = [], RankPart.read_block
     monkeypatch.setattr(
-        data.RankPart, "read_block", lambda self, block, *a: reads.append(block) or real(self, block, *a)
+        RankPart, "read_block", lambda self, block, *a: reads.append(block) or real(self, block, *a)
     )
     config = TrainConfig(epochs=1, batch_size=16, seed=1, data_placement="stream", shuffle_buffer_rows=50)
     train(config, row_group_splits)
-    part = data.rank_part(row_group_splits.train, 0, 1)
+    part = rank_part(row_group_splits.train, 0, 1)
     train_reads = [block for block in reads if block.file.endswith(".parquet") and "train" in block.file]
     assert sorted(train_reads, key=lambda b: (b.file, b.row_group)) == part.blocks
-    assert shards.PREFETCH_STEPS >= 1
+    assert rows.PREFETCH_STEPS >= 1
 
 
 def test_the_cpu_family_hands_batches_over_in_order_unchanged():
-    from tasks.core.devices import CPU
+    from tasks.core.training.devices import CPU
 
     batches = [(torch.arange(3) + i, torch.ones(2) * i) for i in range(4)]
     handed = list(CPU.copied_ahead(iter(batches), torch.device("cpu")))
@@ -173,8 +177,8 @@ def test_a_rank_reads_its_part_straight_from_an_object_store_uri(row_group_split
     memory = fsspec.filesystem("memory")
     memory.put(row_group_splits.train, "/bucket/train", recursive=True)
     local, remote = (
-        data.rank_part(row_group_splits.train, 1, 2),
-        data.rank_part("memory://bucket/train", 1, 2),
+        rank_part(row_group_splits.train, 1, 2),
+        rank_part("memory://bucket/train", 1, 2),
     )
     np.testing.assert_array_equal(remote.row_ids(), local.row_ids())
     columns = (row_group_splits.feature_names, "species")
@@ -190,7 +194,7 @@ def test_rebatching_lays_parts_end_to_end_and_cuts_whole_batches(batches):
     parts = [
         (np.arange(n * 2).reshape(n, 2) + 100 * i, np.arange(n) + 100 * i) for i, n in enumerate([5, 1, 9, 2])
     ]
-    cut = list(shards.rebatched(iter(parts), 4, batches))
+    cut = list(rows.rebatched(iter(parts), 4, batches))
     whole_x, whole_y = np.concatenate([x for x, _ in parts]), np.concatenate([y for _, y in parts])
     expected = len(whole_y) // 4 + 1 if batches is None else batches
     assert [len(y) for _, y in cut] == [4] * (expected - 1) + [4 if batches else len(whole_y) % 4]
@@ -206,14 +210,12 @@ def test_prepared_splits_have_small_row_groups_so_ranks_decode_little_of_each_ot
     from tests.conftest import blobs_frame
 
     source = tmp_path / "blobs.parquet"
-    blobs_frame(n_rows=2 * data.SPLIT_ROW_GROUP_ROWS).to_parquet(source, index=False)
-    prepared = data.prepare_dataset(
-        str(source), "species", str(tmp_path / "prepared"), data.SplitConfig(seed=0)
-    )
+    blobs_frame(n_rows=2 * SPLIT_ROW_GROUP_ROWS).to_parquet(source, index=False)
+    prepared = prepare_dataset(str(source), "species", str(tmp_path / "prepared"), SplitConfig(seed=0))
     metadata = pq.read_metadata(prepared.paths["train"])
     sizes = [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
-    assert max(sizes) <= data.SPLIT_ROW_GROUP_ROWS and len(sizes) >= 2
+    assert max(sizes) <= SPLIT_ROW_GROUP_ROWS and len(sizes) >= 2
     for rank in range(2):
-        part = data.rank_part(prepared.paths["train"], rank, 2)
+        part = rank_part(prepared.paths["train"], rank, 2)
         decoded = sum(sizes[group] for group in {block.row_group for block in part.blocks})
-        assert decoded - part.rows <= data.SPLIT_ROW_GROUP_ROWS  # one straddling group's other rows
+        assert decoded - part.rows <= SPLIT_ROW_GROUP_ROWS  # one straddling group's other rows

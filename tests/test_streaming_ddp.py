@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tasks.core.config import TrainConfig
+from tasks.core.training.config import TrainConfig
 from tests.ddp_workers import launch_local, train_recording_reads
 from tests.streaming_splits import small_row_groups
 from tests.test_ddp import one_thread_per_rank

@@ -12,7 +12,7 @@ import pytest
 from flytekit.core.python_function_task import PythonFunctionTask
 
 import tasks
-from tasks.process import begin_task
+from tasks.plumbing.process import begin_task
 
 # Bodies that open no storage themselves, each with where its storage is read instead.
 OPENS_NO_STORAGE = {
@@ -50,7 +50,7 @@ def test_begin_task_in_a_pod_makes_core_read_s3_at_flytes_endpoint(monkeypatch):
     """As in a task pod (flytekit's entrypoint sets up the execution from the pod's environment)."""
     from flytekit.bin.entrypoint import setup_execution
 
-    from tasks.core.data import filesystem_for
+    from tasks.core.data.files import filesystem_for
 
     monkeypatch.setenv("FLYTE_AWS_ENDPOINT", "http://minio.flyte:9000")
     monkeypatch.setenv("FLYTE_AWS_ACCESS_KEY_ID", "minio")

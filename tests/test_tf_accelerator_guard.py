@@ -13,15 +13,15 @@ from flytekit.core.context_manager import FlyteContextManager
 from flytekit.core.type_engine import TypeEngine
 from flytekit.models.literals import Literal
 
-from tasks.core.config import TrainConfig
-from tasks.core.models import mlp_spec
+from tasks.core.models.plugins import mlp_spec
+from tasks.core.training.config import TrainConfig
 from tasks.train_tf import train_tf_gpu, train_tf_tpu
 from tasks.types import PreparedData
 from tests.pods import literals, merged, refused_like_a_pod
 
 pytestmark = pytest.mark.slow
 HYPERPARAMETERS = TrainConfig(epochs=1, batch_size=16, model=mlp_spec([8]))
-SPLIT_GONE = "is gone"  # what reading a missing split raises (tasks/storage.py)
+SPLIT_GONE = "is gone"  # what reading a missing split raises (tasks/plumbing/storage.py)
 
 
 @pytest.fixture(scope="module")

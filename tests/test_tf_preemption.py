@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tasks.core.data import read_split
-from tasks.core.preemption import PREEMPTED_EXIT_CODE
-from tasks.core.tf_training import STATE_FILE, BatchSpec, batches, epoch_order
+from tasks.core.data.splits import read_split
+from tasks.core.training.preemption import PREEMPTED_EXIT_CODE
+from tasks.core.training.tf_training import STATE_FILE, BatchSpec, batches, epoch_order
 from tests.keras_preemption_worker import CONFIG, GRACE_S, train_and_record
 
 pytestmark = pytest.mark.slow

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from tasks.core import tf_strategy
-from tasks.core.accelerators import AcceleratorUnavailable
-from tasks.core.tf_strategy import (
+from tasks.core.messages import InputError
+from tasks.core.planning.accelerators import AcceleratorUnavailable
+from tasks.core.training import tf_strategy
+from tasks.core.training.tf_strategy import (
     PJRT_VARIABLES,
     Environment,
     StrategyUnavailable,
@@ -25,7 +26,6 @@ from tasks.core.tf_strategy import (
     set_pjrt_defaults,
     tpu_target_strategy,
 )
-from tasks.core.validation import InputError
 
 TWO_WORKERS = json.dumps(
     {"cluster": {"worker": ["w0:2222", "w1:2222"]}, "task": {"type": "worker", "index": 0}}

@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tasks.core.config import TrainConfig
-from tasks.core.data import read_split
-from tasks.core.keras_models import load_keras_artifact, predict_keras
-from tasks.core.models import ModelSpec, build, mlp_spec
-from tasks.core.precision import for_keras
-from tasks.core.tf_strategy import Environment
-from tasks.core.tf_training import (
+from tasks.core.data.splits import read_split
+from tasks.core.models.keras_models import load_keras_artifact, predict_keras
+from tasks.core.models.plugins import ModelSpec, build, mlp_spec
+from tasks.core.training.config import TrainConfig
+from tasks.core.training.precision import for_keras
+from tasks.core.training.tf_strategy import Environment
+from tasks.core.training.tf_training import (
     TPU_STEPS_PER_EXECUTION,
     BatchSpec,
     KerasRunOptions,

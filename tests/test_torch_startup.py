@@ -1,8 +1,8 @@
 """The start-up patches apply to the installed releases: an upgrade of torch or TensorBoard fails here,
 until the patches are checked against it (their own pin tests: test_launch, test_decks,
-test_model_builders) and the release is added to tasks/core/torch_startup.py."""
+test_model_builders) and the release is added to tasks/core/training/torch_startup.py."""
 
-from tasks.core.torch_startup import CHECKED_TENSORBOARD, CHECKED_TORCH, checked, release
+from tasks.core.training.torch_startup import CHECKED_TENSORBOARD, CHECKED_TORCH, checked, release
 
 
 def test_the_installed_torch_is_a_release_the_patches_were_checked_against():

@@ -3,11 +3,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tasks.core import torch_training
-from tasks.core.config import TrainConfig
-from tasks.core.models import mlp_spec
-from tasks.core.torch_models import load_torch_artifact
-from tasks.core.torch_training import (
+from tasks.core.models.plugins import mlp_spec
+from tasks.core.models.torch_models import load_torch_artifact
+from tasks.core.training import torch_training
+from tasks.core.training.config import TrainConfig
+from tasks.core.training.torch_training import (
     DistributedContext,
     Totals,
     autocast_dtype,

@@ -10,12 +10,13 @@ import keras
 import numpy as np
 import pytest
 
-from tasks.core.config import PRECISIONS, EpochMetrics, TrainConfig
-from tasks.core.models import mlp_spec
-from tasks.core.precision import BF16, FP16, FP32, TABLE, for_keras, for_torch, named
-from tasks.core.progress import TrainingProgress, log_epoch
-from tasks.core.tf_strategy import Environment
-from tasks.core.tf_training import KerasRunOptions, learning_rate_schedule, train_keras
+from tasks.core.models.plugins import mlp_spec
+from tasks.core.training.config import PRECISIONS, TrainConfig
+from tasks.core.training.precision import BF16, FP16, FP32, TABLE, for_keras, for_torch, named
+from tasks.core.training.progress import TrainingProgress, log_epoch
+from tasks.core.training.records import EpochMetrics
+from tasks.core.training.tf_strategy import Environment
+from tasks.core.training.tf_training import KerasRunOptions, learning_rate_schedule, train_keras
 
 
 def test_the_table_names_each_precision_for_both_frameworks():
@@ -82,7 +83,7 @@ def test_the_progress_record_survives_a_checkpoint_as_a_plain_dict():
 
 
 def test_one_epoch_line_for_both_loops(caplog):
-    with caplog.at_level(logging.INFO, logger="tasks.core.progress"):
+    with caplog.at_level(logging.INFO, logger="tasks.core.training.progress"):
         log_epoch(EpochMetrics(2, 0.51234, 0.75, 0.6, 0.7), epochs=5)
     assert caplog.messages == ["epoch 2/5 train_loss=0.5123 train_acc=0.7500 val_loss=0.6000 val_acc=0.7000"]
 
@@ -105,7 +106,7 @@ def test_both_loops_refuse_a_shard_too_small_for_an_optimizer_step(framework, bl
         monkeypatch.delenv(name, raising=False)
     with pytest.raises(ValueError, match="fewer than one optimizer step .*; lower batch_size"):
         if framework == "pytorch":
-            from tasks.core.torch_training import train
+            from tasks.core.training.torch_training import train
 
             train(config, blob_splits)
         else:
@@ -148,8 +149,8 @@ def test_a_keras_run_resumed_mid_epoch_ends_bit_identical(blob_splits, tmp_path)
 def test_the_torch_loop_reads_what_differs_by_device_from_one_family_record(monkeypatch):
     import torch
 
-    from tasks.core.devices import CPU, CUDA, family_of, local_family
-    from tasks.core.torch_training import DistributedContext
+    from tasks.core.training.devices import CPU, CUDA, family_of, local_family
+    from tasks.core.training.torch_training import DistributedContext
 
     assert family_of(torch.device("cuda", 0)) is CUDA and family_of(torch.device("cpu")) is CPU
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

@@ -12,8 +12,12 @@ import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pytest
 
-from tasks.core import data
-from tasks.core.data import DatasetError, SplitConfig, label_case_warnings, prepare_dataset
+from tasks.core.data.assignment import SplitConfig
+from tasks.core.data.files import DatasetError
+from tasks.core.data.fingerprint import dataset_fingerprint, describe_input
+from tasks.core.data.labels import CASE_WARNINGS, label_case_warnings
+from tasks.core.data.prepare import PreparedSplits, prepare_dataset
+from tasks.core.data.reading import iter_batches, open_dataset, sniff_delimiter
 from tasks.core.messages import one_line, preview
 
 
@@ -35,7 +39,7 @@ def write(frame: pd.DataFrame, path: Path, **csv_options) -> str:
     return str(path)
 
 
-def prepare(path: str, tmp_path: Path) -> data.PreparedSplits:
+def prepare(path: str, tmp_path: Path) -> PreparedSplits:
     return prepare_dataset(path, "y", str(tmp_path / "out"), SplitConfig())
 
 
@@ -99,7 +103,7 @@ def test_case_warnings_are_bounded():
     three = label_case_warnings(["yes", "Yes", "YES"])
     assert three == ["classes 'yes', 'Yes', 'YES' differ only by case; they are kept as separate classes"]
     many = label_case_warnings([f"class{i}" for i in range(100)] + [f"CLASS{i}" for i in range(100)])
-    assert len(many) == data.CASE_WARNINGS + 1
+    assert len(many) == CASE_WARNINGS + 1
     assert many[-1] == "... and 95 more groups of classes differ only by case"
 
 
@@ -140,8 +144,8 @@ def test_a_continuous_label_gives_a_bounded_message(tmp_path):
 def test_a_late_float_in_an_integer_csv_column_is_read(tmp_path):
     path = late_column_csv(tmp_path / "late.csv", "0.5")
     before = Path(path).read_bytes()
-    dataset = data.open_dataset(path, "y")
-    f1 = pa.concat_arrays([batch.column("f1") for batch in data.iter_batches(dataset, path)])
+    dataset = open_dataset(path, "y")
+    f1 = pa.concat_arrays([batch.column("f1") for batch in iter_batches(dataset, path)])
     assert f1.type == pa.float64()
     assert len(f1) == 200_001 and f1[-1].as_py() == 0.5 and f1[8].as_py() == 1.0
     assert Path(path).read_bytes() == before
@@ -165,10 +169,10 @@ def test_csv_delimiter_is_sniffed_from_the_header(tmp_path, delimiter):
 
 
 def test_sniff_delimiter():
-    assert data.sniff_delimiter("f0,f1,species") == ","
-    assert data.sniff_delimiter("f0;f1;species") == ";"
-    assert data.sniff_delimiter('"a,b";"c";"d"') == ";"
-    assert data.sniff_delimiter("species") == ","
+    assert sniff_delimiter("f0,f1,species") == ","
+    assert sniff_delimiter("f0;f1;species") == ";"
+    assert sniff_delimiter('"a,b";"c";"d"') == ";"
+    assert sniff_delimiter("species") == ","
 
 
 # --- part files -----------------------------------------------------------------------------------
@@ -225,7 +229,7 @@ def fail_with(error: Exception):
 
 def remote_refusals(uri: str) -> list[str]:
     messages = []
-    for read in (data.open_dataset, data.describe_input, data.dataset_fingerprint):
+    for read in (open_dataset, describe_input, dataset_fingerprint):
         with pytest.raises(DatasetError) as error:
             read(uri)
         messages.append(str(error.value))
@@ -254,7 +258,7 @@ def test_unreachable_host_reported_as_missing_file_names_the_cause(monkeypatch):
 
 def refusal_of(uri: str) -> str:
     with pytest.raises(DatasetError) as error:
-        data.open_dataset(uri)
+        open_dataset(uri)
     return str(error.value)
 
 

@@ -16,8 +16,9 @@ def main(splits_json: str, artifact: str) -> None:
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 
-    from tasks.core.config import SplitPaths, TrainConfig
-    from tasks.core.tf_training import train_keras
+    from tasks.core.data.splits import SplitPaths
+    from tasks.core.training.config import TrainConfig
+    from tasks.core.training.tf_training import train_keras
 
     splits = SplitPaths(**json.loads(splits_json))
     outcome = train_keras(TrainConfig(epochs=4, batch_size=32, seed=2), splits, artifact, strategy="mirrored")

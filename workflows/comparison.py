@@ -8,13 +8,13 @@ from flytekit import workflow
 from flytekit.types.directory import FlyteDirectory
 
 from tasks.compare import check_prices, compare
-from tasks.core.compare import HardwareComparison
-from tasks.core.config import TrainConfig
+from tasks.core.report.compare import HardwareComparison
+from tasks.core.training.config import TrainConfig
 from tasks.evaluate import evaluate
 from tasks.hardware import DEFAULT_PRICES_PER_HOUR
 from tasks.right_sizing import prepare_data, train_on_target
 
-# The comparison, and the model bundle each run produced (tasks/core/bundle.py).
+# The comparison, and the model bundle each run produced (tasks/core/serving/bundle.py).
 Compared = NamedTuple(  # noqa: UP014 - the functional form keeps the field types real classes for flytekit
     "Compared",
     [("comparison", HardwareComparison), ("gpu_model", FlyteDirectory), ("tpu_model", FlyteDirectory)],

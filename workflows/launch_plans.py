@@ -14,7 +14,7 @@ from datetime import datetime
 from flytekit import CronSchedule, LaunchPlan, workflow
 from flytekit.core.workflow import WorkflowBase
 
-from tasks.core.config import TrainConfig
+from tasks.core.training.config import TrainConfig
 from tasks.hardware import DEFAULT_PRICES_PER_HOUR
 from tasks.schedule import dataset_partition
 from tasks.score import Scored

@@ -7,13 +7,13 @@ from typing import NamedTuple
 from flytekit import workflow
 from flytekit.types.directory import FlyteDirectory
 
-from tasks.core.config import TrainConfig
+from tasks.core.training.config import TrainConfig
 from tasks.evaluate import evaluate
 from tasks.publish import publish_model
 from tasks.right_sizing import prepare_data, train_on_target
 from tasks.types import EvaluationReport
 
-# What a run hands back: the report, the model bundle (tasks/core/bundle.py) and, with publish_to, the
+# What a run hands back: the report, the model bundle (tasks/core/serving/bundle.py) and, with publish_to, the
 # URI it was published under.
 TrainingOutputs = NamedTuple(  # noqa: UP014 - the functional form keeps the field types real classes for flytekit
     "TrainingOutputs", [("report", EvaluationReport), ("model", FlyteDirectory), ("published", str)]
@@ -42,7 +42,7 @@ def training_pipeline(
             PyTorchJob over several nodes), tpu (TensorFlow on a TPU slice) or gpu-tf
             (TensorFlow MirroredStrategy on GPUs). Locally all of them run on CPU.
         hyperparameters: epochs, batch size, optimizer, model shape, precision, seed, checkpointing
-            (tasks/core/config.py, TrainConfig); as JSON, only the fields that differ from the
+            (tasks/core/training/config.py, TrainConfig); as JSON, only the fields that differ from the
             defaults, e.g. '{"epochs": 5, "batch_size": 128}'.
         val_fraction: share of rows held out for validation.
         test_fraction: share of rows held out for the final test.

@@ -22,15 +22,10 @@ import yaml
 from flytekit import Email, PagerDuty, Slack, WorkflowExecutionPhase
 from flytekit.core.notification import Notification
 
-from tasks.core.partition import partition_uri
-from tasks.core.validation import (
-    build,
-    convert,
-    price_problems,
-    shape_problems,
-    value_problems,
-    with_option_lists_joined,
-)
+from tasks.core.data.partition import partition_uri
+from tasks.core.strict_json import build, convert, shape_problems, value_problems
+from tasks.core.training.config import EXAMPLES, with_option_lists_joined
+from tasks.core.validation import price_problems
 from tasks.targets import TARGETS
 
 ENV = "MIXEDML_SCHEDULES"
@@ -162,14 +157,14 @@ def checked(value: object, hint: object, key: str) -> tuple[object, list[str]]:
         return value, [] if isinstance(value, bool) else [f"'{key}' = {value!r}: expected true or false"]
     if dataclasses.is_dataclass(hint):
         value = with_option_lists_joined(value)
-        found = [problem.removeprefix("input ") for problem in shape_problems(value, hint, key)]
+        found = [problem.removeprefix("input ") for problem in shape_problems(value, hint, key, EXAMPLES)]
         if found:
             return None, found
         config = build(hint, value)
         return config, [
             f"'{key}.{name}' = {getattr(config, name)!r}: {rule}" for name, rule in config.problems().items()
         ]
-    found = [problem.removeprefix("input ") for problem in value_problems(value, hint, key)]
+    found = [problem.removeprefix("input ") for problem in value_problems(value, hint, key, EXAMPLES)]
     if found:
         return None, found
     value = convert(value, hint)
@@ -179,7 +174,7 @@ def checked(value: object, hint: object, key: str) -> tuple[object, list[str]]:
 
 
 def template_rule(template: str) -> str:
-    """What the run would refuse (tasks/core/partition.py), without the input's name it puts first."""
+    """What the run would refuse (tasks/core/data/partition.py), without the input's name it puts first."""
     try:
         partition_uri(template, datetime(2000, 1, 1))
     except ValueError as error:

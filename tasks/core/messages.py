@@ -25,3 +25,13 @@ def one_line(error: BaseException, limit: int = LINE_CHARS) -> str:
     text = " ".join(str(error).split())
     name = type(error).__name__
     return shorten(f"{name}: {text}" if text else name, limit)
+
+
+class InputError(ValueError):
+    """A workflow input that cannot work; the message names the input, the value and the fix."""
+
+
+def raise_for(found: list[str]) -> None:
+    """Raise one InputError listing every bad input, so a user fixes them all at once."""
+    if found:
+        raise InputError("invalid workflow inputs:\n  " + "\n  ".join(found))

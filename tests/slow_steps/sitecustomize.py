@@ -7,7 +7,7 @@ import os
 if os.environ.get("MIXEDML_TEST_STEP_SECONDS"):
     import time
 
-    from tasks.core import torch_training
+    from tasks.core.training import torch_training
 
     _step, _delay = torch_training.optimizer_step, float(os.environ["MIXEDML_TEST_STEP_SECONDS"])
 

@@ -1,0 +1,127 @@
+"""The label column: read once, checked, and encoded as class codes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+
+from tasks.core.data.columns import check_finite
+from tasks.core.data.files import DatasetError
+from tasks.core.data.reading import iter_batches
+from tasks.core.messages import preview, shorten
+
+CASE_WARNINGS = 5
+# A label column's kind, by its numpy dtype's kind (any other is "string"), and how the text of its
+# class labels turns back into its values.
+LABEL_KINDS = {"i": "integer", "u": "integer", "f": "float", "b": "boolean"}
+NUMBER_TYPES_BY_KIND = {"integer": (pa.int64(),), "float": (pa.float64(),)}
+NUMBER_TYPES = (pa.int64(), pa.float64())  # tried in turn on CSV labels: see `clean_labels`
+LABEL_PARSERS = {"string": str, "integer": int, "float": float, "boolean": lambda text: text == "True"}
+
+
+def scan_labels(dataset: ds.Dataset, uri: str, label_column: str, features: list[str]) -> pa.ChunkedArray:
+    """Validate every feature batch and return the label column (the only column kept in memory)."""
+    label_chunks = []
+    rows = 0
+    for batch in iter_batches(dataset, uri):
+        check_finite(batch, features, rows, uri)
+        label_chunks.append(batch.column(label_column))
+        rows += batch.num_rows
+    if rows == 0:
+        raise DatasetError(f"{uri}: the dataset has no rows")
+    return pa.chunked_array(label_chunks, type=dataset.schema.field(label_column).type)
+
+
+def as_numbers(labels: pa.ChunkedArray, kinds: tuple[pa.DataType, ...] = NUMBER_TYPES) -> pa.ChunkedArray:
+    """Text labels that are all integers (or all numbers) as int64 (float64), else unchanged."""
+    for kind in kinds:
+        try:
+            return pc.cast(labels, kind)
+        except pa.ArrowInvalid:
+            continue
+    return labels
+
+
+def refuse_missing_labels(labels: pa.ChunkedArray, uri: str, label_column: str) -> None:
+    """A label that is null, NaN or empty text is missing: refuse it rather than train it as a class."""
+    missing = pc.is_null(labels, nan_is_null=True)
+    if pa.types.is_string(labels.type) or pa.types.is_large_string(labels.type):
+        missing = pc.or_(missing, pc.fill_null(pc.equal(labels, ""), True))
+    rows = np.flatnonzero(missing.to_numpy(zero_copy_only=False))
+    what = f"{uri}: label column '{label_column}'"
+    if len(rows) == 1:
+        raise DatasetError(f"{what} has a missing value (empty, null or NaN) at row {rows[0]}")
+    if len(rows):
+        raise DatasetError(
+            f"{what} has {len(rows):,} missing values (empty, null or NaN) at rows {preview(rows)}"
+        )
+
+
+def clean_labels(
+    labels: pa.ChunkedArray, uri: str, label_column: str, from_csv: bool, kind: str | None = None
+) -> np.ndarray:
+    """Labels as classes: text stripped of surrounding whitespace, and missing labels refused.
+
+    CSV labels are read as text; a column of numbers among them is read back as numbers, so
+    digits 0-9 sort as numbers and a float label 'nan' counts as missing. Labels that are some rows
+    of an input pass its `kind` (`label_kind`): their text is read as the whole column's values are.
+    """
+    if pa.types.is_dictionary(labels.type):
+        labels = pc.cast(labels, labels.type.value_type)
+    if pa.types.is_string(labels.type) or pa.types.is_large_string(labels.type):
+        labels = pc.utf8_trim_whitespace(labels)
+        if from_csv:
+            labels = as_numbers(labels, NUMBER_TYPES if kind is None else NUMBER_TYPES_BY_KIND.get(kind, ()))
+    refuse_missing_labels(labels, uri, label_column)
+    return labels.to_numpy()
+
+
+def label_kind(labels: np.ndarray) -> str:
+    """What the labels are, before they become text: integer, float, boolean, or string for the rest."""
+    return LABEL_KINDS.get(labels.dtype.kind, "string")
+
+
+def typed_labels(class_labels: list[str], kind: str) -> list:
+    """The class labels as the values the label column held: "3" is 3 for integer labels."""
+    if kind not in LABEL_PARSERS:
+        raise ValueError(f"unknown label kind {kind!r}, not one of {', '.join(LABEL_PARSERS)}")
+    return [LABEL_PARSERS[kind](label) for label in class_labels]
+
+
+def encode_labels(labels: np.ndarray, uri: str, label_column: str) -> tuple[np.ndarray, list[str]]:
+    classes, codes = np.unique(labels, return_inverse=True)
+    if len(classes) < 2:
+        raise DatasetError(
+            f"{uri}: label column '{label_column}' has a single class ({shorten(repr(classes[0]))}); "
+            "classification needs at least 2"
+        )
+    return codes.astype(np.int64), [str(c) for c in classes]
+
+
+def label_case_warnings(class_labels: list[str]) -> list[str]:
+    """Warnings for classes that differ only by case ('yes' and 'YES'): they stay separate classes."""
+    by_folded: dict[str, list[str]] = {}
+    for label in class_labels:
+        by_folded.setdefault(label.casefold(), []).append(repr(label))
+    clashes = [labels for labels in by_folded.values() if len(labels) > 1]
+    warnings = [
+        f"classes {' and '.join(labels) if len(labels) == 2 else preview(labels)} differ only by case; "
+        "they are kept as separate classes"
+        for labels in clashes[:CASE_WARNINGS]
+    ]
+    if len(clashes) > CASE_WARNINGS:
+        warnings.append(
+            f"... and {len(clashes) - CASE_WARNINGS:,} more groups of classes differ only by case"
+        )
+    return warnings
+
+
+def looks_continuous(class_labels: list[str]) -> bool:
+    """Classes that are all numbers, some of them fractional: a regression target, not classes."""
+    try:
+        values = [float(label) for label in class_labels]
+    except ValueError:
+        return False
+    return any(not value.is_integer() for value in values)

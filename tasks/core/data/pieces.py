@@ -1,0 +1,193 @@
+"""Preprocessing an input too large for one pod, in pieces that give what one pod gives.
+
+1. `plan_pieces` cuts the input, from its metadata, into contiguous pieces: runs of its part files, or
+   of a parquet file's row groups, of about equal size.
+2. `assign_pieces` reads only the label column, of every piece in turn, and decides every row's class
+   and split exactly as one pod does (`RowSplit`); it saves the split assignment (one byte a row) and
+   notes where each piece's rows start in it.
+3. `piece_moments`: each piece checks its feature values and gives the moments of its train rows;
+   merged, they give the scaler (`fitted_scaler`) one pass over the rows would.
+4. `write_piece`: each piece writes its rows of each split as the part file numbered by its index,
+   so a split is a folder of parts holding the same rows, in the same order, as one pod writes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from itertools import groupby
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as ds
+
+from tasks.core.data.assignment import SPLITS, SplitConfig
+from tasks.core.data.columns import feature_columns, non_feature_columns
+from tasks.core.data.files import row_group_fragments
+from tasks.core.data.labels import clean_labels
+from tasks.core.data.moments import FeatureMoments, merged
+from tasks.core.data.prepare import PreparedSplits, PreparedTable, RowSplit, split_files, write_splits
+from tasks.core.data.reading import iter_batches, open_dataset
+from tasks.core.data.scaling import ScalerStats, fitted_scaler, train_moments
+
+
+@dataclass
+class DataPiece:
+    """Some contiguous rows of the input: whole files, or runs of a parquet file's row groups."""
+
+    index: int
+    files: list[str]  # as the input's filesystem names them, in the order the rows are read
+    row_groups: list[list[int]]  # per file, the row groups read; empty: the whole file
+
+
+@dataclass
+class PieceLayout:
+    """What every piece shares: the rows' classes and splits were decided over the whole input."""
+
+    uri: str
+    table: PreparedTable  # what the splits hold; its scaler is empty until the pieces' moments merge
+    pieces: list[DataPiece]
+    first_rows: list[int]  # each piece's first row in the input, then the input's row count
+    output: str  # the folder (local or fsspec URI) that holds a folder of parts per split
+
+    def rows_of(self, piece: DataPiece) -> slice:
+        return slice(self.first_rows[piece.index], self.first_rows[piece.index + 1])
+
+
+@dataclass(frozen=True)
+class ReadUnit:
+    """The smallest run of rows a piece takes: a parquet row group, or a whole CSV file."""
+
+    file: str
+    row_group: int | None
+    size: int  # rows of a row group, bytes of a CSV file: what the pieces are balanced on
+
+
+def plan_pieces(uri: str, label_column: str, count: int) -> list[DataPiece]:
+    """At most `count` contiguous pieces of about equal size; fewer when the input has fewer units."""
+    units = read_units(open_dataset(uri, label_column))
+    total = max(sum(unit.size for unit in units), 1)
+    before, groups = 0, {}
+    for unit in units:
+        middle = before + unit.size / 2  # the unit goes to the piece its middle falls in
+        groups.setdefault(min(count - 1, int(middle * count / total)), []).append(unit)
+        before += unit.size
+    return [piece_of(index, group) for index, group in enumerate(groups.values())]
+
+
+def read_units(dataset: ds.Dataset) -> list[ReadUnit]:
+    units = []
+    for fragment in dataset.get_fragments():
+        if isinstance(fragment, ds.ParquetFileFragment):
+            units += [ReadUnit(fragment.path, group.id, group.num_rows) for group in fragment.row_groups]
+        else:
+            units.append(ReadUnit(fragment.path, None, dataset.filesystem.get_file_info(fragment.path).size))
+    return units
+
+
+def piece_of(index: int, units: list[ReadUnit]) -> DataPiece:
+    by_file = [(file, list(run)) for file, run in groupby(units, key=lambda unit: unit.file)]
+    row_groups = [[unit.row_group for unit in run if unit.row_group is not None] for _, run in by_file]
+    return DataPiece(index, [file for file, _ in by_file], row_groups)
+
+
+def piece_dataset(dataset: ds.Dataset, piece: DataPiece) -> ds.Dataset:
+    """The piece's rows of the whole input's dataset, read with its schema and format. A row group is
+    a fragment of its own, as one pod reads no more of a file ahead than that."""
+    wanted = dict(zip(piece.files, piece.row_groups, strict=True))
+    fragments = []
+    for fragment in dataset.get_fragments():
+        if fragment.path in wanted:
+            groups = wanted[fragment.path]
+            fragments += row_group_fragments(fragment, groups) if groups else [fragment]
+    return ds.FileSystemDataset(fragments, dataset.schema, dataset.format, dataset.filesystem)
+
+
+def label_column_of(dataset: ds.Dataset, uri: str, label_column: str) -> pa.ChunkedArray:
+    batches = iter_batches(dataset, uri, columns=[label_column])
+    return pa.chunked_array(
+        [batch.column(label_column) for batch in batches], type=dataset.schema.field(label_column).type
+    )
+
+
+def assign_pieces(
+    uri: str,
+    label_column: str,
+    split: SplitConfig,
+    pieces: list[DataPiece],
+    output: str,
+    assignment_file: str,
+) -> PieceLayout:
+    """Every row's class and split from the label column alone, as `prepare_dataset` decides them; the
+    assignment is saved to `assignment_file` (.npy, one byte a row)."""
+    dataset = open_dataset(uri, label_column)
+    left_out = non_feature_columns(dataset, uri, label_column)
+    features = feature_columns(dataset.schema, label_column, uri, left_out)
+    columns = [label_column_of(piece_dataset(dataset, piece), uri, label_column) for piece in pieces]
+    first_rows = np.cumsum([0] + [len(column) for column in columns]).tolist()
+    whole = pa.chunked_array([chunk for column in columns for chunk in column.chunks], type=columns[0].type)
+    from_csv = isinstance(dataset.format, ds.CsvFileFormat)
+    rows = RowSplit.of(clean_labels(whole, uri, label_column, from_csv), uri, label_column, split)
+    np.save(assignment_file, rows.assignment)
+    return PieceLayout(uri, rows.table(features, label_column, uri, left_out), pieces, first_rows, output)
+
+
+def piece_moments(layout: PieceLayout, piece: DataPiece, assignment: np.ndarray) -> FeatureMoments:
+    """The moments of the piece's train rows, once every feature value of the piece is checked."""
+    dataset = piece_dataset(open_dataset(layout.uri, layout.table.label_column), piece)
+    rows = layout.rows_of(piece)
+    features = layout.table.feature_names
+    return train_moments(dataset, layout.uri, features, assignment[rows], rows.start, check_values=True)
+
+
+def merged_scaler(layout: PieceLayout, moments: list[FeatureMoments]) -> ScalerStats:
+    return fitted_scaler(merged(moments), layout.table.feature_names, layout.uri)
+
+
+def write_piece(
+    layout: PieceLayout, piece: DataPiece, assignment: np.ndarray, scaler: ScalerStats
+) -> dict[str, int]:
+    """Write the piece's rows of each split as part `piece.index`; the rows written, by split."""
+    label_column = layout.table.label_column
+    dataset = piece_dataset(open_dataset(layout.uri, label_column), piece)
+    from_csv = isinstance(dataset.format, ds.CsvFileFormat)
+    column = label_column_of(dataset, layout.uri, label_column)
+    labels = clean_labels(column, layout.uri, label_column, from_csv, layout.table.label_kind)
+    codes = encode_as(labels, layout)
+    rows = layout.rows_of(piece)
+    prepared = PreparedSplits(split_files(layout.output, piece.index), replace(layout.table, scaler=scaler))
+    write_splits(dataset, layout.uri, prepared, codes, assignment[rows], rows.start)
+    return {name: int((assignment[rows] == index).sum()) for index, name in enumerate(SPLITS)}
+
+
+def encode_as(labels: np.ndarray, layout: PieceLayout) -> np.ndarray:
+    """Some rows' labels as codes into the whole input's classes (`encode_labels` named them by text)."""
+    code_of = {label: code for code, label in enumerate(layout.table.class_labels)}
+    classes, inverse = np.unique(labels, return_inverse=True)
+    return np.array([code_of[str(label)] for label in classes], dtype=np.int64)[inverse]
+
+
+def collected(layout: PieceLayout, scaler: ScalerStats, written: list[dict[str, int]]) -> PreparedSplits:
+    """The splits the pieces wrote, once every piece wrote all of its rows."""
+    rows = {name: sum(piece[name] for piece in written) for name in SPLITS}
+    if rows != layout.table.rows:
+        raise RuntimeError(
+            f"the pieces wrote {rows} rows of {layout.uri}, not the {layout.table.rows} assigned"
+        )
+    paths = {name: f"{layout.output.rstrip('/')}/{name}" for name in SPLITS}
+    return PreparedSplits(paths, replace(layout.table, scaler=scaler))
+
+
+def prepare_in_pieces(
+    uri: str, label_column: str, out_dir: str, split: SplitConfig, count: int
+) -> PreparedSplits:
+    """`prepare_dataset` in at most `count` pieces, one after another: what the map tasks run
+    (tasks/preprocess.py), in one process. Each split is a folder of parts under `out_dir`."""
+    pieces = plan_pieces(uri, label_column, count)
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    assignment_file = f"{out_dir}/assignment.npy"
+    layout = assign_pieces(uri, label_column, split, pieces, out_dir, assignment_file)
+    assignment = np.load(assignment_file, mmap_mode="r")
+    scaler = merged_scaler(layout, [piece_moments(layout, piece, assignment) for piece in pieces])
+    written = [write_piece(layout, piece, assignment, scaler) for piece in pieces]
+    return collected(layout, scaler, written)

@@ -1,0 +1,318 @@
+"""Reading any input table in pyarrow record batches, with errors that name the file, line and column.
+
+Inputs are streamed: only one batch of features is in memory at a time, so memory does not grow
+with the width or length of the file."""
+
+from __future__ import annotations
+
+import csv
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import PurePosixPath
+
+import fsspec
+import fsspec.implementations.local
+import pyarrow as pa
+import pyarrow.csv as pa_csv
+import pyarrow.dataset as ds
+import pyarrow.fs as pa_fs
+
+from tasks.core.data.files import (
+    DatasetError,
+    detect_format,
+    filesystem_for,
+    is_local,
+    parquet_format,
+    part_files,
+    remote_errors,
+)
+from tasks.core.messages import LINE_CHARS, one_line, preview, shorten
+
+BATCH_ROWS = 65_536
+# Batches decoded ahead of the one in use: bounds memory (pyarrow reads 16 ahead by default).
+READAHEAD_BATCHES = 2
+CSV_DELIMITERS = ",;\t|"
+HEADER_BYTES = 1 << 20
+# The CSV text parsed at once: pyarrow cannot read a line longer than this. Column types are
+# guessed from a first block of pyarrow's default size.
+CSV_BLOCK_BYTES, GUESS_BLOCK_BYTES = 16 << 20, 1 << 20
+# pyarrow's CSV errors number columns from 0 and rows as lines of the file, header included.
+CSV_COLUMN_ERROR = re.compile(r"In CSV column #(\d+): (?:Row #(\d+): )?(.*)", re.DOTALL)
+LONG_LINE_ERROR = "straddling object straddles two block boundaries"
+CSV_NOT_A_NUMBER = re.compile(r"CSV conversion error to \w+: invalid value '(.*)'", re.DOTALL)
+
+
+def header_line(filesystem: pa_fs.FileSystem, file: str) -> str:
+    with filesystem.open_input_stream(file, compression="detect") as stream:
+        head = stream.read(HEADER_BYTES)
+    lines = head.decode("utf-8", errors="replace").splitlines()
+    return lines[0] if lines else ""
+
+
+def sniff_delimiter(header: str) -> str:
+    """The header's delimiter among comma, semicolon, tab and pipe; a comma when it cannot tell."""
+    try:
+        return csv.Sniffer().sniff(header, delimiters=CSV_DELIMITERS).delimiter
+    except csv.Error:  # a single column, or no header at all
+        return ","
+
+
+def is_number_or_null(kind: pa.DataType) -> bool:
+    return pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_null(kind)
+
+
+def is_number(kind: pa.DataType) -> bool:
+    """A type a feature may have: decimals are read as float64 (see `batch_features`)."""
+    return (
+        pa.types.is_integer(kind)
+        or pa.types.is_floating(kind)
+        or pa.types.is_boolean(kind)
+        or pa.types.is_decimal(kind)
+    )
+
+
+def guessed_schema(
+    filesystem: fsspec.AbstractFileSystem, source: str | list[str], parse: pa_csv.ParseOptions, text: dict
+) -> pa.Schema:
+    """The column types pyarrow guesses from the first block: a block of pyarrow's default size, so
+    a value that breaks the guess further down is named with its line when converted; a larger one
+    when the first rows are longer than that."""
+    convert = pa_csv.ConvertOptions(column_types=text)
+
+    def guess(block: int) -> pa.Schema:
+        read = pa_csv.ReadOptions(block_size=block)
+        options = ds.CsvFileFormat(parse_options=parse, read_options=read, convert_options=convert)
+        return ds.dataset(source, filesystem=filesystem, format=options).schema
+
+    try:
+        return guess(GUESS_BLOCK_BYTES)
+    except pa.ArrowInvalid as err:
+        if LONG_LINE_ERROR not in str(err):
+            raise
+    return guess(CSV_BLOCK_BYTES)
+
+
+def csv_format(
+    filesystem: fsspec.AbstractFileSystem, path: str, is_dir: bool, label_column: str | None
+) -> ds.CsvFileFormat:
+    source = part_files(filesystem, path) if is_dir else path
+    return csv_format_and_schema(filesystem, source, label_column)[0]
+
+
+def csv_format_and_schema(
+    filesystem: fsspec.AbstractFileSystem, source: str | list[str], label_column: str | None
+) -> tuple[ds.CsvFileFormat, pa.Schema]:
+    """CSV options for this file: its delimiter, the label read as text and numeric columns as floats;
+    and the schema they give, so that opening the dataset reads no block of the large size.
+
+    pyarrow guesses column types from the first block only, so a column of integers holding 0.5
+    further down would fail to convert; reading every numeric column as float64 avoids that. A text
+    label keeps 'NA' or 'NULL' as classes: only an empty cell is missing.
+    """
+    first = source[0] if isinstance(source, list) else source
+    header = header_line(pa_fs.PyFileSystem(pa_fs.FSSpecHandler(filesystem)), first)
+    parse = pa_csv.ParseOptions(delimiter=sniff_delimiter(header))
+    read = pa_csv.ReadOptions(block_size=CSV_BLOCK_BYTES)
+    text = {label_column: pa.string()} if label_column else {}
+    guessed = guessed_schema(filesystem, source, parse, text)
+    numbers = {f.name: pa.float64() for f in guessed if f.name not in text and is_number_or_null(f.type)}
+    types = {**numbers, **text}
+    convert = pa_csv.ConvertOptions(column_types=types)
+    schema = pa.schema([(f.name, types.get(f.name, f.type)) for f in guessed])
+    return ds.CsvFileFormat(parse_options=parse, read_options=read, convert_options=convert), schema
+
+
+def open_dataset(uri: str, label_column: str | None = None) -> ds.Dataset:
+    """Open a local path or fsspec URI (s3://, gs://, ...) as a lazily-read pyarrow dataset.
+
+    `label_column` matters for CSV only: it is read as text (see `csv_format`).
+    """
+    file_format = detect_format(uri)
+    filesystem, path = filesystem_for(uri)
+    with remote_errors(uri):
+        info = filesystem.info(path)
+    is_dir = info.get("type") == "directory"
+    if not is_dir and info.get("size") == 0:
+        raise DatasetError(f"{uri}: the file is empty (0 bytes)")
+    remote = not is_local(filesystem)
+    with remote_errors(uri):
+        source = part_files(filesystem, path) if is_dir else path  # a folder has some: `detect_format`
+        try:
+            if file_format == "csv":
+                pa_format, schema = csv_format_and_schema(filesystem, source, label_column)
+            else:
+                pa_format, schema = parquet_format(remote=remote), None
+            whole = ds.dataset(source, filesystem=filesystem, format=pa_format, schema=schema)
+            dataset = consistent_parts(whole, uri)
+            if not has_rows(dataset, uri):
+                raise DatasetError(f"{uri}: the dataset has no rows")
+        except pa.ArrowException as err:
+            if LONG_LINE_ERROR in str(err):  # in the first block, read to guess the column types
+                first = source[0] if isinstance(source, list) else source
+                handler = pa_fs.PyFileSystem(pa_fs.FSSpecHandler(filesystem))
+                raise DatasetError(long_line_message(handler, first, part_name(uri, first))) from err
+            raise DatasetError(f"{uri}: cannot be read as {file_format}: {one_line(err)}") from err
+    return dataset
+
+
+def has_rows(dataset: ds.Dataset, uri: str) -> bool:
+    """Parquet knows its row count from the footers; CSV must parse its first batch to tell."""
+    if not isinstance(dataset.format, ds.CsvFileFormat):
+        return dataset.count_rows() > 0
+    return any(batch.num_rows for batch in iter_batches(dataset, uri))
+
+
+def part_name(uri: str, file: str) -> str:
+    """`uri` itself, or `uri` and the part file when `uri` is a directory."""
+    same = PurePosixPath(file).name == PurePosixPath(uri.rstrip("/")).name
+    return uri if same else f"{uri}: part file {file}"
+
+
+def csv_header(dataset: ds.Dataset, file: str) -> list[str]:
+    line = header_line(dataset.filesystem, file)
+    return next(csv.reader([line], delimiter=dataset.format.parse_options.delimiter), [])
+
+
+def csv_error_message(err: pa.ArrowException, dataset: ds.Dataset, file: str, uri: str) -> str:
+    """pyarrow's 'In CSV column #3: Row #9: ...' with the file and the column's name instead."""
+    source = part_name(uri, file)
+    if LONG_LINE_ERROR in str(err):
+        return long_line_message(dataset.filesystem, file, source)
+    match = CSV_COLUMN_ERROR.search(str(err))
+    if not match:
+        return f"{source}: unreadable data: {one_line(err)}"
+    index, line, detail = int(match[1]), match[2], match[3]
+    names = csv_header(dataset, file)
+    column = repr(names[index]) if index < len(names) else f"number {index + 1}"
+    where = f" at line {int(line):,}" if line else ""
+    value = CSV_NOT_A_NUMBER.match(detail)
+    if not value:
+        return f"{source}: column {column}{where}: {shorten(detail, LINE_CHARS)}"
+    hint = " (numbers must use '.' as the decimal point)" if "," in value[1] else ""
+    return (
+        f"{source}: column {column} holds {shorten(repr(value[1]))}{where}, not a number{hint}; "
+        "encode it numerically or drop it before training"
+    )
+
+
+def long_line_message(filesystem: pa_fs.FileSystem, file: str, source: str) -> str:
+    limit = CSV_BLOCK_BYTES
+    where = ""
+    if found := first_long_line(filesystem, file, limit):
+        where = f" (line {found[0]:,} has {found[1]:,} bytes)"
+    return (
+        f"{source}: a line is longer than the {limit:,} bytes a CSV row may have{where}; "
+        "store data with rows this long as parquet"
+    )
+
+
+def first_long_line(filesystem: pa_fs.FileSystem, file: str, limit: int) -> tuple[int, int] | None:
+    """The number (from 1) and length in bytes of the file's first line longer than `limit`."""
+    number, length = 1, 0
+    with filesystem.open_input_stream(file, compression="detect") as stream:
+        while chunk := stream.read(HEADER_BYTES):
+            *ended, rest = chunk.split(b"\n")
+            for piece in ended:
+                if length + len(piece) > limit:
+                    return number, length + len(piece)
+                number, length = number + 1, 0
+            length += len(rest)
+    return (number, length) if length > limit else None
+
+
+@contextmanager
+def data_errors(dataset: ds.Dataset, file: str, uri: str) -> Iterator[None]:
+    """A value that cannot be read, named by its file and column."""
+    try:
+        yield
+    except pa.ArrowException as err:
+        if isinstance(dataset.format, ds.CsvFileFormat):
+            raise DatasetError(csv_error_message(err, dataset, file, uri)) from err
+        raise DatasetError(f"{part_name(uri, file)}: unreadable data: {one_line(err)}") from err
+
+
+def column_kind(kind: pa.DataType) -> str:
+    if is_number(kind):
+        return "number"
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        return "text"
+    return str(kind)
+
+
+def unified_type(name: str, types: list[tuple[str, pa.DataType]], uri: str) -> pa.DataType:
+    """One type for a column across (file, type) pairs: numbers that differ are read as float64."""
+    typed = [(file, kind) for file, kind in types if not pa.types.is_null(kind)]
+    if not typed:
+        return pa.null()
+    base_file, base_type = typed[0]
+    for file, kind in typed[1:]:
+        if column_kind(kind) != column_kind(base_type):
+            raise DatasetError(
+                f"{uri}: part file {file}: column '{name}' has type {kind}, but it is {base_type} "
+                f"in part file {base_file}"
+            )
+    if all(kind == base_type for _, kind in typed) or column_kind(base_type) != "number":
+        return base_type
+    return pa.float64()
+
+
+def check_same_columns(uri: str, first: tuple[str, list[str]], part: tuple[str, list[str]]) -> None:
+    (first_path, expected), (path, names) = first, part
+    missing = [repr(n) for n in expected if n not in names]
+    extra = [repr(n) for n in names if n not in expected]
+    if missing or extra:
+        differences = [
+            f"{label} {preview(columns)}"
+            for label, columns in (("lacks", missing), ("adds", extra))
+            if columns
+        ]
+        raise DatasetError(
+            f"{uri}: part file {path} has other columns than part file {first_path}: it "
+            + " and ".join(differences)
+        )
+
+
+def consistent_parts(dataset: ds.Dataset, uri: str) -> ds.Dataset:
+    """The parts of a directory must have the same columns; numeric types may differ between them.
+    A parquet part with no rows is left out: Spark and Dask write one per empty partition, some
+    without the columns."""
+    fragments = list(dataset.get_fragments())
+    if isinstance(dataset.format, ds.ParquetFileFormat) and len(fragments) > 1:
+        fragments = [f for f in fragments if part_rows(dataset, f, uri)] or fragments[:1]
+        if len(fragments) == 1:
+            return ds.dataset(fragments[0].path, filesystem=dataset.filesystem, format=dataset.format)
+    if len(fragments) < 2:
+        return dataset
+    schemas = []
+    for fragment in fragments:
+        with data_errors(dataset, fragment.path, uri):
+            schemas.append((fragment.path, fragment.physical_schema))
+    first_path, first = schemas[0]
+    for path, schema in schemas[1:]:
+        check_same_columns(uri, (first_path, first.names), (path, schema.names))
+    unified = pa.schema(
+        [
+            (name, unified_type(name, [(p, s.field(name).type) for p, s in schemas], uri))
+            for name in first.names
+        ]
+    )
+    files = [f.path for f in fragments]
+    return ds.dataset(files, filesystem=dataset.filesystem, format=dataset.format, schema=unified)
+
+
+def part_rows(dataset: ds.Dataset, fragment: ds.ParquetFileFragment, uri: str) -> int:
+    with data_errors(dataset, fragment.path, uri):
+        return fragment.metadata.num_rows
+
+
+def iter_batches(dataset: ds.Dataset, uri: str, columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
+    """Record batches in file order (the split assignment relies on a stable row order)."""
+    for fragment in dataset.get_fragments():
+        with remote_errors(uri), data_errors(dataset, fragment.path, uri):
+            yield from fragment.to_batches(
+                schema=dataset.schema,
+                columns=columns,
+                batch_size=BATCH_ROWS,
+                batch_readahead=READAHEAD_BATCHES,
+            )

@@ -1,0 +1,125 @@
+"""Standardisation: per-feature moments of the train rows, the scaler fitted on them, and its checks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+
+from tasks.core.data.assignment import SPLITS
+from tasks.core.data.columns import check_finite
+from tasks.core.data.files import DatasetError
+from tasks.core.data.moments import FeatureMoments
+from tasks.core.data.reading import iter_batches
+
+
+@dataclass
+class ScalerStats:
+    """Per-feature standardisation fitted on the training split: x' = (x - mean) / scale."""
+
+    mean: list[float]
+    scale: list[float]
+
+
+def standardise(raw: np.ndarray, scaler: ScalerStats) -> np.ndarray:
+    """Raw float64 features as the model's float32 input: computed in float64, cast once, so the
+    prepared splits and the bundle's loader give the model bit-identical rows."""
+    scaled = raw - np.asarray(scaler.mean, dtype=np.float64)
+    scaled /= np.asarray(scaler.scale, dtype=np.float64)
+    with np.errstate(over="ignore"):  # a value beyond float32 becomes inf: check_standardised names it
+        return scaled.astype(np.float32)
+
+
+def batch_features(
+    batch: pa.RecordBatch | pa.Table, features: list[str], dtype: type = np.float32
+) -> np.ndarray:
+    return np.column_stack([column_values(batch.column(name)).astype(dtype, copy=False) for name in features])
+
+
+def column_values(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """A numeric column as numpy: decimals as float64 (numpy would hold them as Python objects)."""
+    if pa.types.is_decimal(column.type):
+        column = pc.cast(column, pa.float64())
+    return column.to_numpy(zero_copy_only=False)
+
+
+def train_moments(
+    dataset: ds.Dataset,
+    uri: str,
+    features: list[str],
+    assignment: np.ndarray,
+    first_row: int = 0,
+    check_values: bool = False,
+) -> FeatureMoments:
+    """The feature moments of the train rows, merged batch by batch. `assignment` holds the splits of
+    the dataset's rows, the first of which is row `first_row` of the input; `check_values` checks every
+    feature value first (`check_finite`), where `scan_labels` has not."""
+    moments = FeatureMoments.empty(len(features))
+    offset = 0
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflowing statistic is refused by name later
+        for batch in iter_batches(dataset, uri, columns=features):
+            if check_values:
+                check_finite(batch, features, first_row + offset, uri)
+            in_train = assignment[offset : offset + batch.num_rows] == SPLITS.index("train")
+            offset += batch.num_rows
+            if in_train.any():
+                train = batch_features(batch, features, np.float64)[in_train]
+                moments = moments.merge(FeatureMoments.of(train))
+    return moments
+
+
+def fitted_scaler(moments: FeatureMoments, features: list[str], uri: str) -> ScalerStats:
+    """The standardisation the train rows' moments give, refused by column where float64 cannot hold it."""
+    constant = moments.constant
+    check_scaler(moments.mean, moments.variance, constant, features, uri)
+    # A column constant in training standardises to exactly 0: its value as the mean (a running mean
+    # of 1e39s is off by rounding) and scale 1, as scikit-learn's StandardScaler scales a column whose
+    # variance is within rounding of 0.
+    with np.errstate(over="ignore", invalid="ignore"):
+        scale = np.where(constant | near_constant(moments), 1.0, np.sqrt(moments.variance))
+    return ScalerStats(mean=np.where(constant, moments.low, moments.mean).tolist(), scale=scale.tolist())
+
+
+def near_constant(moments: FeatureMoments) -> np.ndarray:
+    """scikit-learn's bound on the rounding error of a computed variance (Chan, Golub and LeVeque)."""
+    eps, count = np.finfo(np.float64).eps, moments.count
+    with np.errstate(over="ignore"):
+        return moments.variance <= count * eps * moments.variance + (count * moments.mean * eps) ** 2
+
+
+def check_scaler(
+    mean: np.ndarray, var: np.ndarray, constant: np.ndarray, features: list[str], uri: str
+) -> None:
+    """Statistics float64 cannot hold: values so large that their mean or variance overflows, or
+    differences so small that the variance underflows (a scale of 0 would make the column constant)."""
+    for index, name in enumerate(features):
+        if constant[index]:  # standardises to 0 whatever its value
+            continue
+        if not (np.isfinite(mean[index]) and np.isfinite(var[index])):
+            raise DatasetError(
+                f"{uri}: feature column '{name}' holds values too large to standardise (their mean or "
+                "variance overflows float64); rescale the column, e.g. divide it by a power of ten"
+            )
+        if var[index] < np.finfo(np.float64).tiny:
+            raise DatasetError(
+                f"{uri}: feature column '{name}' holds values that differ by too little to standardise "
+                f"(their variance {var[index]:.3g} underflows float64); rescale the column, e.g. "
+                "multiply it by a power of ten"
+            )
+
+
+def check_standardised(
+    scaled: np.ndarray, raw: np.ndarray, features: list[str], first_row: int, uri: str
+) -> None:
+    """Every standardised value within float32's range, which is what the model reads."""
+    if np.isfinite(scaled).all():
+        return
+    row, column = np.argwhere(~np.isfinite(scaled))[0]
+    raise DatasetError(
+        f"{uri}: feature column '{features[column]}' at row {first_row + row} holds {raw[row, column]:.6g}, "
+        "which standardised by the training rows' mean and scale is beyond float32's range; "
+        "rescale the column or drop the row"
+    )

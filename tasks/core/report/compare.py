@@ -1,0 +1,92 @@
+"""Side-by-side comparison of training runs: quality, speed and estimated cost."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tasks.core.messages import raise_for
+from tasks.core.training.records import Hardware, TrainingRun
+from tasks.core.validation import price_problems
+
+
+@dataclass
+class RunSummary:
+    """What the comparison needs to know about one training + evaluation run."""
+
+    name: str
+    training: TrainingRun
+    billed: Hardware  # its price_per_hour, where set, is the applied plan's per device
+    accuracy: float
+    macro_f1: float
+
+
+@dataclass
+class ComparisonRow:
+    run: RunSummary
+    accelerator_hours: float
+    price_per_hour: float | None
+    cost_usd: float | None
+
+    def hardware(self) -> str:
+        return f"{self.run.billed.describe()} ({self.run.training.strategy})"
+
+
+@dataclass
+class HardwareComparison:
+    rows: list[ComparisonRow]
+    most_accurate: str
+    fastest: str
+    cheapest: str
+    notes: list[str] = field(default_factory=list)
+
+    def table(self) -> str:
+        header = f"{'run':<18} {'hardware':<34} {'accuracy':>8} {'macro-F1':>8} {'train s':>8} {'samples/s':>10} {'cost $':>10}"
+        lines = [header]
+        for row in self.rows:
+            run, training = row.run, row.run.training
+            cost = f"{row.cost_usd:.6f}" if row.cost_usd is not None else "n/a"
+            lines.append(
+                f"{run.name:<18} {row.hardware():<34} {run.accuracy:>8.4f} {run.macro_f1:>8.4f} "
+                f"{training.train_seconds:>8.1f} {training.samples_per_second:>10.0f} {cost:>10}"
+            )
+        lines.append(
+            f"most accurate: {self.most_accurate}; fastest: {self.fastest}; cheapest: {self.cheapest}"
+        )
+        return "\n".join(lines + self.notes)
+
+
+def price_run(run: RunSummary, prices: dict[str, float]) -> ComparisonRow:
+    billed = run.billed
+    hours = run.training.train_seconds / 3600 * billed.count
+    price = billed.price_per_hour if billed.price_per_hour is not None else prices.get(billed.accelerator)
+    return ComparisonRow(run, hours, price, hours * price if price is not None else None)
+
+
+def pricing_note(row: ComparisonRow) -> str:
+    """Where a run's price came from, when not from an applied plan's catalog."""
+    name, billed = row.run.name, row.run.billed
+    if row.price_per_hour is None:
+        return f"no price for '{billed.accelerator}' ({name}); add it to prices to estimate its cost"
+    source = f"priced at prices['{billed.accelerator}']"
+    if row.run.training.device == "cpu":  # a local run: any plan was made for the cluster's hardware
+        return f"{name}: ran on CPU worker processes here, not on the planned hardware; {source}"
+    return f"{name}: no resource plan was applied, billed as declared; {source}"
+
+
+def compare_runs(runs: list[RunSummary], prices: dict[str, float]) -> HardwareComparison:
+    """Cost = accelerator-hours of training x the price per accelerator-hour: the applied plan's catalog
+    price where a plan put the run on its hardware (a MIG slice is not priced as its whole GPU), else the
+    price from `prices` for the accelerator."""
+    if not runs:
+        raise ValueError("nothing to compare: no runs given")
+    raise_for(price_problems(prices))
+    rows = [price_run(run, prices) for run in runs]
+    priced = [row for row in rows if row.cost_usd is not None]
+    notes = [pricing_note(row) for row in rows if row.run.billed.price_per_hour is None]
+    return HardwareComparison(
+        rows=rows,
+        most_accurate=max(rows, key=lambda r: r.run.accuracy).run.name,
+        fastest=min(rows, key=lambda r: r.run.training.train_seconds).run.name,
+        cheapest=min(priced, key=lambda r: r.cost_usd).run.name if priced else "unknown",
+        notes=notes,
+    )

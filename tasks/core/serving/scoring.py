@@ -1,0 +1,617 @@
+"""Batch scoring without Flyte: a table streamed through a model bundle into parquet parts.
+
+`plan_scoring` checks every input before anything is scored (the bundle and its format version, the
+dataset's URI, every feature column, the first rows' values) and cuts the input into pieces: the files
+of a folder, and large parquet files by row groups. `score_piece` streams one piece in record batches
+into its own part of the output folder; `summarise` adds the pieces' label counts into a report.
+`score_dataset` runs the three in one process; the scoring workflow maps `score_piece` over pods.
+`split_metrics` streams a prepared split through the bundle the same way, for the evaluation's report.
+
+Memory stays bounded by a record batch: a part holds the input's non-feature columns as they are (ids,
+the label), the predicted class label in `prediction`, and one probability column per class.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import fsspec.implementations.local
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+
+from tasks.core.data.files import (
+    DatasetError,
+    detect_format,
+    filesystem_for,
+    is_local,
+    parquet_format,
+    remote_errors,
+    row_group_fragments,
+)
+from tasks.core.data.fingerprint import describe_input
+from tasks.core.data.reading import csv_format, iter_batches, open_dataset
+from tasks.core.messages import preview, shorten
+from tasks.core.planning.planner import CatalogEntry
+from tasks.core.report.metrics import ClassificationMetrics, ConfusionCounts, metrics_from_confusion
+from tasks.core.serving.bundle import Bundle, load_bundle
+from tasks.core.serving.publish import join, resolve_bundle
+
+T = TypeVar("T")
+PREDICTION = "prediction"
+PROBABILITY_PREFIX = "probability_"
+# Rows a mapped piece scores at most when a large parquet file is cut by row groups.
+PIECE_ROWS = 2_000_000
+# Rows of the first batch timed on the planning pod (the model's measured cost per row), after a
+# first call on a few rows that pays for lazy set-up.
+SAMPLE_ROWS, WARM_UP_ROWS = 4096, 64
+UNMATCHED_EXAMPLES = 5
+HARDWARE = ("auto", "cpu", "gpu")
+# The hardware choice's assumptions: how many times faster than one CPU core a whole GPU runs the
+# model's forward pass (the rest of a row's work, reading, checking and writing, stays on the host's
+# core either way; docs/scoring.md says where the figure comes from), and the seconds each mapped pod
+# is billed before it scores (scheduling, node scale-up, image pull, model load).
+GPU_MODEL_SPEEDUP = 100.0
+POD_START_SECONDS = {"cpu": 30.0, "gpu": 300.0}
+
+
+@dataclass
+class ScoringPiece:
+    """What one mapped task scores: a file of the input, or some row groups of a parquet file."""
+
+    index: int
+    file: str  # the file's URI
+    row_groups: list[int] = field(default_factory=list)  # empty: the whole file
+    rows: int = -1  # from the parquet footers; -1 for CSV, counted while scoring
+    first_row: int = 0  # the piece's first row in its file, for error messages
+
+
+@dataclass
+class ScoringJob:
+    """What every piece shares, checked once by `plan_scoring`."""
+
+    model: str  # the bundle's URI; a publish prefix is resolved to the version its LATEST names
+    dataset: str
+    label_column: str  # "" when the input has no label column: no metrics
+    schema: str  # the input's columns and types (Arrow IPC, base64): every part gets the same columns
+    output: str  # the folder receiving one part-NNNNN.parquet per piece
+
+
+@dataclass
+class RowCost:
+    """Seconds one row costs on one CPU core, timed on the planning pod's first rows."""
+
+    total: float  # reading, checking, preprocessing, the model, writing
+    model: float  # of which the model's forward pass: the only part a GPU runs faster
+
+    def on_gpu(self) -> float:
+        """The row on a GPU pod: the host's work stays, the model's shrinks by GPU_MODEL_SPEEDUP."""
+        return self.total - self.model + self.model / GPU_MODEL_SPEEDUP
+
+    def gpu_speedup(self) -> float:
+        return self.total / self.on_gpu()
+
+
+@dataclass
+class ScoringPlan:
+    job: ScoringJob
+    pieces: list[ScoringPiece]
+    rows: int  # exact for parquet, an overestimate for CSV
+    framework: str  # the bundle's: which GPU image can score it
+    row_cost: RowCost  # measured on the planning machine's CPU
+
+
+@dataclass
+class HardwareChoice:
+    """CPU or a GPU for the scoring pods, by estimated cost; decided before any accelerator is asked for."""
+
+    device: str  # "cpu" or the chosen GPU option's name
+    cpu_cost: float  # USD for all pieces on CPU pods
+    gpu_cost: float  # USD for all pieces on `gpu`; 0 without one
+    gpu: CatalogEntry | None  # the catalog's cheapest whole GPU, chosen or not
+    reason: str
+
+
+@dataclass
+class PieceResult:
+    index: int
+    part: str
+    rows: int
+    confusion: list[list[int]] = field(default_factory=list)  # true x predicted class; empty without labels
+    unmatched: int = 0  # labelled rows whose label is missing or not a class the model knows
+    unmatched_examples: list[str] = field(default_factory=list)
+
+
+@dataclass(repr=False)
+class ScoringReport:
+    model: str
+    dataset: str
+    output: str
+    rows: int
+    pieces: int
+    probability_columns: dict[str, str]  # class label -> its column
+    hardware: HardwareChoice | None = None  # None: scored in this process
+    metrics: ClassificationMetrics | None = None  # when the input holds the label column
+    notes: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        lines = [
+            f"model: {self.model}",
+            f"scored {self.rows:,} rows of {self.dataset} in {self.pieces} piece{'s' * (self.pieces != 1)} "
+            f"into {self.output}",
+        ]
+        if self.hardware:
+            lines.append(f"hardware: {self.hardware.device} ({self.hardware.reason})")
+        if self.metrics:
+            lines.append(
+                f"labelled rows: {self.metrics.n_test:,}  accuracy: {self.metrics.accuracy:.4f}  "
+                f"macro-F1: {self.metrics.macro_f1:.4f}"
+            )
+        return "\n".join(lines + [f"note: {note}" for note in self.notes])
+
+    def __repr__(self) -> str:
+        """What `pyflyte run` prints of the workflow's outputs."""
+        return f"\n{self.summary()}\n"
+
+
+# ---- the output's columns -------------------------------------------------------------------------------
+
+
+def probability_columns(class_labels: list, taken: set[str]) -> list[str]:
+    """`probability_<label>` per class, reduced to letters, digits, '_', '-' and '.', and made unique
+    against each other and the columns passed through."""
+    names: list[str] = []
+    used = set(taken)
+    for label in class_labels:
+        base = PROBABILITY_PREFIX + (re.sub(r"[^0-9A-Za-z_.-]+", "_", str(label)).strip("_") or "class")
+        name, suffix = base, 2
+        while name in used:
+            name, suffix = f"{base}_{suffix}", suffix + 1
+        used.add(name)
+        names.append(name)
+    return names
+
+
+@dataclass(frozen=True)
+class OutputLayout:
+    """The columns of every part: the input's non-feature columns, `prediction`, the probabilities."""
+
+    passthrough: list[str]
+    labels: pa.Array  # the class labels as trained, indexed by class code
+    probabilities: list[str]
+    schema: pa.Schema
+
+    @classmethod
+    def of(cls, bundle: Bundle, input_schema: pa.Schema) -> OutputLayout:
+        features = set(bundle.feature_names)
+        passthrough = [f for f in input_schema if f.name not in features]
+        labels = pa.array(bundle.class_labels)
+        names = probability_columns(bundle.class_labels, {f.name for f in passthrough} | {PREDICTION})
+        fields = [
+            *passthrough,
+            pa.field(PREDICTION, labels.type),
+            *(pa.field(n, pa.float32()) for n in names),
+        ]
+        return cls([f.name for f in passthrough], labels, names, pa.schema(fields))
+
+    @property
+    def dictionary(self) -> list[str]:
+        """The columns parquet dictionary-encodes: never the probabilities, where it cuts write time 6x."""
+        return [*self.passthrough, PREDICTION]
+
+    def batch(self, batch: pa.RecordBatch, codes: np.ndarray, probabilities: np.ndarray) -> pa.RecordBatch:
+        by_class = np.ascontiguousarray(probabilities.T)  # one copy; each class becomes a column
+        columns = [batch.column(name) for name in self.passthrough]
+        columns += [pc.take(self.labels, codes), *(pa.array(values) for values in by_class)]
+        return pa.RecordBatch.from_arrays(columns, schema=self.schema)
+
+
+# ---- checks and pieces ----------------------------------------------------------------------------------
+
+
+def check_columns(bundle: Bundle, schema: pa.Schema, uri: str, label_column: str) -> str:
+    """Every feature present and numeric, no clash with `prediction`; returns the label column to
+    score against ("" for none): the one asked for, else the model's when the input has it."""
+    bundle.check_columns(schema, uri)
+    if PREDICTION in schema.names and PREDICTION not in bundle.feature_names:
+        raise DatasetError(
+            f"{uri}: the input has a column '{PREDICTION}', which the predictions would replace; rename it"
+        )
+    if label_column and label_column not in schema.names:
+        raise DatasetError(
+            f"{uri}: label column '{label_column}' not found in the {len(schema.names):,} columns: "
+            f"{preview(schema.names)}"
+        )
+    chosen = label_column or bundle.label_column
+    return chosen if chosen in schema.names and chosen not in bundle.feature_names else ""
+
+
+def check_output(output: str) -> None:
+    filesystem, path = filesystem_for(output)
+    with remote_errors(output):
+        used = filesystem.isdir(path) and filesystem.ls(path)
+    if used:
+        raise DatasetError(f"{output}: the output folder already holds files; name a new or empty folder")
+
+
+def file_uri(filesystem: fsspec.AbstractFileSystem, path: str) -> str:
+    return path if is_local(filesystem) else filesystem.unstrip_protocol(path)
+
+
+def row_group_pieces(
+    fragment: ds.ParquetFileFragment, uri: str, rows_per_piece: int
+) -> Iterator[ScoringPiece]:
+    """The file whole, or runs of its row groups of about `rows_per_piece` rows each."""
+    groups = fragment.row_groups
+    total = sum(group.num_rows for group in groups)
+    if total <= rows_per_piece:
+        yield ScoringPiece(0, uri, [], total)
+        return
+    chosen: list[int] = []
+    rows = first = 0
+    for group in groups:
+        chosen.append(group.id)
+        rows += group.num_rows
+        if rows >= rows_per_piece:
+            yield ScoringPiece(0, uri, chosen, rows, first)
+            chosen, first, rows = [], first + rows, 0
+    if chosen:
+        yield ScoringPiece(0, uri, chosen, rows, first)
+
+
+def list_pieces(dataset: ds.Dataset, uri: str, rows_per_piece: int) -> list[ScoringPiece]:
+    filesystem, _ = filesystem_for(uri)
+    pieces = []
+    for fragment in dataset.get_fragments():
+        file = file_uri(filesystem, fragment.path)
+        if isinstance(fragment, ds.ParquetFileFragment):
+            with remote_errors(file):
+                found = [piece for piece in row_group_pieces(fragment, file, rows_per_piece) if piece.rows]
+        else:
+            found = [ScoringPiece(0, file)]
+        pieces += found
+    for index, piece in enumerate(pieces):
+        piece.index = index
+    return pieces
+
+
+def encode_schema(schema: pa.Schema) -> str:
+    return base64.b64encode(schema.serialize().to_pybytes()).decode("ascii")
+
+
+def decode_schema(text: str) -> pa.Schema:
+    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
+
+
+def measure_row_cost(bundle: Bundle, dataset: ds.Dataset, uri: str) -> RowCost:
+    """What a row costs on this machine's CPU core: the first rows read, checked, scored and written
+    (to memory), and the model's forward pass on them alone."""
+    source = first_file_name(dataset, uri)
+    reading, batch = timed(lambda: next(iter_batches(dataset, uri)))
+    sample = batch.slice(0, SAMPLE_ROWS)
+    bundle.predict_proba(sample.slice(0, WARM_UP_ROWS), source)  # the first call pays for lazy set-up
+    scoring, probabilities = timed(lambda: bundle.predict_proba(sample, source))  # also checks the rows
+    inputs = bundle.model_inputs(sample, source, 0)
+    forward, _ = timed(lambda: bundle.logits(inputs))
+    writing, _ = timed(
+        lambda: write_to_memory(OutputLayout.of(bundle, dataset.schema), sample, probabilities)
+    )
+    rows = sample.num_rows
+    return RowCost(
+        total=reading / batch.num_rows + (scoring + writing) / rows, model=min(forward, scoring) / rows
+    )
+
+
+def timed(work: Callable[[], T]) -> tuple[float, T]:
+    start = time.perf_counter()
+    result = work()
+    return time.perf_counter() - start, result
+
+
+def write_to_memory(layout: OutputLayout, batch: pa.RecordBatch, probabilities: np.ndarray) -> None:
+    with pq.ParquetWriter(pa.BufferOutputStream(), layout.schema, use_dictionary=layout.dictionary) as writer:
+        writer.write_batch(layout.batch(batch, probabilities.argmax(axis=1), probabilities))
+
+
+def first_file_name(dataset: ds.Dataset, uri: str) -> str:
+    files = dataset.files
+    return uri if len(files) == 1 else f"{uri}: part file {files[0]}"
+
+
+def plan_scoring(
+    model: str,
+    dataset: str,
+    output: str,
+    label_column: str = "",
+    rows_per_piece: int = PIECE_ROWS,
+    bundle: Bundle | None = None,
+) -> ScoringPlan:
+    """Check every input, naming what is wrong, and cut the input into pieces; scores nothing.
+    `bundle`: the model, where the caller has loaded it already."""
+    if not dataset:
+        raise DatasetError("no dataset given: name a parquet or CSV file, a folder of part files, or a URI")
+    if rows_per_piece < 1:
+        raise ValueError(f"rows_per_piece={rows_per_piece} must be at least 1")
+    model_uri = resolve_bundle(model)
+    bundle = bundle or load_bundle(model_uri)
+    source = open_dataset(dataset, label_column or bundle.label_column)
+    label = check_columns(bundle, source.schema, dataset, label_column)
+    check_output(output)
+    pieces = list_pieces(source, dataset, rows_per_piece)
+    rows = sum(p.rows for p in pieces) if all(p.rows >= 0 for p in pieces) else describe_input(dataset).rows
+    job = ScoringJob(model_uri, dataset, label, encode_schema(source.schema), output)
+    return ScoringPlan(
+        job, pieces, rows, bundle.manifest.record.framework, measure_row_cost(bundle, source, dataset)
+    )
+
+
+# ---- scoring one piece ----------------------------------------------------------------------------------
+
+
+def piece_dataset(job: ScoringJob, piece: ScoringPiece) -> ds.Dataset:
+    """The piece's rows, read with the whole input's schema so that every part has the same columns."""
+    filesystem, path = filesystem_for(piece.file)
+    if detect_format(job.dataset) == "csv":
+        file_format = csv_format(filesystem, path, False, job.label_column or None)
+    else:
+        file_format = parquet_format(remote=not is_local(filesystem))
+    schema = decode_schema(job.schema)
+    with remote_errors(piece.file):
+        whole = ds.dataset([path], schema=schema, format=file_format, filesystem=filesystem)
+        (fragment,) = whole.get_fragments()
+        if isinstance(fragment, ds.ParquetFileFragment):
+            fragments = row_group_fragments(fragment, piece.row_groups)
+            return ds.FileSystemDataset(fragments, schema, file_format, whole.filesystem)
+    return whole
+
+
+def scored_batches(
+    bundle: Bundle, dataset: ds.Dataset, source: str, first_row: int = 0
+) -> Iterator[tuple[pa.RecordBatch, np.ndarray]]:
+    """Each record batch of `dataset` in file order, with its class probabilities."""
+    rows = first_row
+    for batch in iter_batches(dataset, source):
+        yield batch, bundle.predict_proba(batch, source, rows)
+        rows += batch.num_rows
+
+
+class LabelTally:
+    """Counts of (true class, predicted class) over the rows whose label is a class the model knows."""
+
+    def __init__(self, bundle: Bundle, label_column: str):
+        self.label_column = label_column
+        self.numeric = bundle.manifest.record.label_kind in ("integer", "float")
+        self.code_of = {
+            label_key(label, self.numeric): code for code, label in enumerate(bundle.class_labels)
+        }
+        self.confusion = ConfusionCounts(len(bundle.class_labels))
+        self.unmatched = 0
+        self.examples: list[str] = []
+
+    def add(self, batch: pa.RecordBatch, predicted: np.ndarray) -> None:
+        truth = self.codes(batch.column(self.label_column))
+        known = truth >= 0
+        self.confusion.add(truth[known], predicted[known])
+        self.unmatched += int((~known).sum())
+
+    def codes(self, labels: pa.Array) -> np.ndarray:
+        """Each row's class code, -1 where the label is missing or not a class of the model. Labels are
+        matched as training read them: text trimmed, numbers by value (CSV labels arrive as text)."""
+        encoded = pc.dictionary_encode(labels)
+        values = encoded.dictionary.to_pylist()
+        codes = [self.code_of.get(label_key(value, self.numeric), -1) for value in values]
+        for value, code in zip(values, codes, strict=True):
+            if code < 0 and len(self.examples) < UNMATCHED_EXAMPLES and repr(value) not in self.examples:
+                self.examples.append(shorten(repr(value)))
+        lookup = np.array([*codes, -1], dtype=np.int64)  # the last entry: a null label
+        return lookup[encoded.indices.fill_null(len(values)).to_numpy(zero_copy_only=False)]
+
+    def result(self) -> tuple[list[list[int]], int, list[str]]:
+        return self.confusion.counts.tolist(), self.unmatched, self.examples
+
+
+def label_key(value: object, numeric: bool) -> str | None:
+    """A label as text, the way training named its classes: for a model with numeric classes '3' for
+    3, 3.0 and ' 3 '; None when missing."""
+    if value is None or value != value:  # null or NaN
+        return None
+    if isinstance(value, str):
+        value = value.strip()
+        if not value or not numeric:
+            return value or None
+        try:
+            value = float(value)
+        except ValueError:
+            return value
+    if numeric and isinstance(value, int | float) and not isinstance(value, bool):
+        value = float(value)
+        return str(int(value)) if value.is_integer() else repr(value)
+    return str(value)
+
+
+def gpu_bundle(uri: str) -> Bundle:
+    """The bundle with a torch model moved to the GPU where there is one (its loader feeds the model on
+    the model's device); TensorFlow places a Keras model on the GPU itself."""
+    bundle = load_bundle(uri)
+    if bundle.manifest.record.framework == "pytorch":
+        import torch
+
+        if torch.cuda.is_available():
+            bundle.model.to("cuda")
+    return bundle
+
+
+@contextmanager
+def part_writer(
+    filesystem: fsspec.AbstractFileSystem, part: str, layout: OutputLayout
+) -> Iterator[pq.ParquetWriter]:
+    """A parquet writer for one part, which is removed again if scoring it fails."""
+    try:
+        with (
+            filesystem.open(part, "wb") as stream,
+            pq.ParquetWriter(stream, layout.schema, use_dictionary=layout.dictionary) as writer,
+        ):
+            yield writer
+    except BaseException:
+        if filesystem.exists(part):
+            filesystem.rm_file(part)
+        raise
+
+
+def score_piece(job: ScoringJob, piece: ScoringPiece, bundle: Bundle | None = None) -> PieceResult:
+    """Stream one piece through the model into `<output>/part-<index>.parquet`."""
+    bundle = bundle or load_bundle(job.model)
+    dataset = piece_dataset(job, piece)
+    layout = OutputLayout.of(bundle, dataset.schema)
+    tally = LabelTally(bundle, job.label_column) if job.label_column else None
+    filesystem, folder = filesystem_for(job.output)
+    part = join(folder, f"part-{piece.index:05d}.parquet")
+    with remote_errors(job.output):
+        filesystem.makedirs(folder, exist_ok=True)
+    rows = 0
+    with part_writer(filesystem, part, layout) as writer:
+        for batch, probabilities in scored_batches(bundle, dataset, piece.file, piece.first_row):
+            codes = probabilities.argmax(axis=1)
+            writer.write_batch(layout.batch(batch, codes, probabilities))
+            if tally:
+                tally.add(batch, codes)
+            rows += batch.num_rows
+    confusion, unmatched, examples = tally.result() if tally else ([], 0, [])
+    return PieceResult(piece.index, file_uri(filesystem, part), rows, confusion, unmatched, examples)
+
+
+# ---- a prepared split's metrics ------------------------------------------------------------------------
+
+
+def split_metrics(
+    bundle: Bundle, path: str, label_column: str, class_labels: list[str]
+) -> ClassificationMetrics:
+    """The metrics of a prepared split (raw feature values, class codes in `label_column`) as the bundle
+    scores it, streamed one row group at a time: memory holds a record batch and the confusion counts."""
+    split = ds.dataset(path, format=parquet_format())
+    by_row_group = [part for fragment in split.get_fragments() for part in row_group_fragments(fragment)]
+    split = ds.FileSystemDataset(by_row_group, split.schema, split.format, split.filesystem)
+    confusion = ConfusionCounts(len(class_labels))
+    for batch, probabilities in scored_batches(bundle, split, path):
+        confusion.add(batch.column(label_column).to_numpy(), probabilities.argmax(axis=1))
+    return metrics_from_confusion(confusion.counts, class_labels)
+
+
+# ---- the report -----------------------------------------------------------------------------------------
+
+
+def summarise(
+    plan: ScoringPlan,
+    results: list[PieceResult],
+    hardware: HardwareChoice | None = None,
+    bundle: Bundle | None = None,
+) -> ScoringReport:
+    """The pieces' counts added up; refuses a set of parts that lost or gained rows."""
+    results = sorted(results, key=lambda result: result.index)
+    if [r.index for r in results] != [p.index for p in plan.pieces]:
+        raise RuntimeError(f"{len(results)} parts came back for {len(plan.pieces)} pieces")
+    for piece, result in zip(plan.pieces, results, strict=True):
+        if piece.rows >= 0 and piece.rows != result.rows:
+            raise RuntimeError(
+                f"{piece.file}: part {result.part} holds {result.rows:,} rows, not {piece.rows:,}"
+            )
+    bundle = bundle or load_bundle(plan.job.model)
+    layout = OutputLayout.of(bundle, decode_schema(plan.job.schema))
+    labels = [str(label) for label in bundle.class_labels]
+    report = ScoringReport(
+        model=plan.job.model,
+        dataset=plan.job.dataset,
+        output=plan.job.output,
+        rows=sum(r.rows for r in results),
+        pieces=len(results),
+        probability_columns=dict(zip(labels, layout.probabilities, strict=True)),
+        hardware=hardware,
+    )
+    if plan.job.label_column:
+        add_metrics(report, results, labels, plan.job.label_column)
+    return report
+
+
+def add_metrics(
+    report: ScoringReport, results: list[PieceResult], labels: list[str], label_column: str
+) -> None:
+    confusion = np.sum([np.array(r.confusion, dtype=np.int64) for r in results], axis=0)
+    unmatched = sum(r.unmatched for r in results)
+    if unmatched:
+        examples = list(dict.fromkeys(e for r in results for e in r.unmatched_examples))
+        report.notes.append(
+            f"{unmatched:,} rows have a label in '{label_column}' that is missing or not a class of the model "
+            f"(e.g. {preview(examples, UNMATCHED_EXAMPLES)}); the metrics leave them out"
+        )
+    if confusion.sum():
+        report.metrics = metrics_from_confusion(confusion, labels)
+
+
+# ---- CPU or GPU -----------------------------------------------------------------------------------------
+
+
+def check_hardware(hardware: str) -> None:
+    if hardware not in HARDWARE:
+        raise ValueError(f"hardware={hardware!r} is not one of {', '.join(HARDWARE)}")
+
+
+def cheapest_whole_gpu(options: list[CatalogEntry]) -> CatalogEntry | None:
+    """Scoring considers whole GPUs: a MIG slice scores at its share of the speed for its share of the
+    price, so it would only add start-up costs."""
+    whole = [entry for entry in options if entry.kind == "gpu"]
+    return min(whole, key=lambda entry: entry.price_per_hour) if whole else None
+
+
+def choose_hardware(
+    plan: ScoringPlan, cpu_price_per_hour: float, gpu_options: list[CatalogEntry], hardware: str = "auto"
+) -> HardwareChoice:
+    """The cheaper of CPU pods and the cheapest whole GPU for the plan's rows at the measured cost per row.
+
+    CPU: the measured core-seconds at the per-core price. GPU: the same with the model's share over
+    GPU_MODEL_SPEEDUP, at the GPU's price. Each mapped pod also pays its start. `hardware` "cpu" or
+    "gpu" overrides the choice.
+    """
+    check_hardware(hardware)
+    cpu_seconds = plan.rows * plan.row_cost.total
+    pieces = len(plan.pieces)
+    cpu_cost = (cpu_seconds + pieces * POD_START_SECONDS["cpu"]) * cpu_price_per_hour / 3600
+    gpu = cheapest_whole_gpu(gpu_options)
+    if gpu is None:
+        if hardware == "gpu":
+            raise ValueError("hardware='gpu', but the GPU catalog has no whole GPU to score on")
+        return HardwareChoice("cpu", cpu_cost, 0.0, None, "no whole GPU in the catalog")
+    gpu_seconds = plan.rows * plan.row_cost.on_gpu()
+    gpu_cost = (gpu_seconds + pieces * POD_START_SECONDS["gpu"]) * gpu.price_per_hour / 3600
+    use_gpu = hardware == "gpu" or (hardware == "auto" and gpu_cost < cpu_cost)
+    device = gpu.name if use_gpu else "cpu"
+    how = "cheaper" if hardware == "auto" else "asked for"
+    reason = (
+        f"{how}: {plan.rows:,} rows at {plan.row_cost.total * 1e6:.1f} us/row on a CPU core (the model "
+        f"{plan.row_cost.model / plan.row_cost.total:.0%} of it) cost about ${cpu_cost:.4f} on CPU, "
+        f"${gpu_cost:.4f} on {gpu.name} ({plan.row_cost.gpu_speedup():.1f}x a core: the model "
+        f"{GPU_MODEL_SPEEDUP:g}x faster there, the rest as fast)"
+    )
+    return HardwareChoice(device, cpu_cost, gpu_cost, gpu, reason)
+
+
+# ---- all in one process ---------------------------------------------------------------------------------
+
+
+def score_dataset(
+    model: str, dataset: str, output: str, label_column: str = "", rows_per_piece: int = PIECE_ROWS
+) -> ScoringReport:
+    """Score `dataset` with the bundle (or latest published bundle) `model` into parquet parts under
+    `output`, piece after piece in this process."""
+    model = resolve_bundle(model)
+    bundle = load_bundle(model)
+    plan = plan_scoring(model, dataset, output, label_column, rows_per_piece, bundle)
+    results = [score_piece(plan.job, piece, bundle) for piece in plan.pieces]
+    return summarise(plan, results, bundle=bundle)

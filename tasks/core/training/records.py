@@ -1,0 +1,47 @@
+"""What a training run reports: its epochs, how it trained, and the hardware it was billed for."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tasks.core.models.plugins import ModelSpec
+
+
+@dataclass
+class EpochMetrics:
+    epoch: int
+    train_loss: float
+    train_accuracy: float
+    val_loss: float
+    val_accuracy: float
+
+
+@dataclass
+class TrainingRun:
+    """How a model was trained. Both training loops produce it; the trained model, the evaluation
+    report and the comparison carry it as it is."""
+
+    framework: str  # "pytorch" or "tensorflow"
+    device: str  # "cuda", "tpu", "gpu" or "cpu": where the loop ran
+    world_size: int  # DDP ranks or tf.distribute replicas
+    backend: str  # torch: process-group backend (nccl, gloo; "none" alone); Keras: "xla" or "default"
+    precision: str
+    strategy: str  # "DDP", "single-process" or the tf.distribute strategy
+    history: list[EpochMetrics]
+    samples_per_second: float
+    train_seconds: float
+    peak_device_memory_bytes: int = 0  # torch.cuda.max_memory_allocated; 0 on CPU
+    model: ModelSpec = field(default_factory=ModelSpec)  # the network trained
+
+
+@dataclass
+class Hardware:
+    """The accelerators a run is billed for: as declared by its task, or as the applied plan put it."""
+
+    accelerator: str  # GPU or TPU name as the cluster knows it, or "cpu" for local worker processes
+    count: int
+    partition: str = ""  # MIG partition or TPU topology; "" for whole GPUs
+    price_per_hour: float | None = None  # per device, from the applied plan's catalog option
+
+    def describe(self) -> str:
+        return f"{self.accelerator} {self.partition}".rstrip() + f" x{self.count}"
