@@ -18,8 +18,8 @@ VERSION ?= $(shell commit=$$(git rev-parse --short=12 HEAD 2>/dev/null) && \
 # Images are tagged with the version too, so what `make register` registers runs the images `make push`
 # built from the same tree.
 TAG ?= $(VERSION)
-# One per Dockerfile stage; tasks name theirs in tasks/hardware.py.
-IMAGES := cpu ml-cpu torch-gpu tf-gpu tpu
+# One per Dockerfile stage, named once in tasks/images.py.
+IMAGES := $(shell $(PYTHON) -m tasks.images)
 IMAGE_FLAGS = $(foreach t,$(IMAGES),--image $(t)=$(REGISTRY)/mixedml-$(t):$(TAG))
 PACKAGE := dist/mixedml-flyte-package.tgz
 # The scheduled launch plans' inputs and failure notifications, read when pyflyte defines the launch

@@ -21,6 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tasks.images import IMAGES as IMAGE_NAMES  # noqa: E402 - the repository on the path first
+
 CONSTRAINTS = REPO / "constraints.txt"
 PYTORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 LIBTPU_RELEASES = "https://storage.googleapis.com/libtpu-tf-releases/index.html"
@@ -45,7 +49,7 @@ class Image:
     exact: tuple[str, ...] = ()
 
 
-IMAGES = {
+INSTALLS = {
     "cpu": Image(),
     "ml-cpu": Image(extras=("torch", "tf-cpu"), framework="torch=={torch}+cpu", index=PYTORCH_CPU_INDEX),
     "torch-gpu": Image(extras=("torch", "gpu")),
@@ -53,6 +57,13 @@ IMAGES = {
     # tensorflow-tpu 2.20.0 asks `libtpu~=0.0.14`, which any later 0.0.x satisfies.
     "tpu": Image(framework="tensorflow-tpu=={tensorflow_cpu}", find_links=LIBTPU_RELEASES, exact=("libtpu",)),
 }
+
+
+def images() -> dict[str, Image]:
+    """Every image of tasks/images.py with its install set; one without is an error naming it."""
+    if set(INSTALLS) != set(IMAGE_NAMES):
+        raise SystemExit(f"install sets {sorted(INSTALLS)} do not match the images {list(IMAGE_NAMES)}")
+    return {name: INSTALLS[name] for name in IMAGE_NAMES}
 
 
 def pins() -> dict[str, str]:
@@ -178,7 +189,7 @@ def main() -> int:
     print(
         f"Resolving for CPython {python}, x86_64, Debian {debian} (glibc {glibc}): manylinux up to {glibc}, linux"
     )
-    results = {name: check(name, image) for name, image in IMAGES.items()}
+    results = {name: check(name, image) for name, image in images().items()}
     for status in ("OK", "FAILED", "NOT CHECKED"):
         if names := [name for name, result in results.items() if result == status]:
             print(f"{status}: {', '.join(names)}")

@@ -32,23 +32,13 @@ from tasks.core.planning.planner import CatalogEntry
 from tasks.core.training.launch import DEFAULT_LOCAL_CPU_WORKERS
 from tasks.core.training.preemption import DEFAULT_GRACE_S
 from tasks.core.training.records import Hardware
+from tasks.images import image
 
-
-def image(name: str) -> str:
-    """A named image, resolved at registration: `pyflyte register --image tpu=REGISTRY/mixedml-tpu:TAG`."""
-    return f"{{{{.image.{name}.fqn}}}}:{{{{.image.{name}.version}}}}"
-
-
-# One training framework per GPU image, so a pod pulls one CUDA stack, and none on CPU pods.
-# cpu: flytekit, pandas, pyarrow, scikit-learn (no torch, no TensorFlow).
+# The images (tasks/images.py says what each holds).
 CPU_IMAGE = image("cpu")
-# ml-cpu: + CPU builds of torch and TensorFlow, for evaluation and the planner dynamics (no CUDA).
 ML_CPU_IMAGE = image("ml-cpu")
-# torch-gpu: + CUDA torch and the PyTorch plugin (no TensorFlow).
 TORCH_GPU_IMAGE = image("torch-gpu")
-# tf-gpu: + TensorFlow with its CUDA libraries (no torch).
 TF_GPU_IMAGE = image("tf-gpu")
-# tpu: + TensorFlow with the TPU runtime (no torch).
 TPU_IMAGE = image("tpu")
 # The torch GPU tasks' environment: NCCL's warnings in the log, and a failed or timed-out collective
 # ends the worker rather than leave it hanging (docs/reliability.md).

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from flytekit.core.python_function_task import PythonFunctionTask
 
 from tasks.core.planning.planner import CatalogEntry
+from tasks.core.training.config import TrainConfig
+from tasks.core.training.tf_strategy import tpu_target_problems
 from tasks.hardware import (
     GPU_CATALOG,
     TPU_CATALOG,
@@ -14,6 +16,7 @@ from tasks.hardware import (
     TRAIN_GPU_MULTINODE,
     TRAIN_TF_GPU,
     TRAIN_TPU,
+    TpuSliceProfile,
     TrainingProfile,
 )
 from tasks.train_tf import train_tf_gpu, train_tf_tpu
@@ -31,6 +34,11 @@ class Target:
     @property
     def image(self) -> str:
         return self.profile.image
+
+    def config_problems(self, config: TrainConfig) -> list[str]:
+        """The target's own rules on the hyperparameters: a TPU slice trains with TPUStrategy."""
+        on_tpu = isinstance(self.profile, TpuSliceProfile)
+        return tpu_target_problems(config.tf_strategy) if on_tpu else []
 
 
 TARGETS = {

@@ -23,6 +23,7 @@ import tasks
 from tasks.compare import compare
 from tasks.core.planning.nvidia_driver import GKE_DRIVER_LIBRARY_DIR
 from tasks.evaluate import evaluate
+from tasks.images import IMAGES
 from tasks.preprocess import preprocess
 from tasks.right_sizing import prepare_data, train_on_target
 from tasks.schedule import dataset_partition
@@ -42,7 +43,7 @@ TASKS = [
     preprocess, evaluate, compare, dataset_partition, train_torch, train_torch_multinode, train_tf_gpu, train_tf_tpu,
     prepare_data, train_on_target,
 ]  # fmt: skip
-TARGETS = ("cpu", "ml-cpu", "torch-gpu", "tf-gpu", "tpu")
+TARGETS = tuple(IMAGES)  # the Dockerfile stages, as tasks/images.py names them
 # The names each training framework's code imports.
 FRAMEWORK_IMPORTS = {"torch": {"torch"}, "tensorflow": {"tensorflow", "keras"}}
 PYTORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
@@ -181,8 +182,13 @@ def test_one_stage_per_image_and_every_image_used():
 
 
 def test_makefile_builds_pushes_and_registers_every_image():
+    """`make -n` expands the Makefile's image list (read from tasks/images.py) without building."""
+    dry_run = subprocess.run(
+        ["make", "-n", "-s", "push", "STAMP=Makefile"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout
+    assert dry_run.count(f"for target in {' '.join(TARGETS)};") == 2, dry_run  # build, then push
     (line,) = [line for line in (REPO / "Makefile").read_text().splitlines() if line.startswith("IMAGES :=")]
-    assert line.split(":=")[1].split() == list(TARGETS)
+    assert "tasks.images" in line  # read from the table, not listed again
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -265,12 +271,12 @@ def test_each_image_carries_no_framework_its_tasks_do_not_import(target):
 @pytest.mark.parametrize("target", TARGETS)
 def test_images_check_resolves_what_each_stage_installs(target):
     script = check_images_script()
-    image = script.IMAGES[target]
+    image = script.images()[target]
     dockerfile_sources = {
         word for words in pip_commands(target) for option, word in zip(words, words[1:], strict=False)
         if option in ("--index-url", "--extra-index-url", "-f", "--find-links")
     }  # fmt: skip
-    assert set(script.IMAGES) == set(TARGETS)
+    assert list(script.images()) == list(TARGETS)
     assert {str(Requirement(r)) for r in script.install_set(image)} == {
         str(Requirement(r)) for r in pip_requirements(target)
     }
@@ -392,7 +398,7 @@ def test_the_tpu_image_installs_under_the_libtpu_pin_and_images_check_holds_it_t
         if "tensorflow-tpu" in {canonicalize_name(Requirement(r).name) for r in install_targets(words)}
     ]
     assert installs_tensorflow_tpu and all("constraints.txt" in words for words in installs_tensorflow_tpu)
-    assert "libtpu" in check_images_script().IMAGES["tpu"].exact
+    assert "libtpu" in check_images_script().images()["tpu"].exact
 
 
 def resolved(**versions: str) -> list[dict]:
@@ -402,7 +408,7 @@ def resolved(**versions: str) -> list[dict]:
 
 def test_images_check_flags_a_libtpu_other_than_the_pin():
     script = check_images_script()
-    tpu, pins = script.IMAGES["tpu"], script.pins()
+    tpu, pins = script.images()["tpu"], script.pins()
     assert script.pin_mismatches(tpu, resolved(libtpu=pins["libtpu"]), pins) == []
     assert script.pin_mismatches(tpu, resolved(libtpu="0.0.52"), pins) == [
         f"libtpu resolved to 0.0.52, not its pin {pins['libtpu']}"
@@ -423,5 +429,5 @@ def test_images_check_fails_the_tpu_image_when_the_resolver_picks_another_libtpu
     answer = subprocess.CompletedProcess([], 0, stdout=report, stderr="")
     monkeypatch.setattr(script, "unreachable", lambda url: "")
     monkeypatch.setattr(script.subprocess, "run", lambda *args, **kwargs: answer)
-    assert script.check("tpu", script.IMAGES["tpu"]) == "FAILED"
+    assert script.check("tpu", script.images()["tpu"]) == "FAILED"
     assert "libtpu resolved to 0.0.52" in capsys.readouterr().out

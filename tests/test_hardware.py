@@ -129,7 +129,7 @@ def test_each_target_dispatches_to_its_frameworks_task_on_an_image_for_its_hardw
     assert all(len(frameworks) == 1 for frameworks in frameworks_by_image.values()), frameworks_by_image
     assert {"pytorch", "tensorflow"} == {target.framework for target in TARGETS.values()}
     assert problems("cuda", TrainConfig(), TARGETS) == [
-        f"input 'target' = 'cuda': not one of {', '.join(TARGETS)}; pass --target gpu or --target tpu"
+        f"input 'target' = 'cuda': not one of {', '.join(TARGETS)}; pass e.g. --target gpu"
     ]
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 from collections.abc import Collection, Mapping
+from typing import Protocol
 
 from tasks.core.data.assignment import FRACTION_RULE, bad_fractions
 from tasks.core.data.prepare import EMBEDDED_DIGITS_LABEL
@@ -30,19 +32,6 @@ def batch_problems(config: TrainConfig, world_size: int, train_rows: int) -> lis
     return found
 
 
-# The tpu target trains with TPUStrategy on its slice; any other strategy would leave the slice idle.
-TPU_TARGET_STRATEGIES = ("auto", "tpu")
-
-
-def tpu_target_problems(requested: str) -> list[str]:
-    if requested in TPU_TARGET_STRATEGIES:
-        return []
-    return [
-        f"input 'hyperparameters.tf_strategy' = {requested!r}: the tpu target trains with TPUStrategy on "
-        f"its slice; pass 'auto' or 'tpu', or --target gpu-tf for {requested!r}"
-    ]
-
-
 def split_problems(val_fraction: float, test_fraction: float) -> list[str]:
     return [
         f"input '{name}' = {value!r}: {FRACTION_RULE}; pass e.g. --{name} 0.15"
@@ -60,22 +49,31 @@ def embedded_label_problems(dataset: str, label_column: str) -> list[str]:
     ]
 
 
+class TargetRules(Protocol):
+    """What validation asks of a training target (the table in tasks/targets.py)."""
+
+    def config_problems(self, config: TrainConfig) -> list[str]: ...
+
+
 def problems(
     target: str,
     hyperparameters: TrainConfig,
-    targets: Collection[str],
+    targets: Mapping[str, TargetRules],
     val_fraction: float = 0.15,
     test_fraction: float = 0.15,
 ) -> list[str]:
-    """Every bad input; `targets` are the valid target names (the table in tasks/targets.py)."""
-    found = []
-    if target not in targets:
-        found.append(
-            f"input 'target' = {target!r}: not one of {', '.join(targets)}; pass --target gpu or --target tpu"
-        )
-    if target == "tpu":
-        found += tpu_target_problems(hyperparameters.tf_strategy)
+    """Every bad input; `targets` is the targets table, each target with its own rules."""
+    found = (
+        targets[target].config_problems(hyperparameters)
+        if target in targets
+        else [target_problem(target, targets)]
+    )
     return found + hyperparameter_problems(hyperparameters) + split_problems(val_fraction, test_fraction)
+
+
+def target_problem(target: str, names: Collection[str]) -> str:
+    suggestion = (difflib.get_close_matches(target, names, n=1) or list(names))[0]
+    return f"input 'target' = {target!r}: not one of {', '.join(names)}; pass e.g. --target {suggestion}"
 
 
 def price_problems(prices: Mapping[str, float]) -> list[str]:

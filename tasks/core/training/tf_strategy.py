@@ -26,7 +26,6 @@ from tasks.core.messages import raise_for
 from tasks.core.planning.accelerators import AcceleratorUnavailable
 from tasks.core.planning.nvidia_driver import DriverLibraries, driver_libraries
 from tasks.core.training.config import TF_STRATEGIES
-from tasks.core.validation import tpu_target_problems
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +132,19 @@ def unavailable_reason(kind: str, env: Environment) -> str:
         "multi_worker": "TF_CONFIG does not describe a cluster of more than one worker",
         "mirrored": "no GPU is visible to TensorFlow (and the CPU is not split into several devices)",
     }[kind]
+
+
+# The tpu target trains with TPUStrategy on its slice; any other strategy would leave the slice idle.
+TPU_TARGET_STRATEGIES = ("auto", "tpu")
+
+
+def tpu_target_problems(requested: str) -> list[str]:
+    if requested in TPU_TARGET_STRATEGIES:
+        return []
+    return [
+        f"input 'hyperparameters.tf_strategy' = {requested!r}: the tpu target trains with TPUStrategy on "
+        f"its slice; pass 'auto' or 'tpu', or --target gpu-tf for {requested!r}"
+    ]
 
 
 def tpu_target_strategy(requested: str, on_cluster: bool) -> str:
