@@ -1,0 +1,235 @@
+"""Per-column statistics of the train rows, a batch at a time, that merge exactly in any grouping.
+
+Every statistic is a count, an integer sum, a minimum or a maximum, so the statistics of the pieces of
+the rows (batches, part files, pods) merge to those of one pass over all of them, whatever the number
+or the order of the pieces:
+- numbers: count, missing, the exact sum (`exact_sum`: float64 values as whole multiples of 2**-1126,
+  summed as Python integers), minimum and maximum;
+- categories: counts by value and missing; see `CategoryStats` for the bound on distinct values;
+- booleans: true, false and missing;
+- dates: count, missing, earliest and latest instant (microseconds, UTC).
+Each takes its kind's values as `column_kinds.canonical` gives them.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tasks.core.data.column_kinds import BOOLEAN, CATEGORICAL, DATE, MISSING_INSTANT, NUMERIC
+
+# float64 is m * 2**e with m a 53-bit integer and e >= -1126 (the least subnormal is 2**-1074), so every
+# value times 2**SUM_SCALE_BITS is an integer.
+SUM_SCALE_BITS = 1126
+# The distinct values a categorical column's counts hold: the vocabulary (at most `VOCABULARY_CAP`
+# values, in encoding.py) is far smaller, so the values it takes are counted exactly or nearly so.
+COUNT_CAP = 10_000
+
+
+def exact_sum(values: np.ndarray) -> int:
+    """The sum of finite float64 `values` times 2**SUM_SCALE_BITS, exactly: integer sums add up the same
+    in any grouping, where float sums round differently. Values with the same exponent are summed in
+    int64 as 26-bit halves of their mantissas, which cannot overflow below 2**36 values."""
+    if not len(values):
+        return 0
+    mantissa, exponent = np.frexp(values)
+    whole = (mantissa * 2.0**53).astype(np.int64)
+    order = np.argsort(exponent, kind="stable")
+    exponents, starts = np.unique(exponent[order], return_index=True)
+    ordered = whole[order]
+    high = np.add.reduceat(ordered >> 26, starts)  # whole == (whole >> 26) * 2**26 + (whole & 2**26 - 1)
+    low = np.add.reduceat(ordered & ((1 << 26) - 1), starts)
+    return sum(
+        ((int(h) << 26) + int(lo)) << (int(e) - 53 + SUM_SCALE_BITS)
+        for h, lo, e in zip(high, low, exponents, strict=True)
+    )
+
+
+def lower(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
+def higher(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else max(a, b)
+
+
+@dataclass
+class NumberStats:
+    count: int = 0  # values present
+    missing: int = 0
+    total: int = 0  # their exact sum times 2**SUM_SCALE_BITS
+    low: float | None = None
+    high: float | None = None
+
+    @classmethod
+    def of(cls, values: np.ndarray) -> NumberStats:
+        present = values[~np.isnan(values)]
+        if not len(present):
+            return cls(missing=len(values))
+        low, high = float(present.min()), float(present.max())
+        return cls(len(present), len(values) - len(present), exact_sum(present), low, high)
+
+    def merge(self, other: NumberStats) -> NumberStats:
+        return NumberStats(
+            self.count + other.count,
+            self.missing + other.missing,
+            self.total + other.total,
+            lower(self.low, other.low),
+            higher(self.high, other.high),
+        )
+
+    @property
+    def mean(self) -> float:
+        return self.total / (self.count << SUM_SCALE_BITS)  # Python rounds an int quotient correctly
+
+    @property
+    def constant(self) -> bool:
+        return self.low == self.high
+
+    def to_dict(self) -> dict:
+        """The sum as text, 'odd<<shift', as JSON readers other than Python's cap integers."""
+        shift = (self.total & -self.total).bit_length() - 1 if self.total else 0
+        return {**asdict(self), "total": f"{self.total >> shift}<<{shift}"}
+
+    @classmethod
+    def from_dict(cls, saved: dict) -> NumberStats:
+        odd, shift = saved["total"].split("<<")
+        return cls(**{**saved, "total": int(odd) << int(shift)})
+
+
+@dataclass
+class BooleanStats:
+    true: int = 0
+    false: int = 0
+    missing: int = 0
+
+    @classmethod
+    def of(cls, values: np.ndarray) -> BooleanStats:
+        true = int((values == 1).sum())
+        missing = int(np.isnan(values).sum())
+        return cls(true, len(values) - true - missing, missing)
+
+    def merge(self, other: BooleanStats) -> BooleanStats:
+        return BooleanStats(self.true + other.true, self.false + other.false, self.missing + other.missing)
+
+    @property
+    def count(self) -> int:
+        return self.true + self.false
+
+    @property
+    def constant(self) -> bool:
+        return not (self.true and self.false)
+
+
+@dataclass
+class DateStats:
+    count: int = 0
+    missing: int = 0
+    low: int | None = None  # microseconds since 1970-01-01 UTC
+    high: int | None = None
+
+    @classmethod
+    def of(cls, micros: np.ndarray) -> DateStats:
+        present = micros[micros != MISSING_INSTANT]
+        if not len(present):
+            return cls(missing=len(micros))
+        return cls(len(present), len(micros) - len(present), int(present.min()), int(present.max()))
+
+    def merge(self, other: DateStats) -> DateStats:
+        return DateStats(
+            self.count + other.count,
+            self.missing + other.missing,
+            lower(self.low, other.low),
+            higher(self.high, other.high),
+        )
+
+    @property
+    def constant(self) -> bool:
+        return self.low == self.high
+
+
+@dataclass
+class CategoryStats:
+    """Counts by value, holding at most `cap` values. While the rows hold no more distinct values than
+    that, the counts are exact, in any grouping. Beyond it, the counts are Misra and Gries' mergeable
+    summary: every count is lowered by the (cap+1)-th largest and those left positive are kept, so any
+    value in more than 1/(cap+1) of the rows is kept, its count short by at most that share; which
+    values are kept and their counts may then differ with the grouping. `other` counts the rows no
+    longer counted by value, so `count` stays exact."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+    other: int = 0
+    missing: int = 0
+    cap: int = COUNT_CAP
+
+    @classmethod
+    def of(cls, text: pa.Array, cap: int = COUNT_CAP) -> CategoryStats:
+        counted = pc.value_counts(text.drop_null())
+        values, counts = counted.field("values").to_pylist(), counted.field("counts").to_pylist()
+        kept, dropped = heavy_hitters(dict(zip(values, counts, strict=True)), cap)
+        return cls(kept, dropped, text.null_count, cap)
+
+    def merge(self, other: CategoryStats) -> CategoryStats:
+        kept, dropped = heavy_hitters(dict(Counter(self.counts) + Counter(other.counts)), self.cap)
+        return CategoryStats(kept, self.other + other.other + dropped, self.missing + other.missing, self.cap)
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts.values()) + self.other
+
+    @property
+    def constant(self) -> bool:
+        return len(self.counts) == 1 and not self.other
+
+    @property
+    def overflowed(self) -> bool:
+        return self.other > 0
+
+    def most_frequent(self, limit: int) -> list[str]:
+        """Up to `limit` values, the most frequent first; ties by value, so the choice is deterministic."""
+        ranked = sorted(self.counts.items(), key=lambda item: (-item[1], item[0]))
+        return [value for value, _ in ranked[:limit]]
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "counts": dict(sorted(self.counts.items()))}
+
+
+def heavy_hitters(counts: dict[str, int], cap: int) -> tuple[dict[str, int], int]:
+    """`counts` when they hold at most `cap` values; else Misra and Gries' summary of them. Also the
+    rows the summary no longer counts by value."""
+    if len(counts) <= cap:
+        return counts, 0
+    cut = heapq.nlargest(cap + 1, counts.values())[-1]
+    kept = {value: count - cut for value, count in counts.items() if count > cut}
+    return kept, sum(counts.values()) - sum(kept.values())
+
+
+ColumnStats = NumberStats | BooleanStats | DateStats | CategoryStats
+STATS: dict[str, type] = {
+    NUMERIC: NumberStats,
+    BOOLEAN: BooleanStats,
+    DATE: DateStats,
+    CATEGORICAL: CategoryStats,
+}
+
+
+def stats_of(kind: str, values: np.ndarray | pa.Array, count_cap: int = COUNT_CAP) -> ColumnStats:
+    return CategoryStats.of(values, count_cap) if kind == CATEGORICAL else STATS[kind].of(values)
+
+
+def empty_stats(kind: str, count_cap: int = COUNT_CAP) -> ColumnStats:
+    return CategoryStats(cap=count_cap) if kind == CATEGORICAL else STATS[kind]()
+
+
+def stats_to_dict(stats: ColumnStats) -> dict:
+    return stats.to_dict() if hasattr(stats, "to_dict") else asdict(stats)
+
+
+def stats_from_dict(kind: str, saved: dict) -> ColumnStats:
+    cls = STATS[kind]
+    return cls.from_dict(saved) if hasattr(cls, "from_dict") else cls(**saved)

@@ -1,0 +1,311 @@
+"""Mixed feature columns encoded as numbers: fitted on the train rows in one streaming pass, and applied
+the same way wherever rows are encoded (training, evaluation, scoring of raw rows).
+
+1. `propose_kinds` (column_kinds.py) gives each feature column a kind, or 'drop'.
+2. `batch_stats` gives the statistics of a batch's train rows; `EncodingStats.merge` adds those of the
+   batches and pieces up exactly (column_stats.py), so a split run fits what one pass fits.
+3. `EncodingStats.fit` gives the `FittedEncoding`, whose `transform` turns any batch holding the feature
+   columns (in any order, among others) into float64 rows; `to_dict` stores it in a bundle's manifest.
+
+The rules:
+- Numbers: a missing value (null or NaN) takes the train mean, and `name<missing>` (1 where missing)
+  follows wherever a train value was missing. The mean rather than the median: a mean comes from a
+  count and an exact integer sum, which add up to the same value however the rows are split into
+  pieces; a median needs every value, or a sketch whose answer depends on the split. An infinite
+  value is refused by column and row.
+- Categories: one-hot over a vocabulary of the `VOCABULARY_CAP` most frequent train values (ties broken
+  by value), then `name=<other>` for any other value, unseen ones included (never an error), then
+  `name=<missing>` where a train value was missing (elsewhere a missing value counts as other). Counting
+  holds at most `COUNT_CAP` distinct values per column: exact while the train rows hold no more, and
+  beyond that a Misra-Gries summary that keeps every value in more than 1/(COUNT_CAP+1) of the rows
+  (see `CategoryStats`), which may then depend on how the rows were split into pieces.
+- Booleans: 0/1; a missing value takes the train share of true, with `name<missing>` as for numbers.
+- Dates: `name:days` (days since the earliest train instant, fractional), `name:month` (1-12) and
+  `name:weekday` (0 = Monday ... 6 = Sunday), as plain numbers; a missing date takes the midpoint of
+  the train range, with `name<missing>`. All in UTC: a zoned timestamp is converted, a naive one or a
+  date is taken as UTC.
+- Left out, each with a note that names the column and why: all missing in the train rows; constant
+  (one value in every train row, none missing); identifier-like: a text or dictionary column proposed
+  categorical (not marked so by the user) with a different value in each of at least
+  `MIN_IDENTIFIER_ROWS` train rows, none missing, or any categorical column with more than `COUNT_CAP`
+  distinct values, none frequent enough to keep; and columns marked 'drop'.
+- A column's kind comes from its Arrow type, or from the user's overrides; text proposed as a date is
+  ISO text in the first batch (column_kinds.py). Every value of every row is read as its kind, train
+  rows or not, so a bad value is refused by column and row wherever it is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tasks.core.data.column_kinds import (
+    BOOLEAN,
+    CATEGORICAL,
+    DATE,
+    DROP,
+    MICROS_PER_DAY,
+    MISSING_INSTANT,
+    NUMERIC,
+    ColumnKind,
+    Place,
+    canonical,
+)
+from tasks.core.data.column_stats import (
+    COUNT_CAP,
+    CategoryStats,
+    ColumnStats,
+    empty_stats,
+    stats_from_dict,
+    stats_of,
+    stats_to_dict,
+)
+from tasks.core.data.files import DatasetError
+from tasks.core.messages import preview
+
+ENCODING_VERSION = 1
+VOCABULARY_CAP = 100  # one-hot columns per categorical feature, besides <other> and <missing>
+MIN_IDENTIFIER_ROWS = 50  # fewer train rows than this may all differ by chance
+
+
+def check_columns(present: list[str], wanted: list[str], source: str = "") -> None:
+    absent = [name for name in wanted if name not in set(present)]
+    if absent:
+        prefix = f"{source}: " if source else ""
+        names = preview([repr(name) for name in absent])
+        what = f"feature column {names} is" if len(absent) == 1 else f"feature columns {names} are"
+        raise DatasetError(
+            f"{prefix}{what} missing, which the encoding reads; the data has columns {preview(present)}"
+        )
+
+
+@dataclass
+class EncodingStats:
+    """The train rows' statistics of every feature column not dropped."""
+
+    kinds: dict[str, ColumnKind]  # every feature column, in the encoded order; 'drop' included
+    columns: dict[str, ColumnStats]
+
+    @classmethod
+    def empty(cls, kinds: dict[str, ColumnKind], count_cap: int = COUNT_CAP) -> EncodingStats:
+        return cls(
+            kinds, {name: empty_stats(k.kind, count_cap) for name, k in kinds.items() if k.kind != DROP}
+        )
+
+    def merge(self, other: EncodingStats) -> EncodingStats:
+        return EncodingStats(
+            self.kinds, {name: s.merge(other.columns[name]) for name, s in self.columns.items()}
+        )
+
+    def fit(
+        self, vocabulary_cap: int = VOCABULARY_CAP, min_identifier_rows: int = MIN_IDENTIFIER_ROWS
+    ) -> FittedEncoding:
+        """The encoding these statistics give; a column left out gets a note instead."""
+        columns, left_out = [], {}
+        for name, kind in self.kinds.items():
+            stats = self.columns.get(name)  # none where dropped
+            reason = left_out_reason(kind, stats, min_identifier_rows)
+            if reason:
+                left_out[name] = f"column {name!r} is left out of the features: {reason}"
+            else:
+                columns.append(ColumnEncoding(name, kind.kind, fitted(kind.kind, stats, vocabulary_cap)))
+        if not columns:
+            raise DatasetError(f"no feature column is left to encode: {'; '.join(left_out.values())}")
+        return FittedEncoding(columns, left_out)
+
+    def to_dict(self) -> dict:
+        return {
+            "version": ENCODING_VERSION,
+            "kinds": {name: asdict(kind) for name, kind in self.kinds.items()},
+            "columns": {name: stats_to_dict(stats) for name, stats in self.columns.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, saved: dict) -> EncodingStats:
+        check_version(saved)
+        kinds = {name: ColumnKind(**kind) for name, kind in saved["kinds"].items()}
+        columns = {name: stats_from_dict(kinds[name].kind, s) for name, s in saved["columns"].items()}
+        return cls(kinds, columns)
+
+
+def batch_stats(
+    kinds: dict[str, ColumnKind],
+    batch: pa.RecordBatch | pa.Table,
+    first_row: int = 0,
+    keep: np.ndarray | None = None,
+    source: str = "",
+    count_cap: int = COUNT_CAP,
+) -> EncodingStats:
+    """The statistics of the batch's train rows (`keep`, a mask; all rows without it). Every row's values
+    are checked, as errors name them: the batch's first row is row `first_row` of `source`."""
+    names = [name for name, kind in kinds.items() if kind.kind != DROP]
+    check_columns(batch.schema.names, names, source)
+    columns = {}
+    for name in names:
+        kind = kinds[name].kind
+        values = canonical(kind, batch.column(name), Place(name, first_row, source))
+        if keep is not None:
+            values = values.filter(pa.array(keep)) if isinstance(values, pa.Array) else values[keep]
+        columns[name] = stats_of(kind, values, count_cap)
+    return EncodingStats(kinds, columns)
+
+
+def left_out_reason(kind: ColumnKind, stats: ColumnStats | None, min_identifier_rows: int) -> str | None:
+    if stats is None:
+        return f"it is marked {DROP!r}"
+    if not stats.count:
+        return "it has no value in the train rows (all missing)"
+    if not stats.missing and stats.constant:
+        return "it holds the same value in every train row (constant)"
+    if isinstance(stats, CategoryStats):
+        if stats.overflowed and not stats.counts:
+            return f"it holds more than {stats.cap:,} distinct values, none frequent (like an identifier)"
+        distinct = not (stats.missing or stats.overflowed) and len(stats.counts) == stats.count
+        if distinct and not kind.by_user and stats.count >= min_identifier_rows:
+            return (
+                f"it holds a different value in each of the {stats.count:,} train rows (like an identifier)"
+            )
+    return None
+
+
+def fitted(kind: str, stats: ColumnStats, vocabulary_cap: int) -> ColumnEncoder:
+    indicator = stats.missing > 0
+    if kind == NUMERIC:
+        return NumberEncoding(stats.mean, indicator)
+    if kind == BOOLEAN:
+        return NumberEncoding(stats.true / stats.count, indicator)
+    if kind == DATE:
+        return DateEncoding(stats.low, stats.low + (stats.high - stats.low) // 2, indicator)
+    return CategoryEncoding(stats.most_frequent(vocabulary_cap), indicator)
+
+
+@dataclass
+class NumberEncoding:
+    """A number or a boolean (as 0/1): missing values imputed, then the missing indicator if any."""
+
+    fill: float
+    indicator: bool
+
+    def names(self, name: str) -> list[str]:
+        return [name, *missing_name(name, self.indicator)]
+
+    def encode(self, values: np.ndarray) -> np.ndarray:
+        missing = np.isnan(values)
+        return with_indicator(np.where(missing, self.fill, values)[:, None], missing, self.indicator)
+
+
+@dataclass
+class CategoryEncoding:
+    vocabulary: list[str]
+    indicator: bool
+
+    def names(self, name: str) -> list[str]:
+        return (
+            [f"{name}={value}" for value in self.vocabulary]
+            + [f"{name}=<other>"]
+            + ([f"{name}=<missing>"] if self.indicator else [])
+        )
+
+    def encode(self, text: pa.Array) -> np.ndarray:
+        other = len(self.vocabulary)
+        found = pc.index_in(text, value_set=pa.array(self.vocabulary, pa.string()))
+        found = found.to_numpy(zero_copy_only=False).astype(np.float64)  # NaN: not in the vocabulary
+        codes = np.where(np.isnan(found), other, found).astype(np.int64)
+        if self.indicator:
+            codes[text.is_null().to_numpy(zero_copy_only=False)] = other + 1
+        one_hot = np.zeros((len(text), other + 1 + self.indicator))
+        one_hot[np.arange(len(text)), codes] = 1.0
+        return one_hot
+
+
+@dataclass
+class DateEncoding:
+    origin: int  # microseconds since 1970-01-01 UTC: the earliest train instant
+    fill: int  # what a missing date is taken as: the middle of the train range
+    indicator: bool
+
+    def names(self, name: str) -> list[str]:
+        return [f"{name}:days", f"{name}:month", f"{name}:weekday", *missing_name(name, self.indicator)]
+
+    def encode(self, micros: np.ndarray) -> np.ndarray:
+        missing = micros == MISSING_INSTANT
+        filled = np.where(missing, self.fill, micros)
+        days = (filled - self.origin) / MICROS_PER_DAY
+        month = filled.astype("datetime64[us]").astype("datetime64[M]").astype(np.int64) % 12 + 1
+        weekday = (filled // MICROS_PER_DAY + 3) % 7  # 1970-01-01 was a Thursday
+        return with_indicator(
+            np.column_stack([days, month, weekday]).astype(np.float64), missing, self.indicator
+        )
+
+
+ColumnEncoder = NumberEncoding | CategoryEncoding | DateEncoding
+ENCODERS: dict[str, type] = {
+    NUMERIC: NumberEncoding,
+    BOOLEAN: NumberEncoding,
+    CATEGORICAL: CategoryEncoding,
+    DATE: DateEncoding,
+}
+
+
+def missing_name(name: str, indicator: bool) -> list[str]:
+    return [f"{name}<missing>"] if indicator else []
+
+
+def with_indicator(block: np.ndarray, missing: np.ndarray, indicator: bool) -> np.ndarray:
+    return np.column_stack([block, missing.astype(np.float64)]) if indicator else block
+
+
+@dataclass
+class ColumnEncoding:
+    name: str
+    kind: str
+    encoder: ColumnEncoder
+
+    def encode(self, column: pa.Array | pa.ChunkedArray, first_row: int, source: str) -> np.ndarray:
+        return self.encoder.encode(canonical(self.kind, column, Place(self.name, first_row, source)))
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "kind": self.kind, **asdict(self.encoder)}
+
+    @classmethod
+    def from_dict(cls, saved: dict) -> ColumnEncoding:
+        fields = {key: value for key, value in saved.items() if key not in ("name", "kind")}
+        return cls(saved["name"], saved["kind"], ENCODERS[saved["kind"]](**fields))
+
+
+@dataclass
+class FittedEncoding:
+    columns: list[ColumnEncoding]  # in the encoded order
+    left_out: dict[str, str]  # column -> the note that says why
+
+    def encoded_names(self) -> list[str]:
+        return [encoded for column in self.columns for encoded in column.encoder.names(column.name)]
+
+    def transform(self, batch: pa.RecordBatch | pa.Table, first_row: int = 0, source: str = "") -> np.ndarray:
+        """The batch's rows encoded (rows x len(encoded_names()), float64); other columns are ignored.
+        Errors name a bad value's row as `first_row` plus its index in the batch, and `source`."""
+        check_columns(batch.schema.names, [column.name for column in self.columns], source)
+        blocks = [column.encode(batch.column(column.name), first_row, source) for column in self.columns]
+        return np.column_stack(blocks)
+
+    def to_dict(self) -> dict:
+        return {
+            "version": ENCODING_VERSION,
+            "columns": [column.to_dict() for column in self.columns],
+            "left_out": dict(self.left_out),
+        }
+
+    @classmethod
+    def from_dict(cls, saved: dict) -> FittedEncoding:
+        check_version(saved)
+        return cls([ColumnEncoding.from_dict(column) for column in saved["columns"]], dict(saved["left_out"]))
+
+
+def check_version(saved: dict) -> None:
+    if saved.get("version") != ENCODING_VERSION:
+        raise ValueError(
+            f"a feature encoding of version {saved.get('version')!r}; this code reads version {ENCODING_VERSION}"
+        )
