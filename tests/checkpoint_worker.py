@@ -24,14 +24,14 @@ from tasks.core.training.config import TrainConfig
 
 
 def slow_down() -> None:
-    real_step = torch_training.optimizer_step
+    real_step = torch_training.LoopState.optimizer_step
 
     def step(*args, **kwargs):
         result = real_step(*args, **kwargs)
         time.sleep(0.03)
         return result
 
-    torch_training.optimizer_step = step
+    torch_training.LoopState.optimizer_step = step
 
 
 def train_and_save(

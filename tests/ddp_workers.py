@@ -56,7 +56,7 @@ def train_with_failing_rank(config, splits, failing_rank: int, how: str) -> dict
 
     from tasks.core.training import torch_training
 
-    real_step, calls = torch_training.optimizer_step, []
+    real_step, calls = torch_training.LoopState.optimizer_step, []
 
     def step(*args, **kwargs):
         calls.append(1)
@@ -69,7 +69,7 @@ def train_with_failing_rank(config, splits, failing_rank: int, how: str) -> dict
                 raise ValueError(f"bad data on the shard of rank {failing_rank}")
         return real_step(*args, **kwargs)
 
-    torch_training.optimizer_step = step
+    torch_training.LoopState.optimizer_step = step
     return train_and_report(config, splits)
 
 
@@ -85,7 +85,7 @@ def train_until_one_rank_is_signalled(
     from tasks.core.training.checkpoint import TrainingCheckpoint
     from tasks.core.training.preemption import Preempted, PreemptionNotice
 
-    real_step, calls = torch_training.optimizer_step, []
+    real_step, calls = torch_training.LoopState.optimizer_step, []
 
     def step(*args, **kwargs):
         calls.append(1)
@@ -93,7 +93,7 @@ def train_until_one_rank_is_signalled(
             os.kill(os.getpid(), signal.SIGTERM)
         return real_step(*args, **kwargs)
 
-    torch_training.optimizer_step = step
+    torch_training.LoopState.optimizer_step = step
     checkpoint = TrainingCheckpoint(checkpoint_dir)
     try:
         with PreemptionNotice(grace_s=60) as notice:
@@ -113,7 +113,7 @@ def train_until_one_rank_diverges(config, splits, diverging_rank: int, diverging
     from tasks.core.models.plugins import TrainingDiverged
     from tasks.core.training import torch_training
 
-    real_step, calls = torch_training.optimizer_step, []
+    real_step, calls = torch_training.LoopState.optimizer_step, []
 
     def step(*args, **kwargs):
         calls.append(1)
@@ -122,7 +122,7 @@ def train_until_one_rank_diverges(config, splits, diverging_rank: int, diverging
             totals.loss_sum += float("nan")
         return totals
 
-    torch_training.optimizer_step = step
+    torch_training.LoopState.optimizer_step = step
     try:
         torch_training.train(config, splits)
     except TrainingDiverged as error:

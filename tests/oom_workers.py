@@ -49,20 +49,20 @@ def train_with_and_without_oom(config, splits, failing_rank: int, failing_backwa
 def train_and_watch(config, splits, failing_backward: int | None) -> dict[str, Any]:
     from tasks.core.training import torch_training
 
-    real_build, real_accumulate = torch_training.build, torch_training.accumulate_gradients
+    real_build, real_accumulate = torch_training.build, torch_training.LoopState.accumulate_gradients
     backwards: list[int] = []
     attempts: list[int] = []  # the micro-batch size of every attempt at an optimizer step
 
-    def accumulate(run, rows, micro):
+    def accumulate(state, batch, micro):
         attempts.append(micro)
-        return real_accumulate(run, rows, micro)
+        return real_accumulate(state, batch, micro)
 
     torch_training.build = build_with_oom_in_backward(real_build, failing_backward, backwards)
-    torch_training.accumulate_gradients = accumulate
+    torch_training.LoopState.accumulate_gradients = accumulate
     try:
         outcome = torch_training.train(config, splits)
     finally:
-        torch_training.build, torch_training.accumulate_gradients = real_build, real_accumulate
+        torch_training.build, torch_training.LoopState.accumulate_gradients = real_build, real_accumulate
     return {
         "attempts": attempts,
         "raised": int(failing_backward is not None and len(backwards) >= failing_backward),
@@ -85,7 +85,7 @@ def averaged_gradients(rank: int, world_size: int) -> dict[str, list]:
     Returns the gradients before and after averaging."""
     import torch
 
-    from tasks.core.training import torch_training
+    from tasks.core.training import votes
 
     model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
     parameters = list(model.parameters())
@@ -95,12 +95,9 @@ def averaged_gradients(rank: int, world_size: int) -> dict[str, list]:
         parameter.grad = values[::stride].reshape(parameter.shape)
     assert not parameters[-1].grad.is_contiguous()
     before = [parameter.grad.numpy().copy() for parameter in parameters]
-    limit, torch_training.GRADIENT_REDUCE_BUCKET_BYTES = (
-        torch_training.GRADIENT_REDUCE_BUCKET_BYTES,
-        TEST_BUCKET_BYTES,
-    )
+    limit, votes.GRADIENT_REDUCE_BUCKET_BYTES = votes.GRADIENT_REDUCE_BUCKET_BYTES, TEST_BUCKET_BYTES
     try:
-        torch_training.average_gradients(model, world_size)
+        votes.average_gradients(model, world_size)
     finally:
-        torch_training.GRADIENT_REDUCE_BUCKET_BYTES = limit
+        votes.GRADIENT_REDUCE_BUCKET_BYTES = limit
     return {"before": before, "after": [parameter.grad.numpy().copy() for parameter in parameters]}

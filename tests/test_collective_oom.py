@@ -9,7 +9,7 @@ import pytest
 
 from tasks.core.models.plugins import mlp_spec
 from tasks.core.training.config import TrainConfig
-from tasks.core.training.torch_training import gradient_buckets
+from tasks.core.training.votes import gradient_buckets
 from tests.ddp_workers import launch_local
 from tests.oom_workers import TEST_BUCKET_BYTES, train_with_and_without_oom
 

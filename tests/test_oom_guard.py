@@ -17,18 +17,18 @@ pytestmark = pytest.mark.usefixtures("single_process")
 
 def failing_until(micro_size: int, monkeypatch) -> list[int]:
     """Make every step attempt run out of memory before its first forward above `micro_size` rows."""
-    real_accumulate = torch_training.accumulate_gradients
+    real_accumulate = torch_training.LoopState.accumulate_gradients
     attempts: list[int] = []
 
-    def accumulate(run, rows, micro):
+    def accumulate(state, batch, micro):
         attempts.append(micro)
         if micro > micro_size:
             raise torch.cuda.OutOfMemoryError(
                 f"CUDA out of memory. Tried to allocate {micro} rows (simulated)"
             )
-        return real_accumulate(run, rows, micro)
+        return real_accumulate(state, batch, micro)
 
-    monkeypatch.setattr(torch_training, "accumulate_gradients", accumulate)
+    monkeypatch.setattr(torch_training.LoopState, "accumulate_gradients", accumulate)
     return attempts
 
 

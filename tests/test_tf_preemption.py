@@ -17,7 +17,7 @@ import pytest
 
 from tasks.core.data.splits import read_split
 from tasks.core.training.preemption import PREEMPTED_EXIT_CODE
-from tasks.core.training.tf_training import STATE_FILE, BatchSpec, batches, epoch_order
+from tasks.core.training.tf_training import STATE_FILE, BatchSpec, batches, epoch_permutation
 from tests.keras_preemption_worker import CONFIG, GRACE_S, train_and_record
 
 pytestmark = pytest.mark.slow
@@ -27,7 +27,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 def test_an_epochs_order_is_a_function_of_the_seed_and_the_epoch():
     def order(seed: int, epoch: int) -> np.ndarray:
-        return epoch_order(50, seed, epoch).numpy()
+        return epoch_permutation(50, seed, epoch).numpy()
 
     assert np.array_equal(order(3, 2), order(3, 2)) and sorted(order(3, 2)) == list(range(50))
     assert not np.array_equal(order(3, 2), order(3, 1)) and not np.array_equal(order(3, 2), order(4, 2))

@@ -42,13 +42,13 @@ def test_trains_a_separable_problem_and_writes_the_artifact(blob_splits, tmp_pat
 
 @pytest.mark.parametrize("schedule", ["cosine", "constant"])
 def test_the_loop_follows_the_learning_rate_schedule(schedule, blob_splits, monkeypatch):
-    rates, real_step = [], torch_training.optimizer_step
+    rates, real_step = [], torch_training.LoopState.optimizer_step
 
-    def recording_step(run, *args):
-        rates.append(run.optimizer.param_groups[0]["lr"])
-        return real_step(run, *args)
+    def recording_step(state, *args):
+        rates.append(state.optimizer.param_groups[0]["lr"])
+        return real_step(state, *args)
 
-    monkeypatch.setattr(torch_training, "optimizer_step", recording_step)
+    monkeypatch.setattr(torch_training.LoopState, "optimizer_step", recording_step)
     config = TrainConfig(epochs=2, batch_size=32, lr_schedule=schedule)
     outcome = train(config, blob_splits)
     total = outcome.optimizer_steps
@@ -123,7 +123,7 @@ def test_totals_count_exactly_past_what_float32_can():
     totals.add(torch.tensor(0.25), logits, labels)
     totals.add_totals(totals)
     single = DistributedContext(rank=0, world_size=1, device=torch.device("cpu"), backend="none")
-    assert totals.all_reduced(rows=2**25 + 3, ctx=single) == (2.0**25 + 0.5, 2**25 + 2, 2**25 + 3)
+    assert totals.all_reduced(n_rows=2**25 + 3, ctx=single) == (2.0**25 + 0.5, 2**25 + 2, 2**25 + 3)
 
 
 def test_evaluation_reads_its_totals_back_once(monkeypatch):

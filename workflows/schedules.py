@@ -23,7 +23,7 @@ from flytekit import Email, PagerDuty, Slack, WorkflowExecutionPhase
 from flytekit.core.notification import Notification
 
 from tasks.core.data.partition import partition_uri
-from tasks.core.strict_json import build, convert, shape_problems, value_problems
+from tasks.core.strict_json import convert, instantiate, shape_problems, value_problems
 from tasks.core.training.config import EXAMPLES, with_option_lists_joined
 from tasks.core.validation import price_problems
 from tasks.targets import TARGETS
@@ -160,7 +160,7 @@ def checked(value: object, hint: object, key: str) -> tuple[object, list[str]]:
         found = [problem.removeprefix("input ") for problem in shape_problems(value, hint, key, EXAMPLES)]
         if found:
             return None, found
-        config = build(hint, value)
+        config = instantiate(hint, value)
         return config, [
             f"'{key}.{name}' = {getattr(config, name)!r}: {rule}" for name, rule in config.problems().items()
         ]

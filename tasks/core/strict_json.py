@@ -72,14 +72,15 @@ def fits(value: object, accepted: type) -> bool:
     return isinstance(value, accepted)
 
 
-def build(cls: type, raw: dict):
+def instantiate(cls: type, raw: dict):
+    """The dataclass `cls` from `raw`, its JSON form, once `shape_problems` found nothing wrong in it."""
     hints = typing.get_type_hints(cls)
     return cls(**{name: convert(value, hints[name]) for name, value in raw.items()})
 
 
 def convert(value: object, hint: object) -> object:
     if dataclasses.is_dataclass(hint):
-        return build(hint, value)
+        return instantiate(hint, value)
     if typing.get_origin(hint) is dict:
         return {key: convert(item, typing.get_args(hint)[1]) for key, item in value.items()}
     if hint is int:

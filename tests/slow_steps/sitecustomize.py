@@ -9,10 +9,10 @@ if os.environ.get("MIXEDML_TEST_STEP_SECONDS"):
 
     from tasks.core.training import torch_training
 
-    _step, _delay = torch_training.optimizer_step, float(os.environ["MIXEDML_TEST_STEP_SECONDS"])
+    _step, _delay = torch_training.LoopState.optimizer_step, float(os.environ["MIXEDML_TEST_STEP_SECONDS"])
 
     def _slow_step(*args, **kwargs):
         time.sleep(_delay)
         return _step(*args, **kwargs)
 
-    torch_training.optimizer_step = _slow_step
+    torch_training.LoopState.optimizer_step = _slow_step

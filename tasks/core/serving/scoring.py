@@ -356,7 +356,7 @@ def plan_scoring(
 # ---- scoring one piece ----------------------------------------------------------------------------------
 
 
-def piece_dataset(job: ScoringJob, piece: ScoringPiece) -> ds.Dataset:
+def scoring_piece_dataset(job: ScoringJob, piece: ScoringPiece) -> ds.Dataset:
     """The piece's rows, read with the whole input's schema so that every part has the same columns."""
     filesystem, path = filesystem_for(piece.file)
     if detect_format(job.dataset) == "csv":
@@ -469,7 +469,7 @@ def part_writer(
 def score_piece(job: ScoringJob, piece: ScoringPiece, bundle: Bundle | None = None) -> PieceResult:
     """Stream one piece through the model into `<output>/part-<index>.parquet`."""
     bundle = bundle or load_bundle(job.model)
-    dataset = piece_dataset(job, piece)
+    dataset = scoring_piece_dataset(job, piece)
     layout = OutputLayout.of(bundle, dataset.schema)
     tally = LabelTally(bundle, job.label_column) if job.label_column else None
     filesystem, folder = filesystem_for(job.output)
@@ -536,11 +536,11 @@ def summarise(
         hardware=hardware,
     )
     if plan.job.label_column:
-        add_metrics(report, results, labels, plan.job.label_column)
+        add_report_metrics(report, results, labels, plan.job.label_column)
     return report
 
 
-def add_metrics(
+def add_report_metrics(
     report: ScoringReport, results: list[PieceResult], labels: list[str], label_column: str
 ) -> None:
     confusion = np.sum([np.array(r.confusion, dtype=np.int64) for r in results], axis=0)

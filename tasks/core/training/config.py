@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from tasks.core.messages import raise_for
 from tasks.core.models.plugins import ModelSpec, spec_problems
-from tasks.core.strict_json import build, fits, shape_problems
+from tasks.core.strict_json import fits, instantiate, shape_problems
 
 # "auto": bf16 autocast on GPUs that support it, fp16 with a grad scaler on older ones.
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
@@ -177,7 +177,7 @@ def parse_hyperparameters(raw: object) -> TrainConfig:
     form."""
     raw = with_option_lists_joined(raw)
     raise_for(shape_problems(raw, TrainConfig, "hyperparameters", EXAMPLES))
-    config = build(TrainConfig, raw)
+    config = instantiate(TrainConfig, raw)
     # The values too: an integer past int64 could not even be carried to the first task.
     raise_for(hyperparameter_problems(config))
     return config

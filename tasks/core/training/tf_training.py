@@ -72,7 +72,9 @@ def batches(features, labels, spec: BatchSpec, epoch: int = 0, skip: int = 0) ->
     count = len(labels)
     with tf.device("/cpu:0"):
         features, labels = tf.constant(features), tf.constant(labels)
-        order = epoch_order(count, spec.seed, epoch) if spec.shuffle else tf.range(count, dtype=tf.int64)
+        order = (
+            epoch_permutation(count, spec.seed, epoch) if spec.shuffle else tf.range(count, dtype=tf.int64)
+        )
         rows = batch_rows(order[skip * spec.size :], spec.size, spec.drop_remainder)
     gather = lambda rows: (tf.gather(features, rows), tf.gather(labels, rows))  # noqa: E731
     return rows.map(gather, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
@@ -100,7 +102,7 @@ class KerasData:
     batch: int
 
 
-def prepare_data(splits: SplitPaths, config: TrainConfig, replicas: int, static_shapes: bool) -> KerasData:
+def read_keras_data(splits: SplitPaths, config: TrainConfig, replicas: int, static_shapes: bool) -> KerasData:
     """Reads the train and validation splits; with `static_shapes` (a TPU) every validation batch is full.
 
     A batch is one micro-batch on every replica; an epoch, whole optimizer steps of
@@ -116,7 +118,7 @@ def prepare_data(splits: SplitPaths, config: TrainConfig, replicas: int, static_
     return KerasData(train_epoch, val_data, steps, batch)
 
 
-def epoch_order(count: int, seed: int, epoch: int) -> tf.Tensor:
+def epoch_permutation(count: int, seed: int, epoch: int) -> tf.Tensor:
     seed_pair = tf.constant([seed, epoch], tf.int64)
     return tf.random.experimental.stateless_shuffle(tf.range(count, dtype=tf.int64), seed=seed_pair)
 
@@ -412,7 +414,7 @@ def train_keras(
     keras.utils.set_random_seed(config.seed)
     if kind == "default" and env.gpu_count == 0:
         tf.config.experimental.enable_op_determinism()
-    data = prepare_data(splits, config, replicas, static_shapes=kind == "tpu")
+    data = read_keras_data(splits, config, replicas, static_shapes=kind == "tpu")
     policy = for_keras(config.precision, kind, env.gpu_count).keras_policy
     input_spec = input_spec_for(config.model, len(splits.feature_names), splits.n_classes)
     log.info("keras: %s, %d replicas x %d rows per step, policy %s",
