@@ -51,17 +51,16 @@ lint: install
 	$(BIN)/ruff format --check .
 
 # Two pytest workers: most slow tests wait on processes they started (workflow runs, DDP workers,
-# pods), so two share two cores well. TEST_WORKERS=0 runs the suite in one process. The unit tests
-# alone (test-fast) are quicker in one process than the workers' start-up.
+# pods), so two share two cores well. TEST_WORKERS=0 runs the suite in one process.
 TEST_WORKERS ?= 2
 PYTEST := $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
 
 test: lint browser
 	$(PYTEST)
 
-# The unit tests only: no workflow run, no worker process (tests marked `slow` are left out).
+# The unit folder only, without the tests marked `slow` there (those that train a model for seconds).
 test-fast: lint
-	$(BIN)/python -m pytest -m "not slow"
+	$(PYTEST) tests/unit -m "not slow"
 
 # Full-size benchmarks (minutes); the tests run the same harness with --smoke.
 bench: install

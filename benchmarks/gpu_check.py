@@ -130,7 +130,7 @@ def exit_code(results: list[Result]) -> int:
 
 def cuda_test_files() -> list[str]:
     """The test modules holding tests marked `cuda`."""
-    tests = sorted((REPO / "tests").glob("test_*.py"))
+    tests = sorted((REPO / "tests").rglob("test_*.py"))
     return [str(path.relative_to(REPO)) for path in tests if "pytest.mark.cuda" in path.read_text()]
 
 

@@ -285,7 +285,7 @@ def memory_estimate(splits: SplitPaths, sizes: Sizes) -> list[GpuFigure]:
 
 
 def autocast_precision() -> str:
-    """What tests/test_torch_training.py's CUDA test checks, without pytest."""
+    """What tests/unit/training/test_torch_training.py's CUDA test checks, without pytest."""
     require_cuda()
     cuda = torch.device("cuda")
     auto = torch_training.autocast_dtype(cuda, "auto")

@@ -403,7 +403,7 @@ TPU_OPTIONS = [
     tpu_slice("tpu-v5e-2x4", "tpu-v5-lite-podslice", "2x4", 16.0),
     tpu_slice("tpu-v6e-1x1", "tpu-v6e-slice", "1x1", 32.0),
 ]
-# The options deploy/gke-node-pools.sh creates node pools for by default (tests/test_deploy.py parses
+# The options deploy/gke-node-pools.sh creates node pools for by default (tests/integration/test_deploy.py parses
 # the script and checks). A run may be planned onto no other: a pod whose pool does not exist stays
 # Pending until pod-pending-timeout fails it, attempt after attempt.
 DEFAULT_OPTIONS = ("a100-mig-1g.5gb", "l4", "h100-80gb", "tpu-v5e-1x1", "tpu-v5e-2x2")

@@ -209,7 +209,7 @@ def notice_acted_on_once():
     first one's traceback, cuts that short and can end the launcher by the signal itself. Here the
     first notice is raised as before and the handler then ignores the signal. `PContext.start`
     installs the handler by its module-level name (torch/distributed/elastic/multiprocessing/api.py),
-    which is what this replaces for the launch; tests/test_launcher_signal.py pins that."""
+    which is what this replaces for the launch; tests/integration/test_launcher_signal.py pins that."""
     from torch.distributed.elastic.multiprocessing import api
 
     raise_on_notice = api._terminate_process_handler

@@ -91,6 +91,14 @@ SHARED_RUNS = {
 }
 
 
+# Fixtures that train a model (seconds each): the tests using them are `slow`, so that `make test-fast`
+# stays a quick loop over the unit folder.
+TRAINING_FIXTURES = {
+    "torch_bundle", "keras_bundle", "torch_export", "keras_export", "two_bundles", "bundle_folder", "cpu_profile",
+    "bundle",
+}  # fmt: skip
+
+
 # The groups and tests that take longest, longest first: a parallel session hands out work in
 # collection order, so these start first and the short tests fill in around them instead of trailing
 # one of them.
@@ -107,6 +115,8 @@ def pytest_collection_modifyitems(items):
         groups = [group for fixture, group in SHARED_RUNS.items() if fixture in item.fixturenames]
         if groups:
             item.add_marker(pytest.mark.xdist_group(groups[0]))
+        if TRAINING_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
     items.sort(key=start_rank)  # stable: a group's tests, and each module's among them, keep their order
 
 

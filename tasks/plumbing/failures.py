@@ -9,7 +9,7 @@ a `FlyteRecoverableException`: `retried_as_recoverable` raises it as one, by the
 class in its hierarchy. Deterministic failures keep their own type and message, and are not retried.
 
 Classes are named, not imported, so that the table needs neither torch nor TensorFlow.
-docs/reliability.md renders it; tests/test_failures.py raises each row through the tasks and reads
+docs/reliability.md renders it; tests/unit/plumbing/test_failures.py raises each row through the tasks and reads
 the kind flytekit writes.
 """
 

@@ -5,8 +5,8 @@ literal type per field) again wherever an interface names it: for every task and
 and again when a workflow or a dynamic runs. With these dataclasses at every task boundary, that was
 most of the type engine's share of a local run. tasks/types.py registers them where it defines its
 own, so every module that names a boundary type has them; values convert exactly as with flytekit's own dataclass transformer
-(tests/test_literal_types.py pins what this relies on), except that the hyperparameters are checked
-strictly on the way in and out (tests/test_input_rules.py).
+(tests/unit/plumbing/test_literal_types.py pins what this relies on), except that the hyperparameters are checked
+strictly on the way in and out (tests/unit/core/test_validation.py).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ None of them changes what a run computes; each removes seconds of CPU before the
 - torch elastic names its rendezvous events with a stack walk (`rendezvous_events_named_without_stack_walks`);
 - torch's TensorBoard writer imports all of TensorFlow where it is installed (`tensorboard_without_tensorflow`);
 - a `TorchDispatchMode` imports torch._dynamo on its first op (`EagerDispatchMode`).
-Under another torch or TensorBoard release they do nothing, and tests/test_torch_startup.py fails in
+Under another torch or TensorBoard release they do nothing, and tests/unit/training/test_torch_startup.py fails in
 `make test` until the release is checked and added below.
 """
 

@@ -1,0 +1,88 @@
+"""Evaluation streams the test split through the bundle one row group at a time: the metrics equal
+those of the whole split scored at once, and memory does not grow with the split."""
+
+from __future__ import annotations
+
+import tracemalloc
+from collections.abc import Callable
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tasks.core.report.metrics import classification_metrics
+from tasks.core.serving.bundle import Bundle, load_bundle
+from tasks.core.serving.scoring import split_metrics
+from tests.conftest import blobs_frame
+from tests.unit.serving.test_publish import CLASSES, FEATURES, write_test_bundle
+
+GROUP_ROWS = 7
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory) -> Bundle:
+    return load_bundle(write_test_bundle(tmp_path_factory.mktemp("evaluation") / "bundle", seed=3))
+
+
+def raw_split(rows: int, seed: int = 5) -> pa.Table:
+    """A test split as preprocessing writes it: the raw feature values and the class codes."""
+    frame = blobs_frame(n_rows=rows, n_classes=3, seed=seed)
+    frame["species"] = frame["species"].map(CLASSES.index)
+    return pa.Table.from_pandas(frame[[*FEATURES, "species"]], preserve_index=False)
+
+
+def count_batches(bundle: Bundle, monkeypatch) -> list[int]:
+    """The rows of each batch the bundle scores from now on."""
+    sizes: list[int] = []
+    score = bundle.predict_proba
+
+    def counted(table, *args):
+        sizes.append(table.num_rows)
+        return score(table, *args)
+
+    monkeypatch.setattr(bundle, "predict_proba", counted)
+    return sizes
+
+
+@pytest.mark.slow
+def test_the_streamed_metrics_equal_the_metrics_of_the_whole_split(bundle, tmp_path, monkeypatch):
+    split = raw_split(300)
+    folder = tmp_path / "test"
+    folder.mkdir()
+    for index, part in enumerate((split.slice(0, 200), split.slice(200))):  # two part files
+        pq.write_table(part, folder / f"part-{index}.parquet", row_group_size=GROUP_ROWS)
+    whole = pq.read_table(folder)
+    predicted = bundle.predict_codes(whole)
+    expected = classification_metrics(whole.column("species").to_numpy(), predicted, CLASSES)
+    batches = count_batches(bundle, monkeypatch)
+    assert split_metrics(bundle, str(folder), "species", CLASSES) == expected
+    assert batches == [GROUP_ROWS] * 28 + [4] + [GROUP_ROWS] * 14 + [2], "one row group at a time"
+    assert len(set(predicted)) > 1, "an untrained model that predicts one class tests little"
+
+
+def peak_bytes(evaluate: Callable[[], object]) -> tuple[int, int]:
+    """The peak memory that `evaluate` allocates: through Python and numpy, and through Arrow."""
+    default = pa.default_memory_pool()
+    arrow = pa.proxy_memory_pool(default)
+    pa.set_memory_pool(arrow)
+    tracemalloc.start()
+    try:
+        evaluate()
+        return tracemalloc.get_traced_memory()[1], arrow.max_memory()
+    finally:
+        tracemalloc.stop()
+        pa.set_memory_pool(default)
+
+
+@pytest.mark.slow
+def test_memory_does_not_grow_with_the_split(bundle, tmp_path):
+    peaks = {}
+    for rows in (20_000, 400_000):
+        path = tmp_path / f"{rows}.parquet"
+        pq.write_table(raw_split(rows), path, row_group_size=2_000)
+        split_metrics(bundle, str(path), "species", CLASSES)  # lazy imports and set-up, not measured
+        peaks[rows] = peak_bytes(lambda path=path: split_metrics(bundle, str(path), "species", CLASSES))
+    whole_split = raw_split(400_000).nbytes  # 16 MB
+    for small, large in zip(peaks[20_000], peaks[400_000], strict=True):
+        assert large < 1.5 * small + 64_000, f"{large:,} bytes for 20x the rows of {small:,}"
+        assert large < whole_split / 20
