@@ -16,6 +16,8 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from tasks.plumbing.code_version import source_file as module_file
+
 REPO = Path(__file__).resolve().parents[1]
 PROJECT_PACKAGES = {"tasks", "workflows"}
 # Builds of one framework that import under the same name; this machine has the CPU build.
@@ -25,14 +27,6 @@ SAME_FRAMEWORK = {"tensorflow": "tensorflow-cpu", "tensorflow-tpu": "tensorflow-
 def canonical(name: str) -> str:
     name = canonicalize_name(name)
     return SAME_FRAMEWORK.get(name, name)
-
-
-def module_file(module: str) -> Path | None:
-    base = REPO.joinpath(*module.split("."))
-    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
-        if candidate.exists():
-            return candidate
-    return None
 
 
 def optional_imports(tree: ast.AST) -> set[int]:

@@ -77,7 +77,9 @@ def make_register(tmp_path: Path, schedules: Path | None) -> tuple[str, dict[str
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     pyflyte = bin_dir / "pyflyte"
-    pyflyte.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{REPO}/tests/workers/pyflyte_recording_admin.py" "$@"\n')
+    pyflyte.write_text(
+        f'#!/bin/sh\nexec "{sys.executable}" "{REPO}/tests/workers/pyflyte_recording_admin.py" "$@"\n'
+    )
     pyflyte.chmod(0o755)
     calls_file = tmp_path / "admin-calls.jsonl"
     command = ["make", "-s", "-o", ".venv/.installed", "register", f"BIN={bin_dir}", "VERSION=v1"]
