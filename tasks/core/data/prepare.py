@@ -51,10 +51,11 @@ class PreparedTable:
     label_kind: str = "string"  # what the class labels were before they became text: see LABEL_KINDS
     notes: list[str] = field(default_factory=list)  # e.g. case-only class differences, columns left out
     # The input's feature columns as read (strings, dates, nulls), in the input's order, and the
-    # encoding fitted on the train split that turns them into `feature_names` (`FittedEncoding.to_dict`).
+    # encoding fitted on the train split that turns them into `feature_names`: the JSON text of
+    # `FittedEncoding.to_dict()` (text, so that it crosses task boundaries as one plain literal).
     # Both empty in a table prepared before encodings existed: its features were numbers, read as they are.
     columns: list[str] = field(default_factory=list)
-    encoding: dict = field(default_factory=dict)
+    encoding: str = ""
 
     def split_paths(self, train: str, val: str) -> SplitPaths:
         """The train and val splits at these paths, as the training loops read them."""
