@@ -1,8 +1,10 @@
 """Evaluation on CPU: write the model bundle, then score the held-out test split through it.
 
-The test split holds the raw feature values, and the bundle's loader standardises them as a user's
-scoring of the same rows later does: the report and that scoring cannot disagree. The split is streamed
-one row group at a time, as scoring streams its input: memory does not grow with the split.
+The test split holds the input's raw feature columns with the types they had (text, booleans, dates,
+missing values), read as they are stored; the bundle's loader encodes and standardises them as a user's
+scoring of the same rows later does, through the same code: the report and that scoring cannot
+disagree. The split is streamed one row group at a time, as scoring streams its input: memory does not
+grow with the split.
 """
 
 from __future__ import annotations

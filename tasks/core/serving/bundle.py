@@ -3,15 +3,21 @@
 A bundle is a folder, self-contained and free of pickled code:
 
     bundle.json   the manifest: format version, framework, the model's builder and options, the
-                  feature names in order, the scaler's statistics, the class labels as the label column
-                  held them, the run, the billed hardware, the data, the metrics, the package versions
+                  input's raw feature columns and the fitted encoding that turns them into the features,
+                  the feature names in order, the scaler's statistics, the class labels as the label
+                  column held them, the run, the billed hardware, the data, the metrics, the package
+                  versions
     model.pt      the weights as the training artifact stores them (model.npz for Keras models)
     model.onnx    the serving exports (tasks/core/serving/exports.py), listed under "files" in the manifest
 
 `load_bundle` reads one from a local folder or any fsspec URI without Flyte, importing torch or
 TensorFlow only for the framework the bundle names. Its `predict(table)` takes the raw feature values
-the user's data holds, matched by column name, and standardises them with `data.standardise`, as the
+the user's data holds, matched by column name, encodes them with the bundle's `FittedEncoding` (text,
+booleans, dates and missing values as numbers) and standardises them with `data.standardise`, as the
 prepared splits were: the same raw row reaches the model as the same float32 input.
+
+Format 2 added the raw columns and the encoding. A format 1 bundle, written before encodings existed,
+has neither: its features are the raw numeric columns, read as they are.
 """
 
 from __future__ import annotations
@@ -33,7 +39,9 @@ import fsspec.implementations.local
 import numpy as np
 import pyarrow as pa
 
+from tasks.core.data.column_kinds import ACCEPTS, WHAT, value_type
 from tasks.core.data.columns import check_finite, check_numeric
+from tasks.core.data.encoding import FittedEncoding
 from tasks.core.data.files import DatasetError, filesystem_for, is_local, remote_errors
 from tasks.core.data.labels import typed_labels
 from tasks.core.data.prepare import PreparedTable
@@ -44,7 +52,8 @@ from tasks.core.report.metrics import ClassificationMetrics
 from tasks.core.serving.exports import export_model
 from tasks.core.training.records import Hardware, TrainingRun
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READ_VERSIONS = (1, 2)  # 1: no raw columns nor encoding; the features are numeric columns
 MANIFEST = "bundle.json"
 # The weights file of each framework, as its training artifact writes it.
 WEIGHTS = {"pytorch": "model.pt", "tensorflow": "model.npz"}
@@ -81,6 +90,11 @@ class BundleRecord:
     run: TrainingRun
     billed: Hardware
     metrics: ClassificationMetrics | None = None  # the test split's, once evaluation adds them
+    # The input's raw feature columns, and `FittedEncoding.to_dict()`, which turns the ones it reads into
+    # `feature_names`; both empty where the features are the raw numeric columns (format 1, or a table
+    # prepared before encodings existed).
+    columns: list[str] = field(default_factory=list)
+    encoding: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def of(
@@ -91,6 +105,7 @@ class BundleRecord:
             framework=run.framework, feature_names=table.feature_names, scaler=table.scaler,
             class_labels=table.class_labels, label_kind=table.label_kind, label_column=table.label_column,
             source=table.source, data_fingerprint=data_fingerprint, run=run, billed=billed,
+            columns=table.columns, encoding=json.loads(table.encoding) if table.encoding else {},
         )  # fmt: skip
 
 
@@ -132,9 +147,10 @@ def parse_manifest(data: object, where: str) -> Manifest:
     if not isinstance(data, dict):
         raise BundleError(f"{where}: not a bundle manifest (a JSON object)")
     version = data.get("format_version")
-    if type(version) is not int or version != FORMAT_VERSION:
+    if type(version) is not int or version not in READ_VERSIONS:
         raise BundleError(
-            f"{where}: bundle format version {version!r}; this code reads format {FORMAT_VERSION}"
+            f"{where}: bundle format version {version!r}; this code reads formats "
+            f"{' and '.join(map(str, READ_VERSIONS))}"
         )
     record = {name: data[name] for name in RECORD_FIELDS if name in data}
     if isinstance(record.get("class_labels"), list):
@@ -185,6 +201,29 @@ def check_record(record: BundleRecord, where: str) -> None:
         raise BundleError(
             f"{where}: class labels {preview(record.class_labels)} are not of kind {record.label_kind!r}: {error}"
         ) from error
+    record_encoding(record, where)
+
+
+def record_encoding(record: BundleRecord, where: str) -> FittedEncoding | None:
+    """The record's encoding, checked against its features and columns; None without one."""
+    if not record.encoding:
+        return None
+    try:
+        encoding = FittedEncoding.from_dict(record.encoding)
+    except (LookupError, ValueError, TypeError) as error:
+        raise BundleError(f"{where}: the feature encoding cannot be read: {one_line(error)}") from error
+    if encoding.encoded_names() != record.feature_names:
+        raise BundleError(
+            f"{where}: the encoding gives the features {preview(encoding.encoded_names())}, "
+            f"not the feature names {preview(record.feature_names)}"
+        )
+    unknown = [column.name for column in encoding.columns if column.name not in record.columns]
+    if unknown:
+        raise BundleError(
+            f"{where}: the encoding reads {preview([repr(name) for name in unknown])}, "
+            f"which are not among the input's columns {preview(record.columns)}"
+        )
+    return encoding
 
 
 # ---- writing ----------------------------------------------------------------------------------------
@@ -202,7 +241,8 @@ def write_bundle(directory: str, artifact: str, record: BundleRecord) -> str:
     model, spec = load_model(record.framework, str(folder / weights))
     n_features, n_classes = len(record.feature_names), len(record.class_labels)
     check_logits(spec, model, n_features, n_classes, record.framework)
-    exported = export_model(model, record.framework, record.scaler, directory)
+    encoding = record_encoding(record, directory)
+    exported = export_model(model, record.framework, record.scaler, directory, encoding)
     manifest = Manifest(
         record=record,
         model=artifact_record(spec, input_spec_for(spec, n_features, n_classes)),
@@ -324,31 +364,61 @@ class Bundle:
 
     A table is a pandas DataFrame, a pyarrow Table or a pyarrow RecordBatch. Its columns are matched
     by name: their order does not matter and columns the model does not read are ignored. `source`
-    names the table in errors (a file), and `first_row` numbers its rows from there."""
+    names the table in errors (a file), and `first_row` numbers its rows from there.
+
+    With an encoding, the raw columns it reads may hold text, booleans, dates and missing values, each
+    read as its kind (`data.column_kinds`). Without one (format 1, or a table prepared before encodings
+    existed), the columns are the numeric features themselves, none missing."""
 
     def __init__(self, manifest: Manifest, model) -> None:
         self.manifest = manifest
         self.model = model
         self.class_labels = typed_labels(manifest.record.class_labels, manifest.record.label_kind)
         self._label_values = np.asarray(self.class_labels)
+        encoding = manifest.record.encoding
+        self.encoding = FittedEncoding.from_dict(encoding) if encoding else None
 
     @property
     def feature_names(self) -> list[str]:
+        """The model's features in order: the encoded ones where the bundle has an encoding."""
         return self.manifest.record.feature_names
+
+    @property
+    def input_columns(self) -> list[str]:
+        """The columns of a table that the model reads: the raw columns its encoding reads, or the
+        numeric features themselves."""
+        if self.encoding is None:
+            return self.feature_names
+        return [column.name for column in self.encoding.columns]
 
     @property
     def label_column(self) -> str:
         return self.manifest.record.label_column
 
     def check_columns(self, schema: pa.Schema, source: str = "table") -> None:
-        """Every feature present and numeric: what can be checked before reading any row."""
-        check_present(schema.names, self.feature_names, source)
-        check_numeric(schema, self.feature_names, source, NUMBERS)
+        """Every column the model reads present, of a type it reads: what can be checked before
+        reading any row."""
+        check_present(schema.names, self.input_columns, source, self.encoding is not None)
+        self.check_types(schema, source)
+
+    def check_types(self, schema: pa.Schema, source: str) -> None:
+        if self.encoding is None:
+            check_numeric(schema, self.feature_names, source, NUMBERS)
+            return
+        for column in self.encoding.columns:
+            arrow_type = schema.field(column.name).type
+            if not ACCEPTS[column.kind](value_type(arrow_type)):
+                raise DatasetError(
+                    f"{source}: feature column {column.name!r} has type {arrow_type}, which cannot be read "
+                    f"as {column.kind}; the model was trained on it as {WHAT[column.kind]}"
+                )
 
     def features(self, table: Table, source: str = "table", first_row: int = 0) -> np.ndarray:
-        """The raw features, float64 `[rows, features]` in the manifest's order, checked as training
-        checked them: a missing column, a type other than numbers, a missing or non-finite value."""
-        return batch_features(self.checked(table, source, first_row), self.feature_names, np.float64)
+        """The features before standardisation, float64 `[rows, features]` in the manifest's order:
+        the encoded raw columns, or the numeric features. Checked as training checked them: a missing
+        column, a type the model does not read, a value that is not of its kind (numbers: a missing or
+        non-finite value)."""
+        return self.encoded(self.checked(table, source, first_row), source, first_row)
 
     def predict_proba(self, table: Table, source: str = "table", first_row: int = 0) -> np.ndarray:
         """Class probabilities, float32 `[rows, classes]`, columns in the order of `class_labels`."""
@@ -372,9 +442,12 @@ class Bundle:
         return self._label_values[codes]
 
     def checked(self, table: Table, source: str, first_row: int) -> pa.Table | pa.RecordBatch:
-        columns = arrow_features(table, self.feature_names, source)
-        check_numeric(columns.schema, self.feature_names, source, NUMBERS)
-        check_finite(columns, self.feature_names, first_row, source)
+        """The columns the model reads, of types it reads; numeric features also free of missing and
+        non-finite values (an encoding checks each value as it encodes it)."""
+        columns = arrow_features(table, self.input_columns, source, self.encoding is not None)
+        self.check_types(columns.schema, source)
+        if self.encoding is None:
+            check_finite(columns, self.feature_names, first_row, source)
         return columns
 
     def probabilities(self, columns: pa.Table | pa.RecordBatch, source: str, first_row: int) -> np.ndarray:
@@ -383,9 +456,15 @@ class Bundle:
         logits = self.logits(self.model_inputs(columns, source, first_row))
         return softmax(logits, axis=1).astype(np.float32, copy=False)
 
+    def encoded(self, columns: pa.Table | pa.RecordBatch, source: str, first_row: int) -> np.ndarray:
+        """Checked columns as the features the scaler reads, float64."""
+        if self.encoding is None:
+            return batch_features(columns, self.feature_names, np.float64)
+        return self.encoding.transform(columns, first_row, source)
+
     def model_inputs(self, columns: pa.Table | pa.RecordBatch, source: str, first_row: int) -> np.ndarray:
-        """Checked feature columns as the model reads them: standardised, float64."""
-        raw = batch_features(columns, self.feature_names, np.float64)
+        """Checked columns as the model reads them: encoded, standardised, float32."""
+        raw = self.encoded(columns, source, first_row)
         scaled = standardise(raw, self.manifest.record.scaler)
         check_standardised(scaled, raw, self.feature_names, first_row, source)  # as training's rows were
         return scaled
@@ -395,11 +474,14 @@ class Bundle:
         return LOGITS[self.manifest.record.framework](self.model, inputs)
 
 
-def arrow_features(table: Table, feature_names: list[str], source: str) -> pa.Table | pa.RecordBatch:
-    """The feature columns of `table`, as arrow; a missing one refused by name."""
+def arrow_features(
+    table: Table, columns: list[str], source: str, encoded: bool = False
+) -> pa.Table | pa.RecordBatch:
+    """The `columns` of `table`, as arrow; a missing one refused by name. `encoded`: the columns are
+    raw columns that an encoding reads, not numeric features."""
     if isinstance(table, pa.Table | pa.RecordBatch):
-        check_present(table.schema.names, feature_names, source)
-        return table.select(feature_names)
+        check_present(table.schema.names, columns, source, encoded)
+        return table.select(columns)
     import pandas as pd
 
     if not isinstance(table, pd.DataFrame):
@@ -407,18 +489,20 @@ def arrow_features(table: Table, feature_names: list[str], source: str) -> pa.Ta
             f"{source}: cannot score a {type(table).__name__}; "
             "pass a pandas DataFrame, a pyarrow Table or a pyarrow RecordBatch"
         )
-    check_present(list(table.columns), feature_names, source)
+    check_present(list(table.columns), columns, source, encoded)
     try:
-        return pa.Table.from_pandas(table, columns=feature_names, preserve_index=False)
+        return pa.Table.from_pandas(table, columns=columns, preserve_index=False)
     except (pa.ArrowInvalid, pa.ArrowTypeError) as error:  # e.g. numbers and text in one column
-        raise DatasetError(f"{source}: a feature column is not numbers: {one_line(error)}") from error
+        what = "mixes types Arrow cannot hold in one column" if encoded else "is not numbers"
+        raise DatasetError(f"{source}: a feature column {what}: {one_line(error)}") from error
 
 
-def check_present(columns: list[str], feature_names: list[str], source: str) -> None:
-    missing = [name for name in feature_names if name not in columns]
+def check_present(present: list[str], wanted: list[str], source: str, encoded: bool = False) -> None:
+    missing = [name for name in wanted if name not in present]
     if missing:
         what = "column" if len(missing) == 1 else f"{len(missing)} columns"
+        reads = "columns" if encoded else "features"
         raise BundleError(
             f"{source}: missing feature {what} {preview([repr(name) for name in missing])}; the model "
-            f"reads {len(feature_names)} features by name: {preview(feature_names)}"
+            f"reads {len(wanted)} {reads} by name: {preview(wanted)}"
         )

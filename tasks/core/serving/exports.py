@@ -18,6 +18,10 @@ float32, so a row the float32 input holds exactly reaches the model as the bundl
   cannot standardise differently. It works with TensorFlow 2.20, Keras 3, numpy 2 and protobuf 7
   when given a `tf.function` over the live model; it caps the opset at 18, hence ONNX_OPSET.
 
+The exports read numbers only: where the bundle's encoding is more than the identity (a categorical,
+boolean or date column, or a missing-value indicator: any encoded feature that is not a raw numeric
+column as it is), they are left out with a note, and the bundle scores raw rows through its loader.
+
 A user's model may use what an exporter cannot express (data-dependent control flow, an op without
 an ONNX conversion, a batch size fixed in its forward). Its weights still load through the bundle,
 so such an export is left out and the result's notes say why, rather than failing the run.
@@ -34,7 +38,10 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from tasks.core.data.column_kinds import NUMERIC
+from tasks.core.data.encoding import FittedEncoding
 from tasks.core.data.scaling import ScalerStats
+from tasks.core.messages import preview
 
 INPUT = "features"
 OUTPUTS = ("logits", "probabilities")
@@ -43,6 +50,10 @@ ONNX_FILE = "model.onnx"
 SAVED_MODEL_DIR = "saved_model"
 SERVING_ENDPOINT = "serve"
 ONNX_OPSET = 18
+EXPORTS = {"pytorch": ("onnx",), "tensorflow": ("saved_model", "onnx")}
+NOT_RAW_ROWS = (
+    "the table has categorical/boolean/date or missing-value columns; a raw-row ONNX export is not built yet"
+)
 
 logger = logging.getLogger(__name__)
 
@@ -55,13 +66,32 @@ class ExportResult:
     notes: list[str] = field(default_factory=list)
 
 
-def export_model(model, framework: str, scaler: ScalerStats, directory: str) -> ExportResult:
+def export_model(
+    model, framework: str, scaler: ScalerStats, directory: str, encoding: FittedEncoding | None = None
+) -> ExportResult:
     """Write the serving exports of `model` (a torch module in eval mode on CPU, or a Keras model)
-    into `directory`."""
+    into `directory`; none, each with a note, where `encoding` is more than the identity."""
     exporters = {"pytorch": export_torch, "tensorflow": export_keras}
     if framework not in exporters:
         raise ValueError(f"cannot export a model of framework {framework!r}: not one of {tuple(exporters)}")
+    encoded = encoded_columns(encoding)
+    if encoded:
+        why = f"{NOT_RAW_ROWS} (columns {preview([repr(name) for name in encoded])})"
+        return ExportResult(notes=[f"{name} not exported: {why}" for name in EXPORTS[framework]])
     return exporters[framework](model, scaler, directory)
+
+
+def encoded_columns(encoding: FittedEncoding | None) -> list[str]:
+    """The raw columns whose features are not the column's own numbers: categorical, boolean and date
+    columns, and numeric ones with a missing-value indicator. None for a numeric encoding without
+    missing values, whose features are the raw columns it keeps, as the exports take them."""
+    if encoding is None:
+        return []
+    return [
+        column.name
+        for column in encoding.columns
+        if column.kind != NUMERIC or column.encoder.names(column.name) != [column.name]
+    ]
 
 
 def export_torch(model, scaler: ScalerStats, directory: str) -> ExportResult:

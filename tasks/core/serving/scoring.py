@@ -1,14 +1,18 @@
 """Batch scoring without Flyte: a table streamed through a model bundle into parquet parts.
 
 `plan_scoring` checks every input before anything is scored (the bundle and its format version, the
-dataset's URI, every feature column, the first rows' values) and cuts the input into pieces: the files
-of a folder, and large parquet files by row groups. `score_piece` streams one piece in record batches
-into its own part of the output folder; `summarise` adds the pieces' label counts into a report.
-`score_dataset` runs the three in one process; the scoring workflow maps `score_piece` over pods.
+dataset's URI, every column the model reads, the first rows' values; `open_dataset` refuses parts whose
+columns or kinds of types differ) and cuts the input into pieces: the files of a folder, and large
+parquet files by row groups. `score_piece` streams one piece in record batches into its own part of the
+output folder; `summarise` adds the pieces' label counts into a report. `score_dataset` runs the three
+in one process; the scoring workflow maps `score_piece` over pods.
 `split_metrics` streams a prepared split through the bundle the same way, for the evaluation's report.
 
-Memory stays bounded by a record batch: a part holds the input's non-feature columns as they are (ids,
-the label), the predicted class label in `prediction`, and one probability column per class.
+The model reads the raw columns its bundle's encoding reads (text, booleans, dates, missing values), or
+a bundle's numeric features where it has no encoding, by the rules `Bundle.predict` applies to any table.
+
+Memory stays bounded by a record batch: a part holds the input's columns the model does not read as they
+are (ids, the label), the predicted class label in `prediction`, and one probability column per class.
 """
 
 from __future__ import annotations
@@ -182,7 +186,8 @@ def probability_columns(class_labels: list, taken: set[str]) -> list[str]:
 
 @dataclass(frozen=True)
 class OutputLayout:
-    """The columns of every part: the input's non-feature columns, `prediction`, the probabilities."""
+    """The columns of every part: the input's columns the model does not read, `prediction`, the
+    probabilities."""
 
     passthrough: list[str]
     labels: pa.Array  # the class labels as trained, indexed by class code
@@ -191,8 +196,8 @@ class OutputLayout:
 
     @classmethod
     def of(cls, bundle: Bundle, input_schema: pa.Schema) -> OutputLayout:
-        features = set(bundle.feature_names)
-        passthrough = [f for f in input_schema if f.name not in features]
+        read = set(bundle.input_columns)
+        passthrough = [f for f in input_schema if f.name not in read]
         labels = pa.array(bundle.class_labels)
         names = probability_columns(bundle.class_labels, {f.name for f in passthrough} | {PREDICTION})
         fields = [
@@ -218,10 +223,11 @@ class OutputLayout:
 
 
 def check_columns(bundle: Bundle, schema: pa.Schema, uri: str, label_column: str) -> str:
-    """Every feature present and numeric, no clash with `prediction`; returns the label column to
-    score against ("" for none): the one asked for, else the model's when the input has it."""
+    """Every column the model reads present and of a type it reads, no clash with `prediction`; returns
+    the label column to score against ("" for none): the one asked for, else the model's when the input
+    has it."""
     bundle.check_columns(schema, uri)
-    if PREDICTION in schema.names and PREDICTION not in bundle.feature_names:
+    if PREDICTION in schema.names and PREDICTION not in bundle.input_columns:
         raise DatasetError(
             f"{uri}: the input has a column '{PREDICTION}', which the predictions would replace; rename it"
         )
@@ -231,7 +237,7 @@ def check_columns(bundle: Bundle, schema: pa.Schema, uri: str, label_column: str
             f"{preview(schema.names)}"
         )
     chosen = label_column or bundle.label_column
-    return chosen if chosen in schema.names and chosen not in bundle.feature_names else ""
+    return chosen if chosen in schema.names and chosen not in bundle.input_columns else ""
 
 
 def check_output(output: str) -> None:
@@ -494,8 +500,9 @@ def score_piece(job: ScoringJob, piece: ScoringPiece, bundle: Bundle | None = No
 def split_metrics(
     bundle: Bundle, path: str, label_column: str, class_labels: list[str]
 ) -> ClassificationMetrics:
-    """The metrics of a prepared split (raw feature values, class codes in `label_column`) as the bundle
-    scores it, streamed one row group at a time: memory holds a record batch and the confusion counts."""
+    """The metrics of a prepared split (the raw feature columns as the input held them, class codes in
+    `label_column`) as the bundle scores it: by `scored_batches`, as scoring the same rows does, streamed
+    one row group at a time: memory holds a record batch and the confusion counts."""
     split = ds.dataset(path, format=parquet_format())
     by_row_group = [part for fragment in split.get_fragments() for part in row_group_fragments(fragment)]
     split = ds.FileSystemDataset(by_row_group, split.schema, split.format, split.filesystem)

@@ -1,9 +1,11 @@
 """Model bundles: written from real torch and Keras training runs, loaded back without Flyte, and
-scoring raw rows as the prepared test split scores them."""
+scoring raw rows as the prepared test split scores them; raw rows of text, booleans, dates and missing
+values through the bundle's encoding; and bundles written before encodings existed, as they scored."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -18,6 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tasks.core.data.assignment import SplitConfig
+from tasks.core.data.encoding import FittedEncoding
 from tasks.core.data.files import DatasetError
 from tasks.core.data.prepare import prepare_dataset
 from tasks.core.data.scaling import standardise
@@ -28,6 +31,13 @@ from tasks.core.serving.bundle import BundleError, BundleRecord, add_metrics, lo
 from tasks.core.training.config import TrainConfig
 from tasks.core.training.records import Hardware
 from tests.conftest import blobs_frame
+from tests.unit.serving.test_publish import (
+    MESSY_COLUMNS,
+    MESSY_READ,
+    messy_prepared,
+    messy_table,
+    write_test_bundle,
+)
 
 REPO = Path(__file__).resolve().parents[3]
 CONFIG = TrainConfig(epochs=5, batch_size=32, learning_rate=1e-2, model=mlp_spec([32]), seed=1)
@@ -127,7 +137,7 @@ def test_shuffled_columns_and_extra_ids_predict_what_the_test_split_did(written,
 
 def test_the_manifest_records_the_run_and_what_the_folder_holds(torch_bundle, prepared):
     manifest = json.loads((Path(torch_bundle.folder) / bundles.MANIFEST).read_text())
-    assert manifest["format_version"] == bundles.FORMAT_VERSION == 1
+    assert manifest["format_version"] == bundles.FORMAT_VERSION == 2
     assert manifest["framework"] == "pytorch"
     assert manifest["model"]["model"] == {
         "builder": "mlp",
@@ -194,6 +204,33 @@ def test_a_missing_feature_is_refused_by_name(torch_bundle, prepared):
         loaded.check_columns(pa.schema([("f0", pa.float64()), ("f2", pa.float64())]))
 
 
+def strip_to_format_1(folder: Path) -> None:
+    """The manifest as bundles were written before encodings existed: format 1, no raw columns, no
+    encoding."""
+    path = folder / bundles.MANIFEST
+    manifest = json.loads(path.read_text())
+    del manifest["columns"], manifest["encoding"]
+    path.write_text(json.dumps({**manifest, "format_version": 1}))
+
+
+@pytest.fixture(scope="module")
+def format_1_bundle(torch_bundle, tmp_path_factory) -> str:
+    """The trained bundle as it was written before encodings existed: its features are numbers."""
+    folder = shutil.copytree(torch_bundle.folder, tmp_path_factory.mktemp("format-1") / "bundle")
+    strip_to_format_1(folder)
+    return str(folder)
+
+
+def test_a_format_1_bundle_loads_and_scores_as_it_did(format_1_bundle, torch_bundle, prepared):
+    old, current = load_bundle(format_1_bundle), load_bundle(torch_bundle.folder)
+    assert old.encoding is None and old.input_columns == old.feature_names == ["f0", "f1", "f2", "f3"]
+    assert old.manifest.format_version == 1 and old.manifest.record.columns == []
+    table = split_table(prepared)
+    raw = np.column_stack([table.column(name).to_numpy() for name in old.feature_names])
+    np.testing.assert_array_equal(old.features(table), raw)
+    np.testing.assert_array_equal(old.predict_proba(users_rows(prepared)), current.predict_proba(table))
+
+
 def with_value(frame, column: str, rows: list[int], value):
     frame = frame.copy()
     frame[column] = frame[column].astype(object if isinstance(value, str) else float)
@@ -210,16 +247,16 @@ def with_value(frame, column: str, rows: list[int], value):
         (lambda f: f.assign(f3="tall"), "string, not a number; the model was trained on it as numbers"),
     ],
 )  # fmt: skip
-def test_bad_values_are_refused_naming_the_column_and_rows(torch_bundle, prepared, bad, expected):
-    loaded = load_bundle(torch_bundle.folder)
+def test_bad_values_are_refused_naming_the_column_and_rows(format_1_bundle, prepared, bad, expected):
+    loaded = load_bundle(format_1_bundle)
     frame = bad(users_rows(prepared))
     with pytest.raises(DatasetError) as error:
         loaded.predict(frame, source="new.parquet")
     assert str(error.value).startswith("new.parquet: ") and expected in str(error.value)
 
 
-def test_nan_in_an_arrow_table_is_refused_with_rows_counted_from_first_row(torch_bundle, prepared):
-    loaded = load_bundle(torch_bundle.folder)
+def test_nan_in_an_arrow_table_is_refused_with_rows_counted_from_first_row(format_1_bundle, prepared):
+    loaded = load_bundle(format_1_bundle)
     table = split_table(prepared)
     values = table.column("f1").to_numpy().copy()
     values[[1, 2]] = np.nan
@@ -233,7 +270,7 @@ def rewrite_manifest(folder: Path, **changes) -> None:
     path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
 
 
-@pytest.mark.parametrize("version", [2, "1", None])
+@pytest.mark.parametrize("version", [3, "2", None])
 def test_a_format_version_this_code_does_not_read_is_refused(torch_bundle, tmp_path, version):
     folder = shutil.copytree(torch_bundle.folder, tmp_path / "bundle")
     rewrite_manifest(folder, format_version=version)
@@ -241,7 +278,7 @@ def test_a_format_version_this_code_does_not_read_is_refused(torch_bundle, tmp_p
         load_bundle(str(folder))
     message = str(error.value)
     assert str(folder / bundles.MANIFEST) in message
-    assert f"format version {version!r}; this code reads format 1" in message
+    assert f"format version {version!r}; this code reads formats 1 and 2" in message
 
 
 def test_a_folder_without_a_readable_manifest_is_refused(torch_bundle, tmp_path):
@@ -309,3 +346,116 @@ def test_a_value_beyond_float32_once_standardised_is_refused_naming_column_and_r
     rows.loc[3, "f1"] = 1e300  # finite in float64, as a user's file may hold it
     with pytest.raises(DatasetError, match=r"'f1' at row 3 holds 1e\+300.*beyond float32's range"):
         load_bundle(torch_bundle.folder).predict(rows)
+
+
+# ---- raw rows through the bundle's encoding ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def messy(tmp_path_factory):
+    """An untrained MLP over a table of text, booleans, dates and missing values, as a bundle."""
+    table = messy_table()
+    prepared_table = messy_prepared(table)
+    folder = write_test_bundle(tmp_path_factory.mktemp("messy") / "bundle", seed=3, table=prepared_table)
+    encoding = FittedEncoding.from_dict(json.loads(prepared_table.encoding))
+    return SimpleNamespace(folder=folder, table=table, prepared=prepared_table, encoding=encoding)
+
+
+def test_raw_rows_of_text_booleans_dates_and_nulls_are_encoded_standardised_and_scored(messy):
+    from tasks.core.models.torch_models import predict
+
+    loaded = load_bundle(messy.folder)
+    table = messy.table
+    assert all(table.column(name).null_count for name in MESSY_READ)
+    assert (
+        np.isnan(table.column("amount").to_numpy(zero_copy_only=False)).sum()
+        > table.column("amount").null_count
+    )
+    encoded = messy.encoding.transform(table)
+    np.testing.assert_array_equal(loaded.features(table), encoded)
+    codes = loaded.predict_codes(table)
+    np.testing.assert_array_equal(codes, predict(loaded.model, standardise(encoded, messy.prepared.scaler)))
+    assert len(set(codes)) > 1, "an untrained model that predicts one class tests little"
+    probabilities = loaded.predict_proba(table)
+    assert probabilities.dtype == np.float32 and probabilities.shape == (table.num_rows, 3)
+    assert loaded.predict(table).tolist() == np.asarray(loaded.class_labels)[codes].tolist()
+
+
+def test_messy_rows_in_any_order_with_extra_columns_from_pandas_or_arrow_score_alike(messy):
+    loaded = load_bundle(messy.folder)
+    expected = loaded.predict_proba(messy.table)
+    order = ["joined", "species", "member", "customer_id", "city", "amount", "region"]
+    shuffled = messy.table.select(order).append_column("note", pa.array(["x"] * messy.table.num_rows))
+    np.testing.assert_array_equal(loaded.predict_proba(shuffled), expected)
+    np.testing.assert_array_equal(loaded.predict_proba(shuffled.to_pandas()), expected)
+    batch = shuffled.to_batches()[0].slice(40, 9)
+    np.testing.assert_array_equal(loaded.predict_proba(batch, first_row=40), expected[40:49])
+
+
+def test_a_missing_raw_column_is_named_and_a_column_left_out_may_be_absent(messy):
+    loaded = load_bundle(messy.folder)
+    assert loaded.input_columns == MESSY_READ and loaded.manifest.record.columns == MESSY_COLUMNS
+    for table in (messy.table.drop_columns(["joined"]), messy.table.drop_columns(["joined"]).to_pandas()):
+        with pytest.raises(
+            BundleError, match=r"rows\.parquet: missing feature column 'joined'; the model reads 4 columns"
+        ):
+            loaded.predict(table, source="rows.parquet")
+    without_left_out = messy.table.drop_columns(["customer_id", "region", "species"])
+    np.testing.assert_array_equal(loaded.predict_proba(without_left_out), loaded.predict_proba(messy.table))
+
+
+def test_dates_as_iso_text_score_as_dates_and_a_value_not_of_its_kind_is_named(messy):
+    loaded = load_bundle(messy.folder)
+    rows = messy.table.slice(0, 8).to_pandas()
+    rows["joined"] = [day.isoformat() if day else None for day in rows["joined"]]  # as a CSV holds them
+    np.testing.assert_array_equal(loaded.predict_proba(rows), loaded.predict_proba(messy.table.slice(0, 8)))
+    rows.loc[5, "joined"] = "soon"
+    with pytest.raises(
+        DatasetError, match=r"^new\.csv: feature column 'joined' is read as date but holds 'soon' at row 105"
+    ):
+        loaded.predict(rows, source="new.csv", first_row=100)
+    as_numbers = messy.table.set_column(4, "joined", pa.array(range(messy.table.num_rows)))
+    for check in (loaded.predict, lambda table: loaded.check_columns(table.schema)):
+        with pytest.raises(DatasetError, match="'joined' has type int64, which cannot be read as date"):
+            check(as_numbers)
+
+
+def test_the_manifest_holds_the_raw_columns_and_the_encoding_and_leaves_the_exports_out(messy):
+    manifest = json.loads((Path(messy.folder) / bundles.MANIFEST).read_text())
+    assert manifest["format_version"] == 2
+    assert manifest["columns"] == MESSY_COLUMNS
+    assert manifest["encoding"] == messy.encoding.to_dict() == json.loads(messy.prepared.encoding)
+    assert manifest["feature_names"] == messy.encoding.encoded_names() == messy.prepared.feature_names
+    assert manifest["model"]["input"] == {"n_features": len(messy.prepared.feature_names), "n_classes": 3}
+    assert manifest["files"] == {"weights": "model.pt"}
+    assert manifest["export_notes"] == [
+        "onnx not exported: the table has categorical/boolean/date or missing-value columns; "
+        "a raw-row ONNX export is not built yet (columns 'amount', 'city', 'member', 'joined')"
+    ]
+    assert sorted(os.listdir(messy.folder)) == [bundles.MANIFEST, "model.pt"]
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        (lambda encoding: {**encoding, "version": 99}, "the feature encoding cannot be read: ValueError: a feature encoding of version 99"),
+        (lambda encoding: {**encoding, "columns": encoding["columns"][1:]}, "the encoding gives the features city=rome"),
+        (lambda encoding: {**encoding, "columns": [{**encoding["columns"][0], "kind": "text"}]}, "the feature encoding cannot be read"),
+    ],
+)  # fmt: skip
+def test_an_encoding_that_does_not_fit_the_bundle_is_refused(messy, tmp_path, change, words):
+    folder = shutil.copytree(messy.folder, tmp_path / "bundle")
+    manifest = json.loads((folder / bundles.MANIFEST).read_text())
+    rewrite_manifest(folder, encoding=change(manifest["encoding"]))
+    with pytest.raises(BundleError) as error:
+        load_bundle(str(folder))
+    assert str(folder / bundles.MANIFEST) in str(error.value) and words in str(error.value)
+
+
+def test_an_encoding_that_reads_a_column_the_input_did_not_have_is_refused(messy, tmp_path):
+    folder = shutil.copytree(messy.folder, tmp_path / "bundle")
+    rewrite_manifest(folder, columns=["customer_id", "amount"])
+    with pytest.raises(
+        BundleError, match="the encoding reads 'city', 'member', 'joined', which are not among"
+    ):
+        load_bundle(str(folder))

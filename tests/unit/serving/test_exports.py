@@ -1,5 +1,6 @@
 """The serving exports: ONNX (run by onnxruntime) and the SavedModel's serving signature, given raw
-rows, agree with the framework's model given the standardised rows, for any batch size."""
+rows, agree with the framework's model given the standardised rows, for any batch size; left out, with
+the reason, where the table's encoding is more than its numeric columns as they are."""
 
 from __future__ import annotations
 
@@ -9,14 +10,17 @@ import keras
 import numpy as np
 import onnx
 import onnxruntime
+import pyarrow as pa
 import pytest
 import tensorflow as tf
 import torch
 from torch import nn
 
+from tasks.core.data.column_kinds import NUMERIC, propose_kinds
+from tasks.core.data.encoding import FittedEncoding, batch_stats
 from tasks.core.data.scaling import ScalerStats
 from tasks.core.models.plugins import ModelSpec, build
-from tasks.core.serving.exports import ExportResult, export_model
+from tasks.core.serving.exports import NOT_RAW_ROWS, ExportResult, encoded_columns, export_model
 
 N_FEATURES, N_CLASSES = 64, 3
 RNG = np.random.default_rng(7)
@@ -40,8 +44,8 @@ def standardised(raw: np.ndarray) -> np.ndarray:
     return ((raw.astype(np.float64) - SCALER.mean) / SCALER.scale).astype(np.float32)
 
 
-def export(model, framework: str, directory) -> ExportResult:
-    return export_model(model, framework, SCALER, str(directory))
+def export(model, framework: str, directory, encoding: FittedEncoding | None = None) -> ExportResult:
+    return export_model(model, framework, SCALER, str(directory), encoding)
 
 
 def onnx_outputs(path: str, raw: np.ndarray) -> dict[str, np.ndarray]:
@@ -157,3 +161,55 @@ def test_keras_onnx_takes_raw_rows_and_gives_the_model_s_logits(keras_export, ro
     assert [value.type.tensor_type.shape.dim[0].dim_param for value in exported.graph.output] == ["rows"] * 2
     raw = raw_rows(rows)
     assert_agree(onnx_outputs(str(directory / "model.onnx"), raw), keras_logits(model, raw))
+
+
+# ---- tables whose encoding is more than their numbers ---------------------------------------------------
+
+
+def fitted(table: pa.Table, overrides: dict[str, str] | None = None) -> FittedEncoding:
+    return batch_stats(propose_kinds(table.schema, overrides=overrides, sample=table), table).fit()
+
+
+NUMBERS = {f"f{index}": [float(index + row) for row in range(4)] for index in range(N_FEATURES)}
+NOT_AS_THEY_ARE = {
+    "text": ({"city": ["a", "b", "a", "b"]}, None),
+    "boolean": ({"member": [True, False, True, True]}, None),
+    "date": ({"joined": pa.array([0, 1, 2, 3], pa.date32())}, None),
+    "missing number": ({"amount": [1.0, None, 2.0, 3.0]}, None),
+    "codes marked categorical": ({"code": [1, 2, 1, 3]}, {"code": "categorical"}),
+}
+
+
+@pytest.mark.parametrize("case", list(NOT_AS_THEY_ARE))
+@pytest.mark.parametrize("framework, names", [("pytorch", ["onnx"]), ("tensorflow", ["saved_model", "onnx"])])
+def test_exports_are_left_out_with_the_reason_where_a_column_is_encoded(case, framework, names, tmp_path):
+    columns, overrides = NOT_AS_THEY_ARE[case]
+    encoding = fitted(pa.table({**NUMBERS, **columns}), overrides)
+    (column,) = columns
+    assert encoded_columns(encoding) == [column]
+    model = build(SPECS["mlp"], len(encoding.encoded_names()), N_CLASSES, framework)
+    result = export(model, framework, tmp_path, encoding)
+    assert result == ExportResult(
+        files={}, notes=[f"{name} not exported: {NOT_RAW_ROWS} (columns {column!r})" for name in names]
+    )
+    assert os.listdir(tmp_path) == []
+
+
+def test_numbers_as_they_are_are_the_identity_even_with_a_column_left_out():
+    encoding = fitted(pa.table({**NUMBERS, "constant": [7.0] * 4}))
+    assert [column.kind for column in encoding.columns] == [NUMERIC] * N_FEATURES
+    assert encoded_columns(encoding) == [] and encoding.encoded_names() == list(NUMBERS)
+    assert "constant" in encoding.left_out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rows", BATCHES)
+def test_an_identity_encoding_exports_as_a_bundle_without_one(tmp_path, rows):
+    torch.manual_seed(0)
+    model = build(SPECS["mlp"], N_FEATURES, N_CLASSES, "pytorch").eval()
+    result = export(model, "pytorch", tmp_path, fitted(pa.table(NUMBERS)))
+    assert result == ExportResult(files={"onnx": "model.onnx"}, notes=[])
+    raw = raw_rows(rows)
+    with torch.no_grad():
+        logits = model(torch.from_numpy(standardised(raw))).numpy()
+    assert_agree(onnx_outputs(str(tmp_path / "model.onnx"), raw), logits)

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+import json
+from collections import Counter
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 import fsspec
+import numpy as np
+import pyarrow as pa
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
+from tasks.core.data.column_kinds import propose_kinds
+from tasks.core.data.encoding import batch_stats
 from tasks.core.data.files import DatasetError
+from tasks.core.data.prepare import PreparedTable
 from tasks.core.data.scaling import ScalerStats
 from tasks.core.models.plugins import build, input_spec_for, mlp_spec
 from tasks.core.serving.bundle import MANIFEST, BundleError, BundleRecord, load_bundle, write_bundle
@@ -21,21 +28,25 @@ FEATURES = ["f0", "f1", "f2", "f3"]
 CLASSES = ["setosa", "versicolor", "virginica"]
 
 
-def write_test_bundle(folder: Path, seed: int = 0) -> str:
-    """An untrained MLP for the blobs' features and classes as a bundle: seeded, so that two seeds
-    give two models that score differently."""
+def write_test_bundle(folder: Path, seed: int = 0, table: PreparedTable | None = None) -> str:
+    """An untrained MLP as a bundle, for the blobs' features and classes or for what `table` holds:
+    seeded, so that two seeds give two models that score differently."""
     import torch
 
     from tasks.core.models.torch_models import save_torch_artifact
 
     spec = mlp_spec([16])
     torch.manual_seed(seed)
-    model = build(spec, len(FEATURES), len(CLASSES), "pytorch")
+    n_features = len(table.feature_names) if table else len(FEATURES)
+    model = build(spec, n_features, len(CLASSES), "pytorch")
     folder.mkdir(parents=True, exist_ok=True)
     artifact = folder.parent / f"{folder.name}-model.pt"
-    save_torch_artifact(model, spec, input_spec_for(spec, len(FEATURES), len(CLASSES)), str(artifact))
-    features = blobs_frame(n_rows=400)[FEATURES]
+    save_torch_artifact(model, spec, input_spec_for(spec, n_features, len(CLASSES)), str(artifact))
     run = TrainingRun("pytorch", "cpu", 1, "gloo", "fp32", "single-process", [], 0.0, 0.0, model=spec)
+    if table:
+        record = BundleRecord.of(table, run, Hardware("cpu", 1), data_fingerprint="0" * 32)
+        return write_bundle(str(folder), str(artifact), record)
+    features = blobs_frame(n_rows=400)[FEATURES]
     record = BundleRecord(
         framework="pytorch",
         feature_names=FEATURES,
@@ -49,6 +60,60 @@ def write_test_bundle(folder: Path, seed: int = 0) -> str:
         billed=Hardware("cpu", 1),
     )
     return write_bundle(str(folder), str(artifact), record)
+
+
+# ---- a table of text, booleans, dates and missing values ----------------------------------------------
+
+# The raw feature columns: an identifier and a constant, which the encoding leaves out, and four it reads.
+MESSY_COLUMNS = ["customer_id", "amount", "city", "member", "joined", "region"]
+MESSY_READ = ["amount", "city", "member", "joined"]
+
+
+def messy_table(rows: int = 300, seed: int = 0) -> pa.Table:
+    """Rows as a user's table holds them, with the text label `species`: every read column has some
+    missing values (nulls, and NaN in the numbers too)."""
+    rng = np.random.default_rng(seed)
+    missing = rng.random((4, rows)) < 0.1
+    species = rng.integers(0, len(CLASSES), rows)
+    amount = rng.normal(species * 3.0, 1.0)
+    amount[missing[0] & (np.arange(rows) % 2 == 0)] = np.nan  # and null in the odd rows
+    cities = np.array(["paris", "oslo", "rome", "lima", "kyiv"])[(species + rng.integers(0, 3, rows)) % 5]
+    joined = [date(2020, 1, 1) + timedelta(days=int(day)) for day in rng.integers(0, 1500, rows)]
+    return pa.table({
+        "customer_id": [f"c{seed}-{row:05d}" for row in range(rows)],
+        "amount": pa.array(amount, mask=missing[0] & (np.arange(rows) % 2 == 1)),
+        "city": pa.array(cities.tolist(), mask=missing[1]),
+        "member": pa.array((rng.random(rows) < 0.3 + 0.2 * species).tolist(), mask=missing[2]),
+        "joined": pa.array(joined, pa.date32(), mask=missing[3]),
+        "region": ["north"] * rows,
+        "species": np.asarray(CLASSES)[species],
+    })  # fmt: skip
+
+
+def messy_prepared(table: pa.Table) -> PreparedTable:
+    """What preprocessing makes of `table`, all rows taken as train rows: the encoding fitted on them,
+    and the scaler over the encoded features."""
+    raw = table.select(MESSY_COLUMNS)
+    encoding = batch_stats(propose_kinds(raw.schema, sample=raw), raw).fit()
+    encoded = encoding.transform(raw)
+    scale = encoded.std(axis=0)
+    counts = Counter(table.column("species").to_pylist())
+    return PreparedTable(
+        feature_names=encoding.encoded_names(),
+        label_column="species",
+        class_labels=CLASSES,
+        class_counts={label: counts[label] for label in CLASSES},
+        rows={"train": table.num_rows, "val": 0, "test": 0},
+        scaler=ScalerStats(encoded.mean(axis=0).tolist(), np.where(scale > 0, scale, 1.0).tolist()),
+        source="messy.parquet",
+        columns=MESSY_COLUMNS,
+        encoding=json.dumps(encoding.to_dict()),
+    )
+
+
+def write_messy_bundle(folder: Path, seed: int = 0) -> str:
+    """An untrained MLP over the messy table's encoded features, as a bundle."""
+    return write_test_bundle(folder, seed, messy_prepared(messy_table()))
 
 
 @pytest.fixture(scope="module")
@@ -126,6 +191,18 @@ def test_a_prefix_that_names_no_bundle_is_refused_naming_it(tmp_path, latest, ex
     assert str(prefix) in str(error.value)
     for words in expected:
         assert words in str(error.value)
+
+
+def test_a_bundle_with_an_encoding_is_published_and_scores_raw_rows_from_the_prefix(tmp_path):
+    folder = write_messy_bundle(tmp_path / "messy")
+    uri = publish_bundle(folder, "memory://mixedml-publish/messy")
+    assert resolve_bundle("memory://mixedml-publish/messy") == uri
+    assert set(files_of(folder)) == {MANIFEST, "model.pt"}, "no export of a mixed table's rows"
+    published, local = load_bundle(uri), load_bundle(folder)
+    assert published.manifest == local.manifest
+    assert local.encoding is not None and published.encoding == local.encoding
+    rows = messy_table(50, seed=9)
+    np.testing.assert_array_equal(published.predict_proba(rows), local.predict_proba(rows))
 
 
 def test_only_a_bundle_folder_is_published(tmp_path):

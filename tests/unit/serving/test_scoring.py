@@ -1,5 +1,6 @@
-"""Batch scoring: the streaming scorer, its checks before any scoring, the hardware choice, and one real
-local run of the scheduled scoring workflow over a folder of parts with the latest published model."""
+"""Batch scoring: the streaming scorer, its checks before any scoring, raw rows of text, booleans, dates
+and missing values through a bundle's encoding, the hardware choice, and one real local run of the
+scheduled scoring workflow over a folder of parts with the latest published model."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ from tasks.core.serving.scoring import (
     score_dataset,
 )
 from tests.conftest import blobs_frame
-from tests.unit.serving.test_publish import CLASSES, write_test_bundle
+from tests.unit.serving.test_publish import CLASSES, messy_table, write_messy_bundle, write_test_bundle
 
 REPO = Path(__file__).resolve().parents[3]
 PROBABILITIES = [f"probability_{label}" for label in CLASSES]
@@ -224,6 +225,76 @@ def test_a_bad_value_found_while_scoring_names_its_row_and_leaves_no_part_of_its
     ):
         score_dataset(bundle_folder, dataset, str(output))
     assert sorted(p.name for p in output.iterdir()) == ["part-00000.parquet", "part-00001.parquet"]
+
+
+# ---- raw rows through the bundle's encoding ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def messy_bundle(scoring_root) -> str:
+    return write_messy_bundle(scoring_root / "messy-bundle", seed=3)
+
+
+def messy_rows() -> pd.DataFrame:
+    """New rows of the messy table, as a user holds them: ids, the label, text, booleans, dates, nulls."""
+    return messy_table(sum(PART_ROWS), seed=7).to_pandas()
+
+
+def test_parts_of_text_booleans_dates_and_nulls_are_scored_as_the_bundle_scores_them(messy_bundle, tmp_path):
+    frame = messy_rows()
+    dataset = write_parts(tmp_path / "users.parquet", frame)
+    report = score_dataset(messy_bundle, dataset, str(tmp_path / "predictions"), rows_per_piece=100)
+    predictions = read_predictions(str(tmp_path / "predictions"))
+    bundle = load_bundle(messy_bundle)
+    # The columns the encoding left out (an identifier, a constant) pass through with the label.
+    assert list(predictions.columns) == ["customer_id", "region", "species", "prediction", *PROBABILITIES]
+    assert predictions["customer_id"].tolist() == frame["customer_id"].tolist()
+    assert predictions["prediction"].tolist() == bundle.predict(frame).tolist()
+    np.testing.assert_array_equal(predictions[PROBABILITIES].to_numpy(), bundle.predict_proba(frame))
+    truth = frame["species"].map(CLASSES.index).to_numpy()
+    predicted = predictions["prediction"].map(CLASSES.index).to_numpy()
+    assert report.metrics == classification_metrics(truth, predicted, CLASSES)
+    assert report.pieces == 3 + 1 + 1 and len(set(predicted)) > 1
+
+
+def test_a_csv_of_the_same_messy_rows_scores_as_the_parquet_does(messy_bundle, tmp_path):
+    frame = messy_rows()
+    frame.to_csv(tmp_path / "users.csv", index=False)
+    score_dataset(messy_bundle, str(tmp_path / "users.csv"), str(tmp_path / "predictions"))
+    predictions = read_predictions(str(tmp_path / "predictions"))
+    np.testing.assert_array_equal(
+        predictions[PROBABILITIES].to_numpy(), load_bundle(messy_bundle).predict_proba(frame)
+    )
+
+
+def joined_as_numbers(part: pd.DataFrame) -> pd.DataFrame:
+    return part.assign(joined=np.arange(len(part)))
+
+
+MESSY_REFUSALS = {
+    "a part of another type": ([1], joined_as_numbers,
+                               ["part-1.parquet", "column 'joined' has type int64, but it is date32"]),
+    "a part without a column": ([1], lambda part: part.drop(columns="city"), ["part-1.parquet", "lacks 'city'"]),
+    "a type the model cannot read": ([0, 1, 2], joined_as_numbers,
+                                     ["feature column 'joined' has type int64, which cannot be read as date"]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(MESSY_REFUSALS))
+def test_parts_whose_columns_the_model_cannot_read_are_refused_naming_them_before_scoring(
+    case, messy_bundle, tmp_path
+):
+    parts, change, words = MESSY_REFUSALS[case]
+    dataset = write_parts(tmp_path / "users.parquet", messy_rows())
+    for index in parts:
+        part = tmp_path / "users.parquet" / f"part-{index}.parquet"
+        change(pd.read_parquet(part)).to_parquet(part, index=False)
+    output = tmp_path / "predictions"
+    with pytest.raises(DatasetError) as refused:
+        score_dataset(messy_bundle, dataset, str(output))
+    for word in ["users.parquet", *words]:
+        assert word in str(refused.value)
+    assert not output.exists()
 
 
 # ---- CPU or GPU ----------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """Evaluation streams the test split through the bundle one row group at a time: the metrics equal
-those of the whole split scored at once, and memory does not grow with the split."""
+those of the whole split scored at once, and memory does not grow with the split. A raw split of text,
+booleans, dates and missing values gives the metrics that scoring the same rows later gives."""
 
 from __future__ import annotations
 
@@ -7,14 +8,21 @@ import tracemalloc
 from collections.abc import Callable
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
 from tasks.core.report.metrics import classification_metrics
 from tasks.core.serving.bundle import Bundle, load_bundle
-from tasks.core.serving.scoring import split_metrics
+from tasks.core.serving.scoring import score_dataset, split_metrics
 from tests.conftest import blobs_frame
-from tests.unit.serving.test_publish import CLASSES, FEATURES, write_test_bundle
+from tests.unit.serving.test_publish import (
+    CLASSES,
+    FEATURES,
+    messy_table,
+    write_messy_bundle,
+    write_test_bundle,
+)
 
 GROUP_ROWS = 7
 
@@ -86,3 +94,22 @@ def test_memory_does_not_grow_with_the_split(bundle, tmp_path):
     for small, large in zip(peaks[20_000], peaks[400_000], strict=True):
         assert large < 1.5 * small + 64_000, f"{large:,} bytes for 20x the rows of {small:,}"
         assert large < whole_split / 20
+
+
+def test_a_raw_split_of_text_booleans_dates_and_nulls_gives_the_metrics_its_later_scoring_gives(tmp_path):
+    """The test split as preprocessing writes it for a mixed table: the raw columns with their own types
+    and the class codes; a user's scoring of the same rows, labels as text, counts the same."""
+    bundle = load_bundle(write_messy_bundle(tmp_path / "bundle", seed=3))
+    rows = messy_table(200, seed=5)
+    codes = pc.index_in(rows.column("species"), value_set=pa.array(CLASSES))
+    split = rows.set_column(rows.schema.get_field_index("species"), "species", pc.cast(codes, pa.int64()))
+    folder = tmp_path / "test"
+    folder.mkdir()
+    for index, part in enumerate((split.slice(0, 120), split.slice(120))):
+        pq.write_table(part, folder / f"part-{index}.parquet", row_group_size=GROUP_ROWS)
+    metrics = split_metrics(bundle, str(folder), "species", CLASSES)
+    predicted = bundle.predict_codes(rows)
+    assert metrics == classification_metrics(split.column("species").to_numpy(), predicted, CLASSES)
+    pq.write_table(rows, tmp_path / "users.parquet")
+    scored = score_dataset(str(tmp_path / "bundle"), str(tmp_path / "users.parquet"), str(tmp_path / "out"))
+    assert scored.metrics == metrics and len(set(predicted)) > 1
