@@ -192,7 +192,9 @@ def null_where(mask: pa.Array, values: pa.Array) -> pa.Array:
 def as_numbers(column: pa.Array, place: Place) -> np.ndarray:
     if is_text(column.type):
         column = cast_text(pc.utf8_trim_whitespace(column), pa.float64(), NUMERIC, place)
-    values = pc.cast(column, pa.float64()).to_numpy(zero_copy_only=False)
+    # Unsafe: an integer beyond 2**53 rounds to the nearest float64, as numpy casts it, where a safe
+    # cast refuses it with no column named.
+    values = pc.cast(column, pa.float64(), safe=False).to_numpy(zero_copy_only=False)
     infinite = np.isinf(values)
     if infinite.any():
         rows = place.first_row + np.flatnonzero(infinite)
@@ -235,7 +237,7 @@ def as_booleans(column: pa.Array, place: Place) -> np.ndarray:
         if len(unknown):
             raise place.not_a(BOOLEAN, column, int(unknown[0]))
         return index.to_numpy(zero_copy_only=False) % 2
-    values = pc.cast(column, pa.float64()).to_numpy(zero_copy_only=False)
+    values = pc.cast(column, pa.float64(), safe=False).to_numpy(zero_copy_only=False)
     other = np.flatnonzero(~np.isnan(values) & (values != 0) & (values != 1))
     if len(other):
         raise place.not_a(BOOLEAN, column, int(other[0]))

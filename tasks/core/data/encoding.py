@@ -24,11 +24,13 @@ The rules:
   `name:weekday` (0 = Monday ... 6 = Sunday), as plain numbers; a missing date takes the midpoint of
   the train range, with `name<missing>`. All in UTC: a zoned timestamp is converted, a naive one or a
   date is taken as UTC.
-- Left out, each with a note that names the column and why: all missing in the train rows; constant
-  (one value in every train row, none missing); identifier-like: a text or dictionary column proposed
+- Left out, each with a note that names the column and why: all missing in the train rows; a category
+  or date column constant (one value in every train row, none missing); identifier-like: a text or dictionary column proposed
   categorical (not marked so by the user) with a different value in each of at least
   `MIN_IDENTIFIER_ROWS` train rows, none missing, or any categorical column with more than `COUNT_CAP`
-  distinct values, none frequent enough to keep; and columns marked 'drop'.
+  distinct values, none frequent enough to keep; and columns marked 'drop'. A constant number or
+  boolean is kept, as it always was: it standardises to 0, and a table of numbers keeps every column
+  in place (a model may read them as an image, 8x8 pixels whose border is blank).
 - A column's kind comes from its Arrow type, or from the user's overrides; text proposed as a date is
   ISO text in the first batch (column_kinds.py). Every value of every row is read as its kind, train
   rows or not, so a bad value is refused by column and row wherever it is.
@@ -158,7 +160,7 @@ def left_out_reason(kind: ColumnKind, stats: ColumnStats | None, min_identifier_
         return f"it is marked {DROP!r}"
     if not stats.count:
         return "it has no value in the train rows (all missing)"
-    if not stats.missing and stats.constant:
+    if not stats.missing and stats.constant and kind.kind in (CATEGORICAL, DATE):
         return "it holds the same value in every train row (constant)"
     if isinstance(stats, CategoryStats):
         if stats.overflowed and not stats.counts:

@@ -190,8 +190,8 @@ def test_a_zoned_wall_clock_differs_from_the_same_naive_one():
     ("values", "overrides", "why"),
     [
         ([f"id-{i}" for i in range(60)], {}, "a different value in each of the 60 train rows"),
-        ([7.0] * 60, {}, "the same value in every train row (constant)"),
-        ([True] * 60, {}, "(constant)"),
+        (["north"] * 60, {}, "the same value in every train row (constant)"),
+        (pa.array([date(2024, 1, 1)] * 60), {}, "(constant)"),
         (pa.nulls(60, pa.float64()), {}, "no value in the train rows (all missing)"),
         (pa.nulls(60, pa.string()), {}, "(all missing)"),
         ([None] * 60, {"c": DROP}, "marked 'drop'"),
@@ -210,6 +210,9 @@ def test_columns_left_out_have_a_note_naming_them_and_why(values, overrides, why
         ([f"id-{i}" for i in range(60)][:10] * 6, {}),  # values repeat
         ([f"id-{i}" for i in range(60)], {"c": CATEGORICAL}),  # the user says it is a category
         ([7.0] * 59 + [None], {}),  # constant but for a missing value: the indicator says something
+        (["north"] * 59 + [None], {}),
+        ([7.0] * 60, {}),  # a constant number or boolean stays in place, standardised to 0 later
+        ([True] * 60, {}),
     ],
 )
 def test_columns_kept(values, overrides):
@@ -219,7 +222,7 @@ def test_columns_kept(values, overrides):
 
 def test_no_column_left_is_refused_naming_why():
     with pytest.raises(DatasetError, match=r"no feature column is left to encode: column 'c' .*\(constant\)"):
-        fit(pa.table({"c": [1.0, 1.0]}))
+        fit(pa.table({"c": ["a", "a"]}))
 
 
 def test_the_vocabulary_keeps_the_most_frequent_values_ties_by_value():
