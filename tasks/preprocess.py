@@ -1,4 +1,4 @@
-"""Preprocessing on CPU: validate the input table, split it, standardise it.
+"""Preprocessing on CPU: validate the input table, split it, encode and standardise its features.
 
 In one pod (`preprocess`), or, for an input too large for one, in pieces that map tasks read at once
 (`preprocess_in_pieces`, tasks/core/data/pieces.py): the same rows in each split either way.
@@ -17,13 +17,17 @@ from flytekit.types.file import FlyteFile
 from flytekit.types.structured import StructuredDataset
 
 from tasks.core.data.assignment import SplitConfig
+from tasks.core.data.encoding import EncodingStats
 from tasks.core.data.moments import FeatureMoments
 from tasks.core.data.pieces import (
     DataPiece,
     assign_pieces,
     collected,
+    encoded,
+    merged_encoding,
     merged_scaler,
     piece_moments,
+    piece_stats,
     write_piece,
 )
 from tasks.core.data.prepare import PreparedTable, prepare_dataset, write_embedded_digits
@@ -127,32 +131,50 @@ def local_assignment(splits: PieceSplits) -> np.ndarray:
 
 
 @task(container_image=CPU_IMAGE, **guaranteed(PREPROCESS_CPU), **CACHED, **PIECE_ATTEMPTS)
-def piece_train_moments(splits: PieceSplits, piece: DataPiece) -> dict:
-    """The piece's feature values checked, and the moments of its train rows (`FeatureMoments.to_dict`)."""
+def piece_encoding_stats(splits: PieceSplits, piece: DataPiece) -> dict:
+    """The piece's feature values read as their kinds, and the encoding statistics of its train rows
+    (`EncodingStats.to_dict`)."""
     begin_task()
-    return piece_moments(splits.layout, piece, local_assignment(splits)).to_dict()
+    return piece_stats(splits.layout, piece, local_assignment(splits)).to_dict()
 
 
 @task(container_image=CPU_IMAGE, **guaranteed(SMALL_CPU), **CACHED)
-def merge_piece_moments(splits: PieceSplits, moments: list[dict]) -> ScalerStats:
+def fit_piece_encoding(splits: PieceSplits, stats: list[dict]) -> str:
+    """The encoding fitted on every piece's train rows, once: the JSON text `PreparedTable.encoding` holds."""
     begin_task()
-    return merged_scaler(splits.layout, [FeatureMoments.from_dict(piece) for piece in moments])
+    return merged_encoding(splits.layout, [EncodingStats.from_dict(piece) for piece in stats])
 
 
 @task(container_image=CPU_IMAGE, **guaranteed(PREPROCESS_CPU), **CACHED, **PIECE_ATTEMPTS)
-def write_piece_splits(splits: PieceSplits, scaler: ScalerStats, piece: DataPiece) -> dict[str, int]:
+def piece_train_moments(splits: PieceSplits, encoding: str, piece: DataPiece) -> dict:
+    """The moments of the piece's encoded train rows (`FeatureMoments.to_dict`)."""
+    begin_task()
+    return piece_moments(encoded(splits.layout, encoding), piece, local_assignment(splits)).to_dict()
+
+
+@task(container_image=CPU_IMAGE, **guaranteed(SMALL_CPU), **CACHED)
+def merge_piece_moments(splits: PieceSplits, encoding: str, moments: list[dict]) -> ScalerStats:
+    begin_task()
+    layout = encoded(splits.layout, encoding)
+    return merged_scaler(layout, [FeatureMoments.from_dict(piece) for piece in moments])
+
+
+@task(container_image=CPU_IMAGE, **guaranteed(PREPROCESS_CPU), **CACHED, **PIECE_ATTEMPTS)
+def write_piece_splits(
+    splits: PieceSplits, encoding: str, scaler: ScalerStats, piece: DataPiece
+) -> dict[str, int]:
     """The piece's part of each split; the rows written, by split."""
     begin_task()
-    return write_piece(splits.layout, piece, local_assignment(splits), scaler)
+    return write_piece(encoded(splits.layout, encoding), piece, local_assignment(splits), scaler)
 
 
 @task(container_image=CPU_IMAGE, **guaranteed(SMALL_CPU), **CACHED, **DECKS)
 def collect_piece_splits(
-    splits: PieceSplits, scaler: ScalerStats, written: list[dict[str, int]]
+    splits: PieceSplits, encoding: str, scaler: ScalerStats, written: list[dict[str, int]]
 ) -> PreparedData:
     """The folders of parts as the splits, once every piece wrote its rows."""
     begin_task()
-    prepared = collected(splits.layout, scaler, written)
+    prepared = collected(encoded(splits.layout, encoding), scaler, written)
     report_prepared(prepared.table)
     folders = {
         name: StructuredDataset(uri=path, file_format="parquet") for name, path in prepared.paths.items()
@@ -164,14 +186,25 @@ def preprocess_in_pieces(
     inputs: dict, pieces: list[DataPiece], plan: PreprocessPlan, plan_resources: bool
 ) -> PreparedData:
     """`preprocess`'s result from map tasks over `pieces`, for a @dynamic to run: `inputs` are
-    `preprocess`'s. The label scan gets the planned memory; the pieces that of a few batches."""
+    `preprocess`'s. The label scan gets the planned memory; the pieces that of a few batches. The
+    pieces read the input three times: for the encoding's statistics, fitted once when all are in; for
+    the moments of the encoded train rows; and to write their parts."""
     splits = assign_piece_splits(**inputs, pieces=pieces)
     mapped = partial(map_task, concurrency=PIECE_CONCURRENCY)
-    moments = mapped(partial(piece_train_moments, splits=splits))(piece=pieces)
-    scaler = merge_piece_moments(splits=splits, moments=moments)
-    written = mapped(partial(write_piece_splits, splits=splits, scaler=scaler))(piece=pieces)
+    stats = mapped(partial(piece_encoding_stats, splits=splits))(piece=pieces)
+    encoding = fit_piece_encoding(splits=splits, stats=stats)
+    moments = mapped(partial(piece_train_moments, splits=splits, encoding=encoding))(piece=pieces)
+    scaler = merge_piece_moments(splits=splits, encoding=encoding, moments=moments)
+    written = mapped(partial(write_piece_splits, splits=splits, encoding=encoding, scaler=scaler))(
+        piece=pieces
+    )
     if plan_resources:
-        for node, mem in ((splits, plan.mem), (moments, plan.piece_mem), (written, plan.piece_mem)):
+        for node, mem in (
+            (splits, plan.mem),
+            (stats, plan.piece_mem),
+            (moments, plan.piece_mem),
+            (written, plan.piece_mem),
+        ):
             sized = Resources(cpu=plan.cpu, mem=mem)
             node.with_overrides(requests=sized, limits=sized)
-    return collect_piece_splits(splits=splits, scaler=scaler, written=written)
+    return collect_piece_splits(splits=splits, encoding=encoding, scaler=scaler, written=written)

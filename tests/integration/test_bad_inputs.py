@@ -32,6 +32,15 @@ def write(tmp_path: Path, name: str, mutate=None) -> str:
     return str(path)
 
 
+def late_text_csv(path: Path) -> str:
+    """Numbers in f1 for far more rows than the block its type is guessed from, then text."""
+    frame = blobs_frame(n_rows=60_000)
+    frame["f1"] = frame["f1"].astype(object)
+    frame.loc[59_990, "f1"] = "n/k"
+    frame.to_csv(path, index=False)
+    return str(path)
+
+
 def garbage(tmp_path: Path) -> str:
     path = tmp_path / "broken.parquet"
     path.write_bytes(b"this is not parquet at all" * 10)
@@ -55,12 +64,15 @@ DATA_CASES = {
     "wrong format": (lambda t: write(t, "data.parquet").replace(".parquet", ".xlsx"), "species",
                      ["file format", ".csv"]),
     "label column missing": (lambda t: write(t, "d.parquet"), "kind", ["label column 'kind'"]),
-    "non-numeric feature": (lambda t: write(t, "d.parquet", lambda f: f.assign(f2=f["f2"].astype(str))),
-                            "species", ["'f2'", "not a number"]),
-    "NaN feature": (lambda t: write(t, "d.csv", set_value("f1", np.nan)), "species",
-                    ["'f1'", "missing value", "row 7"]),
+    "feature of a type no kind reads": (
+        lambda t: write(t, "d.parquet", lambda f: f.assign(blob=[b"\x00"] * len(f))), "species",
+        ["d.parquet", "'blob' has type binary, which no feature kind reads"],
+    ),
     "inf feature": (lambda t: write(t, "d.parquet", set_value("f3", np.inf)), "species",
-                    ["'f3'", "non-finite", "row 7"]),
+                    ["'f3'", "an infinite value (inf) at row 7"]),
+    "text in a numeric CSV column past the first block": (
+        lambda t: late_text_csv(t / "d.csv"), "species", ["d.csv", "column 'f1' holds 'n/k'", "not a number"],
+    ),
     "too few rows": (lambda t: write(t, "d.parquet", lambda f: f.iloc[:15]), "species", ["too few rows"]),
     "single class": (lambda t: write(t, "d.parquet", lambda f: f.assign(species="a")), "species",
                      ["single class"]),
@@ -81,6 +93,22 @@ def test_bad_data_is_refused_naming_the_file_and_column(case, tmp_path):
     for fragment in fragments:
         assert fragment in str(error.value), str(error.value)
     assert files_under(tmp_path) == before  # nothing modified
+
+
+# Inputs refused before features were encoded, which now prepare: name -> (dataset factory, the
+# encoded features)
+ENCODED_CASES = {
+    "text feature": (lambda t: write(t, "d.parquet", lambda f: f.assign(f2=np.where(f.index % 2, "odd", "even"))),
+                     ["f0", "f1", "f2=even", "f2=odd", "f2=<other>", "f3"]),
+    "NaN feature": (lambda t: write(t, "d.csv", set_value("f1", np.nan)), ["f0", "f1", "f1<missing>", "f2", "f3"]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(ENCODED_CASES))
+def test_text_and_missing_feature_values_are_encoded_not_refused(case, tmp_path):
+    make_dataset, encoded = ENCODED_CASES[case]
+    prepared = prepare_dataset(make_dataset(tmp_path), "species", str(tmp_path / "out"), SplitConfig())
+    assert sorted(prepared.table.feature_names) == sorted(encoded)
 
 
 # name -> (target, hyperparameters, fragments the message must contain)
@@ -124,8 +152,8 @@ def test_a_batch_must_split_over_the_workers_and_fit_the_training_rows():
 
 # One case per stage that checks: name -> (dataset factory, extra inputs, fragments of the message)
 WORKFLOW_CASES = {
-    "preprocessing: non-numeric feature": (
-        DATA_CASES["non-numeric feature"][0], {}, ["d.parquet", "'f2'", "not a number"],
+    "preprocessing: inf feature": (
+        DATA_CASES["inf feature"][0], {}, ["d.parquet", "'f3'", "an infinite value (inf) at row 7"],
     ),
     "validation: zero epochs": (
         lambda t: write(t, "d.parquet"), {"hyperparameters": TrainConfig(epochs=0)},

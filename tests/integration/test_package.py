@@ -17,6 +17,8 @@ pytestmark = pytest.mark.slow
 IMAGE_OF_TASK = {
     "tasks.preprocess.preprocess": "cpu",
     "tasks.preprocess.assign_piece_splits": "cpu",
+    "tasks.preprocess.piece_encoding_stats": "cpu",
+    "tasks.preprocess.fit_piece_encoding": "cpu",
     "tasks.preprocess.piece_train_moments": "cpu",
     "tasks.preprocess.merge_piece_moments": "cpu",
     "tasks.preprocess.write_piece_splits": "cpu",

@@ -12,6 +12,7 @@ from tasks.core.data.labels import looks_continuous
 from tasks.core.messages import preview, shorten
 
 SPLITS = ("train", "val", "test")
+UNLABELLED = 255  # in an assignment, a row in no split: its label is missing
 # Each held-out split needs rows, and training keeps the most of them.
 FRACTION_RULE = "must be between 0 and 0.5 (exclusive)"
 

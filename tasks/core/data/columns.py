@@ -1,4 +1,5 @@
-"""Which columns are features, and the rules every feature value must pass."""
+"""Which columns are features; and the rules for features read as plain numbers (a model bundle without
+an encoding), where every value must be a finite number."""
 
 from __future__ import annotations
 
@@ -77,7 +78,7 @@ def non_feature_columns(dataset: ds.Dataset, uri: str, label_column: str) -> dic
 def feature_columns(
     schema: pa.Schema, label_column: str, uri: str, left_out: Collection[str] = ()
 ) -> list[str]:
-    """All columns except the label and those `left_out`; each must be numeric."""
+    """All columns except the label and those `left_out`: their kinds are proposed next (column_kinds.py)."""
     if label_column not in schema.names:
         raise DatasetError(
             f"{uri}: label column '{label_column}' not found in the {len(schema.names):,} columns: "
@@ -86,7 +87,6 @@ def feature_columns(
     features = [name for name in schema.names if name != label_column and name not in left_out]
     if not features:
         raise DatasetError(f"{uri}: no feature columns besides the label column '{label_column}'")
-    check_numeric(schema, features, uri, "encode it numerically or drop it before training")
     return features
 
 

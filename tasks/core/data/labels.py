@@ -1,13 +1,14 @@
-"""The label column: read once, checked, and encoded as class codes."""
+"""The label column: read once, checked, and encoded as class codes; rows without a label are left out."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from tasks.core.data.columns import check_finite
 from tasks.core.data.files import DatasetError
 from tasks.core.data.reading import iter_batches
 from tasks.core.messages import preview, shorten
@@ -21,17 +22,13 @@ NUMBER_TYPES = (pa.int64(), pa.float64())  # tried in turn on CSV labels: see `c
 LABEL_PARSERS = {"string": str, "integer": int, "float": float, "boolean": lambda text: text == "True"}
 
 
-def scan_labels(dataset: ds.Dataset, uri: str, label_column: str, features: list[str]) -> pa.ChunkedArray:
-    """Validate every feature batch and return the label column (the only column kept in memory)."""
-    label_chunks = []
-    rows = 0
-    for batch in iter_batches(dataset, uri):
-        check_finite(batch, features, rows, uri)
-        label_chunks.append(batch.column(label_column))
-        rows += batch.num_rows
-    if rows == 0:
+def scan_labels(dataset: ds.Dataset, uri: str, label_column: str) -> pa.ChunkedArray:
+    """The label column of every row, read alone: the feature values are checked as they are encoded."""
+    batches = iter_batches(dataset, uri, columns=[label_column])
+    chunks = [batch.column(label_column) for batch in batches]
+    if not sum(len(chunk) for chunk in chunks):
         raise DatasetError(f"{uri}: the dataset has no rows")
-    return pa.chunked_array(label_chunks, type=dataset.schema.field(label_column).type)
+    return pa.chunked_array(chunks, type=dataset.schema.field(label_column).type)
 
 
 def as_numbers(labels: pa.ChunkedArray, kinds: tuple[pa.DataType, ...] = NUMBER_TYPES) -> pa.ChunkedArray:
@@ -44,25 +41,41 @@ def as_numbers(labels: pa.ChunkedArray, kinds: tuple[pa.DataType, ...] = NUMBER_
     return labels
 
 
-def refuse_missing_labels(labels: pa.ChunkedArray, uri: str, label_column: str) -> None:
-    """A label that is null, NaN or empty text is missing: refuse it rather than train it as a class."""
+def missing_labels(labels: pa.ChunkedArray) -> np.ndarray:
+    """Where a label is null, NaN or empty text, one bool a row: such a row is no class to train on."""
     missing = pc.is_null(labels, nan_is_null=True)
     if pa.types.is_string(labels.type) or pa.types.is_large_string(labels.type):
         missing = pc.or_(missing, pc.fill_null(pc.equal(labels, ""), True))
-    rows = np.flatnonzero(missing.to_numpy(zero_copy_only=False))
-    what = f"{uri}: label column '{label_column}'"
-    if len(rows) == 1:
-        raise DatasetError(f"{what} has a missing value (empty, null or NaN) at row {rows[0]}")
-    if len(rows):
-        raise DatasetError(
-            f"{what} has {len(rows):,} missing values (empty, null or NaN) at rows {preview(rows)}"
-        )
+    return missing.to_numpy(zero_copy_only=False).astype(bool)
+
+
+@dataclass
+class Labels:
+    """The classes of the rows that have a label, in row order, and where the label is missing."""
+
+    values: np.ndarray
+    missing: np.ndarray  # one bool a row of the input (or of some of its rows)
+
+    def note(self, label_column: str) -> list[str]:
+        """What the rows without a label became, for the prepared table's notes."""
+        rows = np.flatnonzero(self.missing)
+        if not len(rows):
+            return []
+        if len(rows) == 1:
+            return [
+                f"label column '{label_column}' has a missing value (empty, null or NaN) at row "
+                f"{rows[0]}; that row is left out of every split"
+            ]
+        return [
+            f"label column '{label_column}' has {len(rows):,} missing values (empty, null or NaN) at "
+            f"rows {preview(rows)}; those rows are left out of every split"
+        ]
 
 
 def clean_labels(
     labels: pa.ChunkedArray, uri: str, label_column: str, from_csv: bool, kind: str | None = None
-) -> np.ndarray:
-    """Labels as classes: text stripped of surrounding whitespace, and missing labels refused.
+) -> Labels:
+    """Labels as classes: text stripped of surrounding whitespace, and the rows without one noted.
 
     CSV labels are read as text; a column of numbers among them is read back as numbers, so
     digits 0-9 sort as numbers and a float label 'nan' counts as missing. Labels that are some rows
@@ -73,9 +86,10 @@ def clean_labels(
     if pa.types.is_string(labels.type) or pa.types.is_large_string(labels.type):
         labels = pc.utf8_trim_whitespace(labels)
         if from_csv:
+            labels = pc.if_else(pc.equal(labels, ""), pa.scalar(None, labels.type), labels)  # an empty cell
             labels = as_numbers(labels, NUMBER_TYPES if kind is None else NUMBER_TYPES_BY_KIND.get(kind, ()))
-    refuse_missing_labels(labels, uri, label_column)
-    return labels.to_numpy()
+    missing = missing_labels(labels)
+    return Labels(labels.filter(pa.array(~missing)).to_numpy(), missing)
 
 
 def label_kind(labels: np.ndarray) -> str:
@@ -91,6 +105,8 @@ def typed_labels(class_labels: list[str], kind: str) -> list:
 
 
 def encode_labels(labels: np.ndarray, uri: str, label_column: str) -> tuple[np.ndarray, list[str]]:
+    if not len(labels):
+        raise DatasetError(f"{uri}: label column '{label_column}' has no value (each is empty, null or NaN)")
     classes, codes = np.unique(labels, return_inverse=True)
     if len(classes) < 2:
         raise DatasetError(

@@ -4,16 +4,21 @@
    of a parquet file's row groups, of about equal size.
 2. `assign_pieces` reads only the label column, of every piece in turn, and decides every row's class
    and split exactly as one pod does (`RowSplit`); it saves the split assignment (one byte a row) and
-   notes where each piece's rows start in it.
-3. `piece_moments`: each piece checks its feature values and gives the moments of its train rows;
-   merged, they give the scaler (`fitted_scaler`) one pass over the rows would.
-4. `write_piece`: each piece writes its rows of each split as the part file numbered by its index,
+   notes where each piece's rows start in it. It proposes the feature columns' kinds from the input's
+   first batch, as one pod does.
+3. `piece_stats`: each piece reads its feature values as their kinds (refusing a bad one by its row in
+   the input) and gives the encoding statistics of its train rows; they merge exactly, so
+   `merged_encoding` fits, once, the encoding one pass over the rows fits.
+4. `piece_moments`: each piece gives the moments of its encoded train rows; merged, they give the
+   scaler (`fitted_scaler`) one pass over the rows would, within float64 rounding.
+5. `write_piece`: each piece writes its rows of each split as the part file numbered by its index,
    so a split is a folder of parts holding the same rows, in the same order, as one pod writes.
+Steps 4 and 5 read the layout with the fitted encoding (`encoded`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from itertools import groupby
 from pathlib import Path
 
@@ -22,11 +27,23 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 
 from tasks.core.data.assignment import SPLITS, SplitConfig
+from tasks.core.data.column_kinds import ColumnKind
 from tasks.core.data.columns import feature_columns, non_feature_columns
+from tasks.core.data.encoding import EncodingStats
 from tasks.core.data.files import row_group_fragments
-from tasks.core.data.labels import clean_labels
+from tasks.core.data.labels import Labels, clean_labels
 from tasks.core.data.moments import FeatureMoments, merged
-from tasks.core.data.prepare import PreparedSplits, PreparedTable, RowSplit, split_files, write_splits
+from tasks.core.data.prepare import (
+    PreparedSplits,
+    PreparedTable,
+    RowSplit,
+    feature_kinds,
+    fit_encoding,
+    split_files,
+    train_encoding_stats,
+    with_encoding,
+    write_splits,
+)
 from tasks.core.data.reading import iter_batches, open_dataset
 from tasks.core.data.scaling import ScalerStats, fitted_scaler, train_moments
 
@@ -45,10 +62,13 @@ class PieceLayout:
     """What every piece shares: the rows' classes and splits were decided over the whole input."""
 
     uri: str
-    table: PreparedTable  # what the splits hold; its scaler is empty until the pieces' moments merge
+    # What the splits hold; its encoding is empty until the pieces' statistics merge (`encoded`), its
+    # scaler until their moments do.
+    table: PreparedTable
     pieces: list[DataPiece]
     first_rows: list[int]  # each piece's first row in the input, then the input's row count
     output: str  # the folder (local or fsspec URI) that holds a folder of parts per split
+    kinds: dict[str, ColumnKind] = field(default_factory=dict)  # of every feature column
 
     def rows_of(self, piece: DataPiece) -> slice:
         return slice(self.first_rows[piece.index], self.first_rows[piece.index + 1])
@@ -122,22 +142,44 @@ def assign_pieces(
     assignment is saved to `assignment_file` (.npy, one byte a row)."""
     dataset = open_dataset(uri, label_column)
     left_out = non_feature_columns(dataset, uri, label_column)
-    features = feature_columns(dataset.schema, label_column, uri, left_out)
-    columns = [label_column_of(piece_dataset(dataset, piece), uri, label_column) for piece in pieces]
-    first_rows = np.cumsum([0] + [len(column) for column in columns]).tolist()
-    whole = pa.chunked_array([chunk for column in columns for chunk in column.chunks], type=columns[0].type)
+    columns = feature_columns(dataset.schema, label_column, uri, left_out)
+    kinds = feature_kinds(dataset, uri, columns)
+    labels = [label_column_of(piece_dataset(dataset, piece), uri, label_column) for piece in pieces]
+    first_rows = np.cumsum([0] + [len(column) for column in labels]).tolist()
+    whole = pa.chunked_array([chunk for column in labels for chunk in column.chunks], type=labels[0].type)
     from_csv = isinstance(dataset.format, ds.CsvFileFormat)
     rows = RowSplit.of(clean_labels(whole, uri, label_column, from_csv), uri, label_column, split)
     np.save(assignment_file, rows.assignment)
-    return PieceLayout(uri, rows.table(features, label_column, uri, left_out), pieces, first_rows, output)
+    table = rows.table(columns, label_column, uri, left_out)
+    return PieceLayout(uri, table, pieces, first_rows, output, kinds)
+
+
+def piece_stats(layout: PieceLayout, piece: DataPiece, assignment: np.ndarray) -> EncodingStats:
+    """The encoding statistics of the piece's train rows, once every feature value of the piece is read
+    as its kind."""
+    dataset = piece_dataset(open_dataset(layout.uri, layout.table.label_column), piece)
+    rows = layout.rows_of(piece)
+    return train_encoding_stats(dataset, layout.uri, layout.kinds, assignment[rows], rows.start)
+
+
+def merged_encoding(layout: PieceLayout, stats: list[EncodingStats]) -> str:
+    """The encoding fitted on every piece's train rows: the JSON text `encoded` reads."""
+    total = EncodingStats.empty(layout.kinds)
+    for piece in stats:
+        total = total.merge(piece)
+    return fit_encoding(total, layout.uri)
+
+
+def encoded(layout: PieceLayout, encoding: str) -> PieceLayout:
+    """The layout whose table holds the fitted encoding (`merged_encoding`): the encoded features."""
+    return replace(layout, table=with_encoding(layout.table, encoding))
 
 
 def piece_moments(layout: PieceLayout, piece: DataPiece, assignment: np.ndarray) -> FeatureMoments:
-    """The moments of the piece's train rows, once every feature value of the piece is checked."""
+    """The moments of the piece's encoded train rows; `layout` is `encoded`."""
     dataset = piece_dataset(open_dataset(layout.uri, layout.table.label_column), piece)
-    rows = layout.rows_of(piece)
-    features = layout.table.feature_names
-    return train_moments(dataset, layout.uri, features, assignment[rows], rows.start, check_values=True)
+    encoding = layout.table.fitted_encoding()
+    return train_moments(dataset, layout.uri, encoding, assignment[layout.rows_of(piece)])
 
 
 def merged_scaler(layout: PieceLayout, moments: list[FeatureMoments]) -> ScalerStats:
@@ -147,7 +189,8 @@ def merged_scaler(layout: PieceLayout, moments: list[FeatureMoments]) -> ScalerS
 def write_piece(
     layout: PieceLayout, piece: DataPiece, assignment: np.ndarray, scaler: ScalerStats
 ) -> dict[str, int]:
-    """Write the piece's rows of each split as part `piece.index`; the rows written, by split."""
+    """Write the piece's rows of each split as part `piece.index`; the rows written, by split. `layout`
+    is `encoded`."""
     label_column = layout.table.label_column
     dataset = piece_dataset(open_dataset(layout.uri, label_column), piece)
     from_csv = isinstance(dataset.format, ds.CsvFileFormat)
@@ -160,11 +203,14 @@ def write_piece(
     return {name: int((assignment[rows] == index).sum()) for index, name in enumerate(SPLITS)}
 
 
-def encode_as(labels: np.ndarray, layout: PieceLayout) -> np.ndarray:
-    """Some rows' labels as codes into the whole input's classes (`encode_labels` named them by text)."""
+def encode_as(labels: Labels, layout: PieceLayout) -> np.ndarray:
+    """Some rows' labels as codes into the whole input's classes (`encode_labels` named them by text);
+    -1 where the label is missing, as `RowSplit` has it."""
     code_of = {label: code for code, label in enumerate(layout.table.class_labels)}
-    classes, inverse = np.unique(labels, return_inverse=True)
-    return np.array([code_of[str(label)] for label in classes], dtype=np.int64)[inverse]
+    classes, inverse = np.unique(labels.values, return_inverse=True)
+    codes = np.full(len(labels.missing), -1, dtype=np.int64)
+    codes[~labels.missing] = np.array([code_of[str(label)] for label in classes], dtype=np.int64)[inverse]
+    return codes
 
 
 def collected(layout: PieceLayout, scaler: ScalerStats, written: list[dict[str, int]]) -> PreparedSplits:
@@ -188,6 +234,8 @@ def prepare_in_pieces(
     assignment_file = f"{out_dir}/assignment.npy"
     layout = assign_pieces(uri, label_column, split, pieces, out_dir, assignment_file)
     assignment = np.load(assignment_file, mmap_mode="r")
+    encoding = merged_encoding(layout, [piece_stats(layout, piece, assignment) for piece in pieces])
+    layout = encoded(layout, encoding)
     scaler = merged_scaler(layout, [piece_moments(layout, piece, assignment) for piece in pieces])
     written = [write_piece(layout, piece, assignment, scaler) for piece in pieces]
     return collected(layout, scaler, written)

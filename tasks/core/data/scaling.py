@@ -1,4 +1,5 @@
-"""Standardisation: per-feature moments of the train rows, the scaler fitted on them, and its checks."""
+"""Standardisation: per-feature moments of the train rows' encoded features, the scaler fitted on them,
+and its checks."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from tasks.core.data.assignment import SPLITS
-from tasks.core.data.columns import check_finite
+from tasks.core.data.encoding import FittedEncoding
 from tasks.core.data.files import DatasetError
 from tasks.core.data.moments import FeatureMoments
 from tasks.core.data.reading import iter_batches
@@ -47,26 +48,20 @@ def column_values(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
 
 
 def train_moments(
-    dataset: ds.Dataset,
-    uri: str,
-    features: list[str],
-    assignment: np.ndarray,
-    first_row: int = 0,
-    check_values: bool = False,
+    dataset: ds.Dataset, uri: str, encoding: FittedEncoding, assignment: np.ndarray
 ) -> FeatureMoments:
-    """The feature moments of the train rows, merged batch by batch. `assignment` holds the splits of
-    the dataset's rows, the first of which is row `first_row` of the input; `check_values` checks every
-    feature value first (`check_finite`), where `scan_labels` has not."""
-    moments = FeatureMoments.empty(len(features))
+    """The moments of the train rows' encoded features (`encoding.transform`), merged batch by batch.
+    `assignment` holds the splits of the dataset's rows; their values were checked as the encoding's
+    statistics were gathered."""
+    moments = FeatureMoments.empty(len(encoding.encoded_names()))
+    columns = [column.name for column in encoding.columns]
     offset = 0
     with np.errstate(over="ignore", invalid="ignore"):  # an overflowing statistic is refused by name later
-        for batch in iter_batches(dataset, uri, columns=features):
-            if check_values:
-                check_finite(batch, features, first_row + offset, uri)
+        for batch in iter_batches(dataset, uri, columns=columns):
             in_train = assignment[offset : offset + batch.num_rows] == SPLITS.index("train")
             offset += batch.num_rows
             if in_train.any():
-                train = batch_features(batch, features, np.float64)[in_train]
+                train = encoding.transform(batch.filter(pa.array(in_train)), source=uri)
                 moments = moments.merge(FeatureMoments.of(train))
     return moments
 

@@ -34,7 +34,8 @@ def split_frames(prepared: PreparedSplits) -> dict[str, pd.DataFrame]:
 @pytest.mark.parametrize("name", ["data.parquet", "data.csv"])
 def test_prepares_parquet_and_csv(blobs, write_table, tmp_path, name):
     prepared = prepare(write_table(blobs, name), tmp_path)
-    assert prepared.table.feature_names == ["f0", "f1", "f2", "f3"]
+    assert prepared.table.feature_names == prepared.table.columns == ["f0", "f1", "f2", "f3"]
+    assert [column.kind for column in prepared.table.fitted_encoding().columns] == ["numeric"] * 4
     assert prepared.table.class_labels == ["setosa", "versicolor", "virginica"]
     assert sum(prepared.table.rows.values()) == len(blobs)
     frames = split_frames(prepared)
@@ -134,34 +135,27 @@ def test_embedded_digits(tmp_path):
 # --- bad input: each error names the file, the column and the problem -------------------------
 
 
-def with_nan(frame):
-    frame.loc[5, "f2"] = np.nan
-    return frame
-
-
 def with_inf(frame):
     frame.loc[9, "f1"] = np.inf
     return frame
 
 
-def with_several_nans(frame):
-    frame.loc[[4, 7, 11, 12, 20, 31, 40], "f0"] = np.nan
+def with_several_infs(frame):
+    frame.loc[[4, 7, 11, 12, 20, 31, 40], "f0"] = -np.inf
     return frame
 
 
 BAD_TABLES = {
     "missing label column": (lambda f: f.drop(columns="species"), ["label column 'species' not found"]),
-    "nan in a feature": (with_nan, ["'f2'", "missing value", "row 5"]),
-    "inf in a feature": (with_inf, ["'f1'", "non-finite value inf", "row 9"]),
-    "several nans in a feature": (
-        with_several_nans,
-        ["'f0'", "missing values", "rows 4, 7, 11, 12, 20, ..."],
+    "inf in a feature": (with_inf, ["'f1'", "an infinite value (inf)", "at row 9", "clip"]),
+    "several infs in a feature": (
+        with_several_infs,
+        ["'f0'", "infinite values (-inf)", "at rows 4, 7, 11, 12, 20, ..."],
     ),
     "single class": (lambda f: f.assign(species="setosa"), ["single class", "'setosa'"]),
-    "non-numeric feature": (lambda f: f.assign(colour="red"), ["'colour'", "not a number"]),
     "rare class": (lambda f: pd.concat([f, f.iloc[:1].assign(species="rare")]), ["'rare' (1 rows)"]),
     "too few rows": (lambda f: f.iloc[:12], ["too few rows", "val_fraction"]),
-    "label with missing value": (lambda f: f.assign(species=f["species"].where(f.index != 3)), ["row 3"]),
+    "every label missing": (lambda f: f.assign(species=None), ["label column 'species' has no value"]),
 }
 
 
@@ -176,6 +170,35 @@ def test_bad_tables_are_rejected_with_a_clear_message(blobs, write_table, tmp_pa
     assert path in message
     for fragment in expected:
         assert fragment in message
+
+
+def test_a_value_past_the_first_batch_not_of_its_column_kind_is_refused_by_row(blobs, tmp_path, monkeypatch):
+    """The first batch makes text of ISO dates a date column: a later value that is none is refused."""
+    monkeypatch.setattr(reading, "BATCH_ROWS", 50)
+    days = [f"2024-01-{day % 28 + 1:02d}" for day in range(len(blobs))]
+    days[120] = "soon"
+    path = tmp_path / "data.parquet"
+    blobs.assign(day=days).to_parquet(path, index=False)
+    with pytest.raises(DatasetError) as error:
+        prepare(str(path), tmp_path)
+    message = str(error.value)
+    assert message.startswith(f"{path}: feature column 'day' is read as date but holds 'soon' at row 120")
+
+
+@pytest.mark.parametrize("name", ["data.parquet", "data.csv"])
+def test_rows_without_a_label_are_left_out_with_a_note(blobs, write_table, tmp_path, name):
+    unlabelled = [3, 40, 41]
+    blobs = blobs.assign(f0=np.arange(len(blobs), dtype=float))  # a row id that survives scaling
+    blobs.loc[unlabelled, "species"] = None
+    prepared = prepare(write_table(blobs, name), tmp_path)
+    assert sum(prepared.table.rows.values()) == len(blobs) - 3
+    assert sum(prepared.table.class_counts.values()) == len(blobs) - 3
+    assert prepared.table.notes == [
+        "label column 'species' has 3 missing values (empty, null or NaN) at rows 3, 40, 41; "
+        "those rows are left out of every split"
+    ]
+    written = np.concatenate([row_ids(prepared, f, split) for split, f in split_frames(prepared).items()])
+    assert sorted(written) == sorted(set(range(len(blobs))) - set(unlabelled))
 
 
 @pytest.mark.parametrize("name", ["empty.csv", "empty.parquet"])
@@ -201,7 +224,7 @@ def test_missing_file_and_unknown_format(tmp_path):
 
 
 def test_bad_input_is_left_untouched(blobs, write_table, tmp_path):
-    path = write_table(with_nan(blobs.copy()))
+    path = write_table(with_inf(blobs.copy()))
     before = Path(path).read_bytes()
     with pytest.raises(DatasetError):
         prepare(path, tmp_path)

@@ -61,21 +61,23 @@ def late_column_csv(path: Path, last_value: str, n_rows: int = 200_000) -> str:
 
 
 @pytest.mark.parametrize("name", ["data.parquet", "data.csv"])
-def test_nan_float_labels_are_refused_naming_the_rows(tmp_path, name):
+def test_nan_float_labels_leave_their_rows_out_naming_them(tmp_path, name):
     frame = with_labels([0.0, 1.0])
     frame.loc[[4, 9], "y"] = np.nan
-    path = write(frame, tmp_path / name)
-    message = refusal(path, tmp_path)
-    assert path in message and "label column 'y'" in message
-    assert "2 missing values" in message and "rows 4, 9" in message
+    prepared = prepare(write(frame, tmp_path / name), tmp_path)
+    (note,) = prepared.table.notes
+    assert "label column 'y'" in note and "2 missing values" in note and "rows 4, 9" in note
+    assert sum(prepared.table.rows.values()) == 58
+    assert prepared.table.class_labels == ["0.0", "1.0"] and prepared.table.label_kind == "float"
 
 
-def test_many_missing_labels_give_a_bounded_message(tmp_path):
+def test_many_missing_labels_give_a_bounded_note(tmp_path):
     frame = with_labels([0.0, 1.0], n_rows=5_000)
     frame.loc[frame.index >= 10, "y"] = np.nan
-    message = refusal(write(frame, tmp_path / "data.parquet"), tmp_path)
-    assert "4,990 missing values" in message and "rows 10, 11," in message and "and 4,982 more" in message
-    assert len(message) < 300
+    frame = pd.concat([frame, with_labels([0.0, 1.0], n_rows=60)], ignore_index=True)  # rows to split
+    (note,) = prepare(write(frame, tmp_path / "data.parquet"), tmp_path).table.notes
+    assert "4,990 missing values" in note and "rows 10, 11," in note and "and 4,982 more" in note
+    assert len(note) < 300
 
 
 @pytest.mark.parametrize("name", ["data.parquet", "data.csv"])
@@ -120,14 +122,16 @@ def test_integer_csv_labels_stay_numbers(tmp_path):
     assert prepared.table.class_labels == [str(digit) for digit in range(12)]  # 10 after 9, not after 1
 
 
-def test_na_in_a_csv_feature_is_still_a_missing_value(tmp_path):
+def test_na_in_a_csv_feature_is_a_missing_value_imputed_and_flagged(tmp_path):
     path = tmp_path / "data.csv"
     write(with_labels(["a", "b"]), path)
     lines = path.read_text().splitlines()
     lines[4] = "NA," + lines[4].split(",", 1)[1]  # row 3's f0
     path.write_text("\n".join(lines) + "\n")
-    message = refusal(str(path), tmp_path)
-    assert "feature column 'f0' has a missing value" in message and "row 3" in message
+    prepared = prepare(str(path), tmp_path)
+    assert prepared.table.feature_names == ["f0", "f0<missing>", "f1"]
+    encoding = prepared.table.fitted_encoding()
+    assert encoding.transform(pa.table({"f0": [None, 2.0], "f1": [0.0, 0.0]}))[:, 1].tolist() == [1.0, 0.0]
 
 
 def test_a_continuous_label_gives_a_bounded_message(tmp_path):
