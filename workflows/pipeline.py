@@ -37,7 +37,8 @@ def training_pipeline(
     Args:
         dataset: parquet or CSV file (local path or fsspec URI such as s3://, gs://); empty
             means the embedded handwritten digits dataset.
-        label_column: column holding the class; every other column is a numeric feature.
+        label_column: column holding the class; every other column is a feature: numbers, text
+            categories, booleans or dates, missing values allowed (docs/inputs.md).
         target: gpu (PyTorch DDP on one GPU node), gpu-multinode (PyTorch DDP as a Kubeflow
             PyTorchJob over several nodes), tpu (TensorFlow on a TPU slice) or gpu-tf
             (TensorFlow MirroredStrategy on GPUs). Locally all of them run on CPU.
