@@ -78,13 +78,14 @@ def preprocess(
     test_fraction: float,
     seed: int,
     dataset_fingerprint: str = "",
+    column_kinds: dict[str, str] | None = None,
 ) -> PreparedData:
     begin_task()
     scratch = Path(current_context().working_directory)
     uri = resolve_dataset(dataset, label_column, scratch)
     split = SplitConfig(val_fraction=val_fraction, test_fraction=test_fraction, seed=seed)
     out_dir = scratch / "prepared"
-    prepared = prepare_dataset(uri, label_column, str(out_dir), split)
+    prepared = prepare_dataset(uri, label_column, str(out_dir), split, column_kinds)
     table = replace(prepared.table, source=dataset or EMBEDDED_SOURCE)
     report_prepared(table)
     splits = {name: parquet_dataset(str(Path(path).parent)) for name, path in prepared.paths.items()}
@@ -113,13 +114,14 @@ def assign_piece_splits(
     seed: int,
     dataset_fingerprint: str,
     pieces: list[DataPiece],
+    column_kinds: dict[str, str] | None = None,
 ) -> PieceSplits:
     """Every row's class and split, from the label column alone, and the folder the pieces write to."""
     begin_task()
     split = SplitConfig(val_fraction=val_fraction, test_fraction=test_fraction, seed=seed)
     assignment = str(Path(current_context().working_directory) / "assignment.npy")
     output = FlyteContextManager.current_context().file_access.get_random_remote_directory()
-    layout = assign_pieces(dataset, label_column, split, pieces, output, assignment)
+    layout = assign_pieces(dataset, label_column, split, pieces, output, assignment, column_kinds)
     log.info(
         "%s: %d rows in %d pieces, written under %s", dataset, layout.first_rows[-1], len(pieces), output
     )

@@ -31,7 +31,7 @@ from tasks.core.planning.planner import (
     plan_training,
 )
 from tasks.core.training.config import TrainConfig
-from tasks.core.validation import batch_problems, embedded_label_problems, problems
+from tasks.core.validation import batch_problems, column_kind_problems, embedded_label_problems, problems
 from tasks.hardware import (
     CPU_NODE,
     ML_CPU_IMAGE,
@@ -72,6 +72,7 @@ def prepare_data(
     target: str,
     hyperparameters: TrainConfig,
     plan_resources: bool,
+    column_kinds: dict[str, str] | None = None,
 ) -> tuple[PreparedData, PreprocessPlan]:
     """Check every input, size the preprocessing from the input's metadata, then preprocess: in one
     pod, or in pieces for an input past the planner's PIECE_BYTES or PIECE_ROWS.
@@ -82,6 +83,7 @@ def prepare_data(
     raise_for(
         problems(target, hyperparameters, TARGETS, val_fraction, test_fraction)
         + embedded_label_problems(dataset, label_column)
+        + column_kind_problems(column_kinds or {})
     )
     plan, pieces = size_preprocessing(dataset, label_column)
     log.info(
@@ -100,6 +102,7 @@ def prepare_data(
         test_fraction=test_fraction,
         seed=hyperparameters.seed,
         dataset_fingerprint=dataset_fingerprint(dataset) if dataset else EMBEDDED_FINGERPRINT,
+        column_kinds=column_kinds or {},
     )
     if pieces:
         return preprocess_in_pieces(inputs, pieces, plan, plan_resources), plan

@@ -28,6 +28,7 @@ def hardware_comparison(
     hyperparameters: TrainConfig = TrainConfig(),  # noqa: B008 - Flyte needs the literal default
     plan_resources: bool = True,
     prices: dict[str, float] = DEFAULT_PRICES_PER_HOUR,  # noqa: B006
+    column_kinds: dict[str, str] = {},  # noqa: B006 - Flyte needs the literal default
 ) -> Compared:
     """Train the PyTorch model on GPU and the TensorFlow model on TPU from the same prepared data.
 
@@ -39,6 +40,7 @@ def hardware_comparison(
             training_pipeline plans it; off: the hardware declared in tasks/hardware.py.
         prices: USD per accelerator-hour by accelerator name (GPU, TPU chip, or "cpu" per worker), for
             runs without an applied plan; a planned run is priced at its catalog option's price.
+        column_kinds: as training_pipeline's: a column's kind where its type misleads, or 'drop'.
     """
     # The prices first, then the pipeline's front door: every input checked before any accelerator is
     # asked for, and the preprocessing cache keyed on the data's fingerprint, so a file rewritten in
@@ -46,7 +48,7 @@ def hardware_comparison(
     prices_checked = check_prices(prices=prices)
     prepared, preprocess_plan = prepare_data(
         dataset=dataset, label_column=label_column, val_fraction=0.15, test_fraction=0.15, target="gpu",
-        hyperparameters=hyperparameters, plan_resources=plan_resources,
+        hyperparameters=hyperparameters, plan_resources=plan_resources, column_kinds=column_kinds,
     )  # fmt: skip
     prices_checked >> prepared
     runs = dict(prepared=prepared, preprocess_plan=preprocess_plan, hyperparameters=hyperparameters,

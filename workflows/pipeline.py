@@ -30,6 +30,7 @@ def training_pipeline(
     test_fraction: float = 0.15,
     plan_resources: bool = True,
     publish_to: str = "",
+    column_kinds: dict[str, str] = {},  # noqa: B006 - Flyte needs the literal default
 ) -> TrainingOutputs:
     """Train a classifier on a table; return the model bundle and the test accuracy, macro-F1 and
     per-class counts it scores.
@@ -54,10 +55,14 @@ def training_pipeline(
         publish_to: a URI prefix (e.g. s3://bucket/models/digits); the bundle is copied to
             `<prefix>/<version>/` and `<prefix>/LATEST` then names that version, for batch_predict and
             the scheduled scoring. Empty: not published.
+        column_kinds: a column's kind where the guess from its type is wrong, or 'drop' to leave it
+            out, e.g. '{"zip": "categorical", "notes": "drop"}'; kinds: numeric, categorical,
+            boolean, date (docs/inputs.md).
     """
     prepared, preprocess_plan = prepare_data(
         dataset=dataset, label_column=label_column, val_fraction=val_fraction, test_fraction=test_fraction,
         target=target, hyperparameters=hyperparameters, plan_resources=plan_resources,
+        column_kinds=column_kinds,
     )  # fmt: skip
     trained, plan = train_on_target(
         prepared=prepared, preprocess_plan=preprocess_plan, target=target, hyperparameters=hyperparameters,

@@ -9,6 +9,7 @@ from collections.abc import Collection, Mapping
 from typing import Protocol
 
 from tasks.core.data.assignment import FRACTION_RULE, bad_fractions
+from tasks.core.data.column_kinds import CATEGORICAL, DROP, KINDS
 from tasks.core.data.prepare import EMBEDDED_DIGITS_LABEL
 from tasks.core.training.config import TrainConfig, hyperparameter_problems, micro_batch
 
@@ -30,6 +31,18 @@ def batch_problems(config: TrainConfig, world_size: int, train_rows: int) -> lis
             f"training rows, so not one optimizer step fits in an epoch; pass at most {train_rows:,}"
         )
     return found
+
+
+def column_kind_problems(column_kinds: Mapping[str, str]) -> list[str]:
+    """Each forced kind must be one the preprocessing knows; whether the column exists and reads as that
+    kind is preprocessing's to say, with the data."""
+    allowed = (*KINDS, DROP)
+    return [
+        f"input 'column_kinds[{name!r}]' = {kind!r}: not one of {', '.join(allowed)}; "
+        f"pass e.g. --column_kinds '{json.dumps({name: CATEGORICAL})}'"
+        for name, kind in column_kinds.items()
+        if kind not in allowed
+    ]
 
 
 def split_problems(val_fraction: float, test_fraction: float) -> list[str]:

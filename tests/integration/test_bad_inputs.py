@@ -168,6 +168,18 @@ WORKFLOW_CASES = {
         {"hyperparameters": TrainConfig(epochs=2, model=ModelSpec("tests.unit.models.test_builders:wrong_logits"))},
         ["model 'tests.unit.models.test_builders:wrong_logits' gave logits of shape [4, 0], expected [4, 3]"],
     ),
+    "validation: an unknown column kind": (
+        lambda t: write(t, "d.parquet"), {"column_kinds": {"f0": "text"}},
+        ["input 'column_kinds['f0']' = 'text': not one of numeric, categorical, boolean, date, drop"],
+    ),
+    "preprocessing: a kind the column cannot be read as": (
+        lambda t: write(t, "d.parquet"), {"column_kinds": {"f1": "date"}},
+        ["d.parquet", "'f1'", "date"],
+    ),
+    "preprocessing: a kind for a column the data lacks": (
+        lambda t: write(t, "d.parquet"), {"column_kinds": {"zip": "categorical"}},
+        ["column kinds are given for 'zip', which are not feature columns of the data"],
+    ),
     "launcher: batch not divisible over the workers": (
         lambda t: write(t, "d.parquet"),
         {"hyperparameters": TrainConfig(epochs=2, batch_size=63), "plan_resources": False},

@@ -18,6 +18,7 @@ Steps 4 and 5 read the layout with the fitted encoding (`encoded`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from itertools import groupby
 from pathlib import Path
@@ -137,13 +138,14 @@ def assign_pieces(
     pieces: list[DataPiece],
     output: str,
     assignment_file: str,
+    column_kinds: Mapping[str, str] | None = None,
 ) -> PieceLayout:
     """Every row's class and split from the label column alone, as `prepare_dataset` decides them; the
     assignment is saved to `assignment_file` (.npy, one byte a row)."""
     dataset = open_dataset(uri, label_column)
     left_out = non_feature_columns(dataset, uri, label_column)
     columns = feature_columns(dataset.schema, label_column, uri, left_out)
-    kinds = feature_kinds(dataset, uri, columns)
+    kinds = feature_kinds(dataset, uri, columns, column_kinds)
     labels = [label_column_of(piece_dataset(dataset, piece), uri, label_column) for piece in pieces]
     first_rows = np.cumsum([0] + [len(column) for column in labels]).tolist()
     whole = pa.chunked_array([chunk for column in labels for chunk in column.chunks], type=labels[0].type)
@@ -225,14 +227,19 @@ def collected(layout: PieceLayout, scaler: ScalerStats, written: list[dict[str, 
 
 
 def prepare_in_pieces(
-    uri: str, label_column: str, out_dir: str, split: SplitConfig, count: int
+    uri: str,
+    label_column: str,
+    out_dir: str,
+    split: SplitConfig,
+    count: int,
+    column_kinds: Mapping[str, str] | None = None,
 ) -> PreparedSplits:
     """`prepare_dataset` in at most `count` pieces, one after another: what the map tasks run
     (tasks/preprocess.py), in one process. Each split is a folder of parts under `out_dir`."""
     pieces = plan_pieces(uri, label_column, count)
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     assignment_file = f"{out_dir}/assignment.npy"
-    layout = assign_pieces(uri, label_column, split, pieces, out_dir, assignment_file)
+    layout = assign_pieces(uri, label_column, split, pieces, out_dir, assignment_file, column_kinds)
     assignment = np.load(assignment_file, mmap_mode="r")
     encoding = merged_encoding(layout, [piece_stats(layout, piece, assignment) for piece in pieces])
     layout = encoded(layout, encoding)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -223,11 +224,14 @@ def every_row(values: np.ndarray, missing: np.ndarray, fill: int) -> np.ndarray:
     return spread
 
 
-def feature_kinds(dataset: ds.Dataset, uri: str, columns: list[str]) -> dict[str, ColumnKind]:
-    """Each feature column's kind, from its type and the first batch's values (`propose_kinds`)."""
+def feature_kinds(
+    dataset: ds.Dataset, uri: str, columns: list[str], overrides: Mapping[str, str] | None = None
+) -> dict[str, ColumnKind]:
+    """Each feature column's kind, from its type and the first batch's values, or as the user's
+    `overrides` (column -> kind or 'drop') say (`propose_kinds`)."""
     sample = next((batch for batch in iter_batches(dataset, uri, columns=columns) if batch.num_rows), None)
     try:
-        return propose_kinds(dataset.schema, columns, sample=sample)
+        return propose_kinds(dataset.schema, columns, overrides, sample=sample)
     except DatasetError as err:
         raise DatasetError(f"{uri}: {err}") from None
 
@@ -265,13 +269,19 @@ def split_files(out_dir: str, part: int = 0) -> dict[str, str]:
     return paths
 
 
-def prepare_dataset(uri: str, label_column: str, out_dir: str, split: SplitConfig) -> PreparedSplits:
+def prepare_dataset(
+    uri: str,
+    label_column: str,
+    out_dir: str,
+    split: SplitConfig,
+    column_kinds: Mapping[str, str] | None = None,
+) -> PreparedSplits:
     """Validate `uri` and write train/val/test parquet files under `out_dir`: encoded and standardised
     train and val splits, and the test split's raw feature columns (`RAW_SPLIT`)."""
     dataset = open_dataset(uri, label_column)
     left_out = non_feature_columns(dataset, uri, label_column)
     columns = feature_columns(dataset.schema, label_column, uri, left_out)
-    kinds = feature_kinds(dataset, uri, columns)
+    kinds = feature_kinds(dataset, uri, columns, column_kinds)
     from_csv = isinstance(dataset.format, ds.CsvFileFormat)
     labels = clean_labels(scan_labels(dataset, uri, label_column), uri, label_column, from_csv)
     rows = RowSplit.of(labels, uri, label_column, split)

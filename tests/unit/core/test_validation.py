@@ -22,6 +22,7 @@ from tasks.core.models.plugins import ModelSpec, mlp_options
 from tasks.core.report.compare import RunSummary, compare_runs
 from tasks.core.training.config import INT_RANGES, TrainConfig, hyperparameter_problems, parse_hyperparameters
 from tasks.core.training.records import Hardware, TrainingRun
+from tasks.core.validation import column_kind_problems
 
 INF, NAN = float("inf"), float("nan")
 
@@ -245,3 +246,20 @@ def test_on_a_cluster_every_step_of_the_comparison_waits_for_its_prices_check():
     assert upstream[check] == set()
     for node in upstream.keys() - {check}:
         assert check in before(node), f"{names[node]} does not wait for the prices check"
+
+
+@pytest.mark.parametrize(
+    ("column_kinds", "refused"),
+    [
+        ({}, []),
+        ({"zip": "categorical", "notes": "drop", "age": "numeric", "ok": "boolean", "d": "date"}, []),
+        ({"zip": "text", "notes": "drop"}, ["zip"]),
+        ({"a": "Categorical", "b": ""}, ["a", "b"]),
+    ],
+)
+def test_column_kinds_are_checked_before_the_data_is_read(column_kinds, refused):
+    found = column_kind_problems(column_kinds)
+    assert [problem.split("'")[2] for problem in found] == refused  # input 'column_kinds['NAME']' = ...
+    for problem in found:
+        assert "not one of numeric, categorical, boolean, date, drop" in problem
+        assert "--column_kinds '" in problem

@@ -16,6 +16,7 @@ import pytest
 
 from tasks.core.data.assignment import SplitConfig
 from tasks.core.data.column_kinds import is_text
+from tasks.core.data.files import DatasetError
 from tasks.core.data.pieces import prepare_in_pieces
 from tasks.core.data.prepare import RAW_SPLIT, PreparedSplits, prepare_dataset
 from tasks.core.data.reading import iter_batches, open_dataset
@@ -166,3 +167,34 @@ def test_the_map_tasks_give_the_one_pod_splits_of_a_messy_table(tmp_path, monkey
     assert plan.pieces > 1
     folders = {name: dataset_uri(getattr(prepared, name)) for name in ("train", "val", "test")}
     assert_same_splits(PreparedSplits(folders, prepared.table), prepare(path, tmp_path / "one", 0))
+
+
+@pytest.mark.parametrize("pieces", [0, 3], ids=["one pod", "3 pieces"])
+def test_the_user_forces_a_kind_and_drops_a_column(tmp_path, pieces):
+    """A zip code stored as integers is a category, not a number; a column the user drops is left out
+    with a note, whatever its kind."""
+    frame = messy_frame(csv=False)
+    frame["zip"] = np.array([10115, 20095, 80331])[np.arange(ROWS) % 3]
+    path = str(tmp_path / "zips.parquet")
+    frame.to_parquet(path, index=False)
+    kinds = {"zip": "categorical", "amount": "drop"}
+    if pieces:
+        split = SplitConfig(seed=0)
+        prepared = prepare_in_pieces(
+            path, "species", str(tmp_path / "out"), split, pieces, column_kinds=kinds
+        )
+    else:
+        prepared = prepare_dataset(path, "species", str(tmp_path / "out"), SplitConfig(seed=0), kinds)
+    names = prepared.table.feature_names
+    assert {"zip=10115", "zip=20095", "zip=80331", "zip=<other>"} <= set(names)
+    assert "zip" not in names and not any(name.startswith("amount") for name in names)
+    assert any("'amount'" in note for note in prepared.table.notes), prepared.table.notes
+
+
+def test_a_kind_the_values_cannot_take_is_refused_naming_the_column_and_value(tmp_path):
+    frame = messy_frame(csv=False)
+    path = str(tmp_path / "messy.parquet")
+    frame.to_parquet(path, index=False)
+    with pytest.raises(DatasetError, match="colour") as refused:
+        prepare_dataset(path, "species", str(tmp_path / "out"), SplitConfig(seed=0), {"colour": "date"})
+    assert "red" in str(refused.value) and "messy.parquet" in str(refused.value)
