@@ -45,6 +45,24 @@ def figure(svg: str, name: str) -> str:
     return f'<figure class="chart" data-chart="{name}">{svg}</figure>'
 
 
+def column_rows(prepared: PreparedTable) -> list[list]:
+    """What preprocessing decided for each input column: its kind, the columns the model reads from it,
+    its vocabulary, whether the train split had missing values; or why it was left out."""
+    from tasks.core.data.encoding import CategoryEncoding
+
+    if not prepared.encoding:  # prepared before encodings: every feature a number, read as it is
+        return [[name, "numeric", 1, "", "no", ""] for name in prepared.feature_names]
+    encoding = prepared.fitted_encoding()
+    rows = []
+    for column in encoding.columns:
+        encoder = column.encoder
+        vocabulary = len(encoder.vocabulary) if isinstance(encoder, CategoryEncoding) else ""
+        missing = "yes" if encoder.indicator else "no"
+        rows.append([column.name, column.kind, len(encoder.names(column.name)), vocabulary, missing, ""])
+    rows += [[name, "left out", 0, "", "", why] for name, why in encoding.left_out.items()]
+    return rows
+
+
 def dataset_profile_deck(prepared: PreparedTable) -> None:
     features, scaler = prepared.feature_names, prepared.scaler
     shown = features[:20]
@@ -53,6 +71,11 @@ def dataset_profile_deck(prepared: PreparedTable) -> None:
         table(["source", "rows", "features", "classes"],
               [[prepared.source, sum(prepared.rows.values()), len(features), len(prepared.class_labels)]]),
         table(["split", "rows"], [[name, rows] for name, rows in prepared.rows.items()]),
+    ) + section(
+        "Columns (as preprocessing read them)",
+        table(["column", "kind", "model inputs", "vocabulary", "missing in train", "why left out"],
+              column_rows(prepared)),
+        table(["note"], [[note] for note in prepared.notes]) if prepared.notes else "",
     ) + section(
         "Class balance",
         figure(plots.bar_chart(list(prepared.class_counts), list(prepared.class_counts.values()),

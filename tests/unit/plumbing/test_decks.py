@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 
 EXPECTED = {
     "preprocess": (
-        ["Dataset profile", "Class balance", "Feature statistics"],
+        ["Dataset profile", "Columns (as preprocessing read them)", "Class balance", "Feature statistics"],
         ["class-balance", "feature-stats"],
     ),
     "train_torch": (
