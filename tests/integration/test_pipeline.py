@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tasks.core.messages import InputError
@@ -120,8 +122,9 @@ def test_comparison_checks_its_inputs_as_the_pipeline_does(training_tasks_run):
 
 @pytest.fixture(scope="session")  # session: its tests share one worker but may not run in a row
 def scheduled_run_on_a_users_csv(tmp_path_factory):
-    """The nightly launch plan's workflow on yesterday's partition: a CSV whose string labels carry
-    stray spaces and differ only by case. Returns the report and the Deck pages evaluation wrote."""
+    """The nightly launch plan's workflow on yesterday's partition: a CSV as users keep them, whose
+    string labels carry stray spaces and differ only by case, beside a text column, a boolean and a
+    date with blanks, an id and a number with gaps. Returns the report and the Deck pages written."""
     from datetime import datetime
 
     from tasks.plumbing import decks
@@ -131,6 +134,12 @@ def scheduled_run_on_a_users_csv(tmp_path_factory):
     (root / "dt=2026-11-21").mkdir()
     frame = blobs_frame(n_rows=300)
     frame["answer"] = frame.pop("species").map({"setosa": "yes", "versicolor": "YES ", "virginica": " no"})
+    rows = np.arange(len(frame))
+    frame.loc[rows % 17 == 3, "f0"] = np.nan  # blank cells in a number column
+    frame["city"] = np.array(["Berlin", "Hamburg", "Munich", ""], dtype=object)[rows % 4]
+    frame["member"] = np.array(["true", "false", ""], dtype=object)[rows % 3]
+    frame["signup"] = [("" if i % 13 == 5 else f"2026-{1 + i % 12:02d}-{1 + i % 28:02d}") for i in rows]
+    frame["customer"] = [f"c{i:05d}" for i in rows]
     frame.to_csv(root / "dt=2026-11-21" / "data.csv", index=False)
     pages = {}
     with pytest.MonkeyPatch.context() as patch:
@@ -148,6 +157,21 @@ def test_scheduled_training_reads_the_partition_of_its_kickoff_day(scheduled_run
     report, _, partition = scheduled_run_on_a_users_csv
     assert report.dataset == str(partition)
     assert report.metrics.accuracy >= 0.9
+
+
+def test_a_users_csv_with_text_booleans_dates_and_gaps_trains_as_is(scheduled_run_on_a_users_csv):
+    """Evaluation scored the raw test rows through the bundle: the accuracy of the first test is theirs."""
+    report, pages, _ = scheduled_run_on_a_users_csv
+    deck = pages["Dataset profile"]
+    for column, kind in (
+        ("city", "categorical"),
+        ("member", "boolean"),
+        ("signup", "date"),
+        ("f0", "numeric"),
+    ):
+        assert re.search(rf"<td>{column}</td><td>{kind}</td>", deck), (column, kind)
+    assert re.search(r"<td>customer</td><td>left out</td>", deck)
+    assert any("'customer'" in note for note in report.notes), report.notes
 
 
 def test_own_csv_keeps_string_labels_stripped_and_case_sensitive(scheduled_run_on_a_users_csv):
