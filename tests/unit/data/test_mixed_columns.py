@@ -150,6 +150,7 @@ def test_a_messy_single_file_prepares_alike_as_csv_and_parquet(tmp_path):
             np.testing.assert_allclose(a.column(feature).to_numpy(), b.column(feature).to_numpy(), atol=1e-6)
 
 
+@pytest.mark.slow  # runs the preprocessing tasks through Flyte's local map tasks
 @pytest.mark.parametrize("suffix", [".parquet", ".csv"])
 def test_the_map_tasks_give_the_one_pod_splits_of_a_messy_table(tmp_path, monkeypatch, suffix):
     """The kinds, the pieces' statistics and the fitted encoding cross the task boundaries unchanged."""
