@@ -78,7 +78,8 @@ def export_model(
     if encoded:
         why = f"{NOT_RAW_ROWS} (columns {preview([repr(name) for name in encoded])})"
         return ExportResult(notes=[f"{name} not exported: {why}" for name in EXPORTS[framework]])
-    return exporters[framework](model, scaler, directory)
+    fill = [column.encoder.fill for column in encoding.columns] if encoding else None
+    return exporters[framework](model, scaler, directory, fill)
 
 
 def encoded_columns(encoding: FittedEncoding | None) -> list[str]:
@@ -94,17 +95,18 @@ def encoded_columns(encoding: FittedEncoding | None) -> list[str]:
     ]
 
 
-def export_torch(model, scaler: ScalerStats, directory: str) -> ExportResult:
+def export_torch(model, scaler: ScalerStats, directory: str, fill: list[float] | None = None) -> ExportResult:
     result = ExportResult()
-    serving = torch_serving_module(model, scaler)
+    serving = torch_serving_module(model, scaler, fill)
     attempt(
         result, "onnx", ONNX_FILE, directory, lambda path: write_torch_onnx(serving, len(scaler.mean), path)
     )
     return result
 
 
-def torch_serving_module(model, scaler: ScalerStats):
-    """`model` behind the scaler, returning (logits, probabilities)."""
+def torch_serving_module(model, scaler: ScalerStats, fill: list[float] | None = None):
+    """`model` behind the scaler, returning (logits, probabilities). With `fill` (the encoding's value
+    for a missing number, by feature), a NaN is filled as the bundle fills it."""
     import torch
 
     class Serving(torch.nn.Module):
@@ -113,9 +115,15 @@ def torch_serving_module(model, scaler: ScalerStats):
             self.model = model
             self.register_buffer("mean", torch.tensor(scaler.mean, dtype=torch.float64))
             self.register_buffer("scale", torch.tensor(scaler.scale, dtype=torch.float64))
+            self.fills = fill is not None
+            if self.fills:
+                self.register_buffer("fill", torch.tensor(fill, dtype=torch.float64))
 
         def forward(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            standardised = ((features.double() - self.mean) / self.scale).float()
+            raw = features.double()
+            if self.fills:
+                raw = torch.where(torch.isnan(raw), self.fill, raw)
+            standardised = ((raw - self.mean) / self.scale).float()
             logits = self.model(standardised).float()
             return logits, torch.softmax(logits, dim=-1)
 
@@ -140,9 +148,9 @@ def write_torch_onnx(serving, n_features: int, path: str) -> None:
     check_dynamic_rows(path)
 
 
-def export_keras(model, scaler: ScalerStats, directory: str) -> ExportResult:
+def export_keras(model, scaler: ScalerStats, directory: str, fill: list[float] | None = None) -> ExportResult:
     result = ExportResult()
-    serve = keras_serving_function(model, scaler)
+    serve = keras_serving_function(model, scaler, fill)
     attempt(
         result, "saved_model", SAVED_MODEL_DIR, directory, lambda path: write_saved_model(model, serve, path)
     )
@@ -150,8 +158,9 @@ def export_keras(model, scaler: ScalerStats, directory: str) -> ExportResult:
     return result
 
 
-def keras_serving_function(model, scaler: ScalerStats):
-    """A `tf.function` from raw features to {"logits", "probabilities"}, traced on first use."""
+def keras_serving_function(model, scaler: ScalerStats, fill: list[float] | None = None):
+    """A `tf.function` from raw features to {"logits", "probabilities"}, traced on first use; with
+    `fill`, a NaN is filled as the bundle fills it."""
     import tensorflow as tf
 
     def serve(features):
@@ -159,7 +168,10 @@ def keras_serving_function(model, scaler: ScalerStats):
         # tf2onnx turns captures into extra graph inputs.
         mean = tf.constant(scaler.mean, tf.float64)
         scale = tf.constant(scaler.scale, tf.float64)
-        standardised = tf.cast((tf.cast(features, tf.float64) - mean) / scale, tf.float32)
+        raw = tf.cast(features, tf.float64)
+        if fill is not None:
+            raw = tf.where(tf.math.is_nan(raw), tf.constant(fill, tf.float64), raw)
+        standardised = tf.cast((raw - mean) / scale, tf.float32)
         logits = tf.cast(model(standardised, training=False), tf.float32)
         return {"logits": logits, "probabilities": tf.nn.softmax(logits)}
 

@@ -213,3 +213,27 @@ def test_an_identity_encoding_exports_as_a_bundle_without_one(tmp_path, rows):
     with torch.no_grad():
         logits = model(torch.from_numpy(standardised(raw))).numpy()
     assert_agree(onnx_outputs(str(tmp_path / "model.onnx"), raw), logits)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
+def test_a_gap_in_a_number_is_filled_in_the_export_as_the_bundle_fills_it(tmp_path, framework):
+    """The identity encoding fills a missing number with its train mean (f_i: i + 1.5 here); the
+    exported graph does the same, so a raw row with a gap gets the bundle's answer, not NaN."""
+    encoding = fitted(pa.table(NUMBERS))
+    torch.manual_seed(0)
+    keras.utils.set_random_seed(0)
+    model = build(SPECS["mlp"], N_FEATURES, N_CLASSES, framework)
+    model = model.eval() if framework == "pytorch" else model
+    export(model, framework, tmp_path, encoding)
+    raw = raw_rows(5)
+    raw[0, 3] = raw[2, 10] = raw[4, 63] = np.nan
+    filled = raw.copy()
+    for row, column in ((0, 3), (2, 10), (4, 63)):
+        filled[row, column] = column + 1.5
+    if framework == "pytorch":
+        with torch.no_grad():
+            logits = model(torch.from_numpy(standardised(filled))).numpy()
+    else:
+        logits = keras_logits(model, filled)
+    assert_agree(onnx_outputs(str(tmp_path / "model.onnx"), raw), logits)
