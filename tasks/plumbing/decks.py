@@ -47,17 +47,17 @@ def figure(svg: str, name: str) -> str:
 
 def column_rows(prepared: PreparedTable) -> list[list]:
     """What preprocessing decided for each input column: its kind, the columns the model reads from it,
-    its vocabulary, whether the train split had missing values; or why it was left out."""
+    its vocabulary, the share of train rows missing it; or why it was left out."""
     from tasks.core.data.encoding import CategoryEncoding
 
     if not prepared.encoding:  # prepared before encodings: every feature a number, read as it is
-        return [[name, "numeric", 1, "", "no", ""] for name in prepared.feature_names]
+        return [[name, "numeric", 1, "", "0.0%", ""] for name in prepared.feature_names]
     encoding = prepared.fitted_encoding()
     rows = []
     for column in encoding.columns:
         encoder = column.encoder
         vocabulary = len(encoder.vocabulary) if isinstance(encoder, CategoryEncoding) else ""
-        missing = "yes" if encoder.indicator else "no"
+        missing = f"{column.missing_share:.1%}"
         rows.append([column.name, column.kind, len(encoder.names(column.name)), vocabulary, missing, ""])
     rows += [[name, "left out", 0, "", "", why] for name, why in encoding.left_out.items()]
     return rows

@@ -113,7 +113,8 @@ class EncodingStats:
             if reason:
                 left_out[name] = f"column {name!r} is left out of the features: {reason}"
             else:
-                columns.append(ColumnEncoding(name, kind.kind, fitted(kind.kind, stats, vocabulary_cap)))
+                encoder = fitted(kind.kind, stats, vocabulary_cap)
+                columns.append(ColumnEncoding(name, kind.kind, encoder, missing_share(stats)))
         if not columns:
             raise DatasetError(f"no feature column is left to encode: {'; '.join(left_out.values())}")
         return FittedEncoding(columns, left_out)
@@ -171,6 +172,10 @@ def left_out_reason(kind: ColumnKind, stats: ColumnStats | None, min_identifier_
                 f"it holds a different value in each of the {stats.count:,} train rows (like an identifier)"
             )
     return None
+
+
+def missing_share(stats: ColumnStats) -> float:
+    return stats.missing / (stats.count + stats.missing)
 
 
 def fitted(kind: str, stats: ColumnStats, vocabulary_cap: int) -> ColumnEncoder:
@@ -265,17 +270,25 @@ class ColumnEncoding:
     name: str
     kind: str
     encoder: ColumnEncoder
+    missing_share: float = 0.0  # of the train rows: what the data Deck shows, not used to encode
 
     def encode(self, column: pa.Array | pa.ChunkedArray, first_row: int, source: str) -> np.ndarray:
         return self.encoder.encode(canonical(self.kind, column, Place(self.name, first_row, source)))
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "kind": self.kind, **asdict(self.encoder)}
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "missing_share": self.missing_share,
+            **asdict(self.encoder),
+        }
 
     @classmethod
     def from_dict(cls, saved: dict) -> ColumnEncoding:
-        fields = {key: value for key, value in saved.items() if key not in ("name", "kind")}
-        return cls(saved["name"], saved["kind"], ENCODERS[saved["kind"]](**fields))
+        described = ("name", "kind", "missing_share")
+        fields = {key: value for key, value in saved.items() if key not in described}
+        encoder = ENCODERS[saved["kind"]](**fields)
+        return cls(saved["name"], saved["kind"], encoder, saved.get("missing_share", 0.0))
 
 
 @dataclass
