@@ -25,10 +25,11 @@ def batch_predict(
             whose LATEST names the version to use; a local path or fsspec URI.
         dataset: parquet or CSV file, a folder of part files, or any fsspec URI (s3://, gs://, ...).
             Columns are matched by name; columns the model does not read are passed through.
-        label_column: a column of true labels to report metrics against; empty: the model's label
-            column, where the dataset has it.
-        output: a new or empty folder (path or URI) for the predictions' parquet parts; empty: Flyte's
-            own storage.
+        label_column: a column of true labels to report metrics against, not one the model reads;
+            empty: the model's label column, where the dataset has it.
+        output: a new or empty folder (path or URI) for the predictions' parquet parts, or one that an
+            unfinished scoring of the same dataset left (its parts are replaced); empty: Flyte's own
+            storage.
         max_parallel: pieces scored at the same time (pods on a cluster).
         hardware: auto (CPU pods, or a GPU where the measured cost per row and the rows make it
             cheaper), cpu or gpu.

@@ -9,10 +9,17 @@ in one process; the scoring workflow maps `score_piece` over pods.
 `split_metrics` streams a prepared split through the bundle the same way, for the evaluation's report.
 
 The model reads the raw columns its bundle's encoding reads (text, booleans, dates, missing values), or
-a bundle's numeric features where it has no encoding, by the rules `Bundle.predict` applies to any table.
+a bundle's numeric features where it has no encoding, by the rules `Bundle.predict` applies to any table;
+they alone are read by training's rules. The other columns pass through as they were read: a CSV's as
+text, a parquet column as its parts hold it (integer widths that differ between parts widened).
 
 Memory stays bounded by a record batch: a part holds the input's columns the model does not read as they
-are (ids, the label), the predicted class label in `prediction`, and one probability column per class.
+are (ids, the label), the predicted class label in `prediction`, and one probability column per class;
+a row whose model outputs are not finite gets nulls there, and the metrics leave it out.
+
+The plan marks the output folder as unfinished (`UNFINISHED`) and the report clears the mark: a rerun
+into a folder that holds only an unfinished scoring's parts replaces them, and `score_dataset` removes
+what it wrote when it fails.
 """
 
 from __future__ import annotations
@@ -23,13 +30,16 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import PurePosixPath
 from typing import TypeVar
 
 import fsspec.implementations.local
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.csv as pa_csv
 import pyarrow.dataset as ds
+import pyarrow.fs as pa_fs
 import pyarrow.parquet as pq
 
 from tasks.core.data.files import (
@@ -38,12 +48,24 @@ from tasks.core.data.files import (
     filesystem_for,
     is_local,
     parquet_format,
+    part_files,
     remote_errors,
     row_group_fragments,
 )
-from tasks.core.data.fingerprint import describe_input
-from tasks.core.data.reading import csv_format, iter_batches, open_dataset
-from tasks.core.messages import preview, shorten
+from tasks.core.data.reading import (
+    CSV_BLOCK_BYTES,
+    LONG_LINE_ERROR,
+    consistent_parts,
+    csv_format_and_schema,
+    has_rows,
+    header_line,
+    iter_batches,
+    long_line_message,
+    open_dataset,
+    part_name,
+    sniff_delimiter,
+)
+from tasks.core.messages import LINE_CHARS, one_line, preview, shorten
 from tasks.core.planning.planner import CatalogEntry
 from tasks.core.report.metrics import ClassificationMetrics, ConfusionCounts, metrics_from_confusion
 from tasks.core.serving.bundle import Bundle, load_bundle
@@ -58,6 +80,13 @@ PIECE_ROWS = 2_000_000
 # first call on a few rows that pays for lazy set-up.
 SAMPLE_ROWS, WARM_UP_ROWS = 4096, 64
 UNMATCHED_EXAMPLES = 5
+NON_FINITE_EXAMPLES = 5
+# Marks an output folder whose scoring has not finished; pyarrow and Spark skip names starting with '_'.
+UNFINISHED = "_SCORING_UNFINISHED"
+PART_NAME = re.compile(r"part-\d{5}\.parquet")
+# The reading's advice for a value that is not a number speaks of training; scoring gives its own.
+TRAINING_ADVICE = "encode it numerically or drop it before training"
+SCORING_ADVICE = "the model reads this column as numbers: correct the value, or leave its row out of scoring"
 HARDWARE = ("auto", "cpu", "gpu")
 # The hardware choice's assumptions: how many times faster than one CPU core a whole GPU runs the
 # model's forward pass (the rest of a row's work, reading, checking and writing, stays on the host's
@@ -132,6 +161,8 @@ class PieceResult:
     confusion: list[list[int]] = field(default_factory=list)  # true x predicted class; empty without labels
     unmatched: int = 0  # labelled rows whose label is missing or not a class the model knows
     unmatched_examples: list[str] = field(default_factory=list)
+    non_finite: int = 0  # rows whose model outputs are not finite: null prediction, out of the metrics
+    non_finite_examples: list[str] = field(default_factory=list)  # "<file> row <n>", from 0
 
 
 @dataclass(repr=False)
@@ -144,6 +175,7 @@ class ScoringReport:
     probability_columns: dict[str, str]  # class label -> its column
     hardware: HardwareChoice | None = None  # None: scored in this process
     metrics: ClassificationMetrics | None = None  # when the input holds the label column
+    non_finite_rows: int = 0  # rows with a null prediction: the model's outputs were not finite
     notes: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
@@ -193,6 +225,7 @@ class OutputLayout:
     labels: pa.Array  # the class labels as trained, indexed by class code
     probabilities: list[str]
     schema: pa.Schema
+    suffixed: dict[str, str] = field(default_factory=dict)  # a probability column the input held -> ours
 
     @classmethod
     def of(cls, bundle: Bundle, input_schema: pa.Schema) -> OutputLayout:
@@ -200,12 +233,14 @@ class OutputLayout:
         passthrough = [f for f in input_schema if f.name not in read]
         labels = pa.array(bundle.class_labels)
         names = probability_columns(bundle.class_labels, {f.name for f in passthrough} | {PREDICTION})
+        plain = probability_columns(bundle.class_labels, {PREDICTION})
         fields = [
             *passthrough,
             pa.field(PREDICTION, labels.type),
             *(pa.field(n, pa.float32()) for n in names),
         ]
-        return cls([f.name for f in passthrough], labels, names, pa.schema(fields))
+        suffixed = {old: new for old, new in zip(plain, names, strict=True) if old != new}
+        return cls([f.name for f in passthrough], labels, names, pa.schema(fields), suffixed)
 
     @property
     def dictionary(self) -> list[str]:
@@ -213,10 +248,21 @@ class OutputLayout:
         return [*self.passthrough, PREDICTION]
 
     def batch(self, batch: pa.RecordBatch, codes: np.ndarray, probabilities: np.ndarray) -> pa.RecordBatch:
+        """The output rows; a row whose probabilities are not all finite gets nulls, not an answer."""
         by_class = np.ascontiguousarray(probabilities.T)  # one copy; each class becomes a column
+        void = ~finite_rows(probabilities)
+        mask = void if void.any() else None
         columns = [batch.column(name) for name in self.passthrough]
-        columns += [pc.take(self.labels, codes), *(pa.array(values) for values in by_class)]
+        columns += [
+            pc.take(self.labels, pa.array(codes, mask=mask)),
+            *(pa.array(values, mask=mask) for values in by_class),
+        ]
         return pa.RecordBatch.from_arrays(columns, schema=self.schema)
+
+
+def finite_rows(probabilities: np.ndarray) -> np.ndarray:
+    """Whether each row's model outputs are all finite: a row with a NaN (overflowed logits) has no answer."""
+    return np.isfinite(probabilities).all(axis=1)
 
 
 # ---- checks and pieces ----------------------------------------------------------------------------------
@@ -240,12 +286,74 @@ def check_columns(bundle: Bundle, schema: pa.Schema, uri: str, label_column: str
     return chosen if chosen in schema.names and chosen not in bundle.input_columns else ""
 
 
-def check_output(output: str) -> None:
+def check_label_column(bundle: Bundle, label_column: str, uri: str) -> None:
+    """A label column the model reads as a feature cannot be the truth to score it against."""
+    if label_column and label_column in bundle.input_columns:
+        raise DatasetError(
+            f"{uri}: label column '{label_column}' is a feature the model reads, not a column of true "
+            "labels; name the column that holds the true classes, or none"
+        )
+
+
+def output_entries(output: str) -> list[str]:
+    """The names in the output folder; none where it does not exist."""
     filesystem, path = filesystem_for(output)
     with remote_errors(output):
-        used = filesystem.isdir(path) and filesystem.ls(path)
-    if used:
-        raise DatasetError(f"{output}: the output folder already holds files; name a new or empty folder")
+        if not filesystem.isdir(path):
+            return []
+        return [PurePosixPath(name.rstrip("/")).name for name in filesystem.ls(path, detail=False)]
+
+
+def unfinished_leftovers(names: list[str]) -> bool:
+    """Whether a folder holds only what an unfinished scoring writes: its mark and its parts."""
+    return UNFINISHED in names and all(name == UNFINISHED or PART_NAME.fullmatch(name) for name in names)
+
+
+def unfinished_mark(dataset: str) -> bytes:
+    return f"an unfinished scoring of {dataset}\n".encode()
+
+
+def check_output(output: str, dataset: str) -> None:
+    """A new or empty folder, or one holding only the parts of an unfinished scoring of the same dataset."""
+    names = output_entries(output)
+    if not names:
+        return
+    if not unfinished_leftovers(names):
+        raise DatasetError(
+            f"{output}: the output folder already holds files ({preview(names)}); name a new or empty folder"
+        )
+    filesystem, folder = filesystem_for(output)
+    with remote_errors(output):
+        mark = filesystem.cat_file(join(folder, UNFINISHED))
+    if mark != unfinished_mark(dataset):
+        raise DatasetError(
+            f"{output}: the output folder already holds files: the parts of "
+            f"{shorten(mark.decode(errors='replace').strip(), LINE_CHARS)}, not of {dataset}; "
+            "name a new or empty folder"
+        )
+
+
+def claim_output(output: str, dataset: str) -> None:
+    """Mark the folder unfinished, replacing the parts an unfinished scoring of `dataset` left there."""
+    check_output(output, dataset)
+    filesystem, folder = filesystem_for(output)
+    with remote_errors(output):
+        filesystem.makedirs(folder, exist_ok=True)
+        for name in output_entries(output):
+            if name != UNFINISHED:
+                filesystem.rm_file(join(folder, name))
+        filesystem.pipe_file(join(folder, UNFINISHED), unfinished_mark(dataset))
+
+
+def release_output(output: str, keep_parts: bool) -> None:
+    """Clear the unfinished mark once the scoring has finished; without `keep_parts` (it failed) remove
+    its parts as well."""
+    filesystem, folder = filesystem_for(output)
+    names = output_entries(output)
+    with remote_errors(output):
+        for name in names:
+            if name == UNFINISHED or (not keep_parts and PART_NAME.fullmatch(name)):
+                filesystem.rm_file(join(folder, name))
 
 
 def file_uri(filesystem: fsspec.AbstractFileSystem, path: str) -> str:
@@ -332,6 +440,18 @@ def first_file_name(dataset: ds.Dataset, uri: str) -> str:
     return uri if len(files) == 1 else f"{uri}: part file {files[0]}"
 
 
+@contextmanager
+def scoring_advice() -> Iterator[None]:
+    """A reading error's advice as it applies to scoring: the data is scored, not trained on."""
+    try:
+        yield
+    except DatasetError as error:
+        if TRAINING_ADVICE not in str(error):
+            raise
+        raise DatasetError(str(error).replace(TRAINING_ADVICE, SCORING_ADVICE)) from error
+
+
+@scoring_advice()
 def plan_scoring(
     model: str,
     dataset: str,
@@ -340,23 +460,124 @@ def plan_scoring(
     rows_per_piece: int = PIECE_ROWS,
     bundle: Bundle | None = None,
 ) -> ScoringPlan:
-    """Check every input, naming what is wrong, and cut the input into pieces; scores nothing.
-    `bundle`: the model, where the caller has loaded it already."""
+    """Check every input, naming what is wrong, and cut the input into pieces; scores nothing, and
+    writes only the output folder's unfinished mark, last. `bundle`: the model, where the caller has
+    loaded it already."""
     if not dataset:
         raise DatasetError("no dataset given: name a parquet or CSV file, a folder of part files, or a URI")
     if rows_per_piece < 1:
         raise ValueError(f"rows_per_piece={rows_per_piece} must be at least 1")
     model_uri = resolve_bundle(model)
     bundle = bundle or load_bundle(model_uri)
-    source = open_dataset(dataset, label_column or bundle.label_column)
+    check_label_column(bundle, label_column, dataset)
+    source = open_scoring_dataset(dataset, bundle.input_columns)
     label = check_columns(bundle, source.schema, dataset, label_column)
-    check_output(output)
+    check_output(output, dataset)
     pieces = list_pieces(source, dataset, rows_per_piece)
-    rows = sum(p.rows for p in pieces) if all(p.rows >= 0 for p in pieces) else describe_input(dataset).rows
+    rows = sum(p.rows for p in pieces) if all(p.rows >= 0 for p in pieces) else csv_rows(dataset, source)
     job = ScoringJob(model_uri, dataset, label, encode_schema(source.schema), output)
-    return ScoringPlan(
-        job, pieces, rows, bundle.manifest.record.framework, measure_row_cost(bundle, source, dataset)
+    row_cost = measure_row_cost(bundle, source, dataset)
+    claim_output(output, dataset)
+    return ScoringPlan(job, pieces, rows, bundle.manifest.record.framework, row_cost)
+
+
+def csv_rows(uri: str, dataset: ds.Dataset) -> int:
+    """An overestimate of a CSV input's rows, as `describe_input` makes it: a few bytes per value."""
+    filesystem, path = filesystem_for(uri)
+    with remote_errors(uri):
+        size = filesystem.du(path) if filesystem.isdir(path) else filesystem.size(path)
+    return max(1, size // (len(dataset.schema.names) * 4))
+
+
+# ---- reading the input ----------------------------------------------------------------------------------
+
+
+def open_scoring_dataset(uri: str, model_columns: list[str]) -> ds.Dataset:
+    """The table to score: the columns the model reads by training's rules, the others as they are (a
+    CSV's as text, so that an id or a zip code keeps every digit; a parquet column's integer widths
+    widened where parts differ)."""
+    read = set(model_columns)
+    if detect_format(uri) == "csv":
+        return open_csv(uri, read)
+    return widened_passthrough(open_dataset(uri), uri, read)
+
+
+def open_csv(uri: str, model_columns: set[str]) -> ds.Dataset:
+    """As `open_dataset` opens a CSV file or folder, with the columns the model does not read as text."""
+    filesystem, path = filesystem_for(uri)
+    with remote_errors(uri):
+        info = filesystem.info(path)
+        is_dir = info.get("type") == "directory"
+        if not is_dir and info.get("size") == 0:
+            raise DatasetError(f"{uri}: the file is empty (0 bytes)")
+        source = part_files(filesystem, path) if is_dir else path
+        first = source[0] if isinstance(source, list) else source
+        try:
+            file_format, schema = scoring_csv_format(filesystem, source, model_columns)
+            dataset = consistent_parts(
+                ds.dataset(source, filesystem=filesystem, format=file_format, schema=schema), uri
+            )
+            if not has_rows(dataset, uri):
+                raise DatasetError(f"{uri}: the dataset has no rows")
+        except pa.ArrowException as error:
+            if LONG_LINE_ERROR in str(error):
+                handler = pa_fs.PyFileSystem(pa_fs.FSSpecHandler(filesystem))
+                raise DatasetError(long_line_message(handler, first, part_name(uri, first))) from error
+            raise DatasetError(f"{uri}: cannot be read as csv: {one_line(error)}") from error
+    return dataset
+
+
+def scoring_csv_format(
+    filesystem: fsspec.AbstractFileSystem, source: str | list[str], model_columns: set[str]
+) -> tuple[ds.CsvFileFormat, pa.Schema]:
+    """Training's CSV options for the model's columns, text for the others."""
+    training, guessed = csv_format_and_schema(filesystem, source, None)
+    schema = pa.schema([(f.name, f.type if f.name in model_columns else pa.string()) for f in guessed])
+    return csv_format_of(training.parse_options, schema), schema
+
+
+def csv_format_of(parse: pa_csv.ParseOptions, schema: pa.Schema) -> ds.CsvFileFormat:
+    """CSV options that read every column as `schema` types it: no guessing from a first block."""
+    return ds.CsvFileFormat(
+        parse_options=parse,
+        read_options=pa_csv.ReadOptions(block_size=CSV_BLOCK_BYTES),
+        convert_options=pa_csv.ConvertOptions(column_types={f.name: f.type for f in schema}),
     )
+
+
+def widened_passthrough(dataset: ds.Dataset, uri: str, model_columns: set[str]) -> ds.Dataset:
+    """Parquet parts whose pass-through column differs in type, read as one type that holds every part's
+    values: integer widths widened (int32 and int64: int64), never cast to float for the model's sake."""
+    fragments = list(dataset.get_fragments())
+    passthrough = [name for name in dataset.schema.names if name not in model_columns]
+    if len(fragments) < 2 or not passthrough:
+        return dataset
+    with remote_errors(uri):
+        schemas = [(fragment.path, fragment.physical_schema) for fragment in fragments]
+    widened = {
+        name: widest_type(name, [(path, schema.field(name).type) for path, schema in schemas], uri)
+        for name in passthrough
+    }
+    schema = pa.schema([(f.name, widened.get(f.name, f.type)) for f in dataset.schema])
+    if schema == dataset.schema:
+        return dataset
+    return ds.dataset(dataset.files, filesystem=dataset.filesystem, format=dataset.format, schema=schema)
+
+
+def widest_type(name: str, types: list[tuple[str, pa.DataType]], uri: str) -> pa.DataType:
+    """One type for a pass-through column across (part, type) pairs, or a refusal naming both parts."""
+    try:
+        unified = pa.unify_schemas(
+            [pa.schema([(name, kind)]) for _, kind in types], promote_options="permissive"
+        )
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as error:
+        (first_path, first), *rest = types
+        path, kind = next(((p, k) for p, k in rest if k != first), (first_path, first))
+        raise DatasetError(
+            f"{uri}: part file {path}: column '{name}' has type {kind}, but it is {first} in part file "
+            f"{first_path}; the two cannot be read as one column"
+        ) from error
+    return unified.field(name).type
 
 
 # ---- scoring one piece ----------------------------------------------------------------------------------
@@ -365,12 +586,13 @@ def plan_scoring(
 def scoring_piece_dataset(job: ScoringJob, piece: ScoringPiece) -> ds.Dataset:
     """The piece's rows, read with the whole input's schema so that every part has the same columns."""
     filesystem, path = filesystem_for(piece.file)
-    if detect_format(job.dataset) == "csv":
-        file_format = csv_format(filesystem, path, False, job.label_column or None)
-    else:
-        file_format = parquet_format(remote=not is_local(filesystem))
     schema = decode_schema(job.schema)
     with remote_errors(piece.file):
+        if detect_format(job.dataset) == "csv":
+            header = header_line(pa_fs.PyFileSystem(pa_fs.FSSpecHandler(filesystem)), path)
+            file_format = csv_format_of(pa_csv.ParseOptions(delimiter=sniff_delimiter(header)), schema)
+        else:
+            file_format = parquet_format(remote=not is_local(filesystem))
         whole = ds.dataset([path], schema=schema, format=file_format, filesystem=filesystem)
         (fragment,) = whole.get_fragments()
         if isinstance(fragment, ds.ParquetFileFragment):
@@ -402,11 +624,12 @@ class LabelTally:
         self.unmatched = 0
         self.examples: list[str] = []
 
-    def add(self, batch: pa.RecordBatch, predicted: np.ndarray) -> None:
+    def add(self, batch: pa.RecordBatch, predicted: np.ndarray, answered: np.ndarray) -> None:
+        """`answered`: the rows with a prediction; the others count nowhere."""
         truth = self.codes(batch.column(self.label_column))
         known = truth >= 0
-        self.confusion.add(truth[known], predicted[known])
-        self.unmatched += int((~known).sum())
+        self.confusion.add(truth[known & answered], predicted[known & answered])
+        self.unmatched += int((~known & answered).sum())
 
     def codes(self, labels: pa.Array) -> np.ndarray:
         """Each row's class code, -1 where the label is missing or not a class of the model. Labels are
@@ -472,12 +695,29 @@ def part_writer(
         raise
 
 
+class NonFiniteRows:
+    """The rows whose model outputs are not finite: how many, and where the first few are."""
+
+    def __init__(self, file: str):
+        self.file = PurePosixPath(file).name
+        self.count = 0
+        self.examples: list[str] = []
+
+    def add(self, answered: np.ndarray, first_row: int) -> None:
+        void = np.flatnonzero(~answered)
+        self.count += len(void)
+        room = NON_FINITE_EXAMPLES - len(self.examples)
+        self.examples += [f"{self.file} row {first_row + int(row):,}" for row in void[:room]]
+
+
+@scoring_advice()
 def score_piece(job: ScoringJob, piece: ScoringPiece, bundle: Bundle | None = None) -> PieceResult:
     """Stream one piece through the model into `<output>/part-<index>.parquet`."""
     bundle = bundle or load_bundle(job.model)
     dataset = scoring_piece_dataset(job, piece)
     layout = OutputLayout.of(bundle, dataset.schema)
     tally = LabelTally(bundle, job.label_column) if job.label_column else None
+    void = NonFiniteRows(piece.file)
     filesystem, folder = filesystem_for(job.output)
     part = join(folder, f"part-{piece.index:05d}.parquet")
     with remote_errors(job.output):
@@ -485,13 +725,16 @@ def score_piece(job: ScoringJob, piece: ScoringPiece, bundle: Bundle | None = No
     rows = 0
     with part_writer(filesystem, part, layout) as writer:
         for batch, probabilities in scored_batches(bundle, dataset, piece.file, piece.first_row):
-            codes = probabilities.argmax(axis=1)
+            codes, answered = probabilities.argmax(axis=1), finite_rows(probabilities)
             writer.write_batch(layout.batch(batch, codes, probabilities))
             if tally:
-                tally.add(batch, codes)
+                tally.add(batch, codes, answered)
+            void.add(answered, piece.first_row + rows)
             rows += batch.num_rows
     confusion, unmatched, examples = tally.result() if tally else ([], 0, [])
-    return PieceResult(piece.index, file_uri(filesystem, part), rows, confusion, unmatched, examples)
+    result = PieceResult(piece.index, file_uri(filesystem, part), rows, confusion, unmatched, examples)
+    result.non_finite, result.non_finite_examples = void.count, void.examples
+    return result
 
 
 # ---- a prepared split's metrics ------------------------------------------------------------------------
@@ -541,10 +784,28 @@ def summarise(
         pieces=len(results),
         probability_columns=dict(zip(labels, layout.probabilities, strict=True)),
         hardware=hardware,
+        non_finite_rows=sum(r.non_finite for r in results),
     )
+    if layout.suffixed:
+        report.notes.append(
+            f"the input already has columns named as this scoring's probabilities; these are in "
+            f"{preview([f'{new} (not {old})' for old, new in layout.suffixed.items()])}"
+        )
+    add_non_finite_note(report, results)
     if plan.job.label_column:
         add_report_metrics(report, results, labels, plan.job.label_column)
+    release_output(plan.job.output, keep_parts=True)
     return report
+
+
+def add_non_finite_note(report: ScoringReport, results: list[PieceResult]) -> None:
+    if report.non_finite_rows:
+        examples = [example for result in results for example in result.non_finite_examples]
+        report.notes.append(
+            f"{report.non_finite_rows:,} rows got model outputs that are not finite numbers (the first: "
+            f"{preview(examples[:NON_FINITE_EXAMPLES])}): their prediction and probabilities are null, "
+            "and the metrics leave them out"
+        )
 
 
 def add_report_metrics(
@@ -616,9 +877,13 @@ def score_dataset(
     model: str, dataset: str, output: str, label_column: str = "", rows_per_piece: int = PIECE_ROWS
 ) -> ScoringReport:
     """Score `dataset` with the bundle (or latest published bundle) `model` into parquet parts under
-    `output`, piece after piece in this process."""
+    `output`, piece after piece in this process. A failure removes the parts it wrote."""
     model = resolve_bundle(model)
     bundle = load_bundle(model)
     plan = plan_scoring(model, dataset, output, label_column, rows_per_piece, bundle)
-    results = [score_piece(plan.job, piece, bundle) for piece in plan.pieces]
-    return summarise(plan, results, bundle=bundle)
+    try:
+        results = [score_piece(plan.job, piece, bundle) for piece in plan.pieces]
+        return summarise(plan, results, bundle=bundle)
+    except BaseException:
+        release_output(output, keep_parts=False)  # a failed scoring leaves no parts
+        raise
