@@ -71,7 +71,7 @@ def evaluate(prepared: PreparedData, trained: TrainedModel, plan: ResourcePlan |
         billed=billed,
         dataset=prepared.table.source,
         resource_plan=plan,
-        notes=notes + prepared.table.notes,
+        notes=notes + prepared.table.notes + metrics.notes(),
     )
     evaluation_deck(report)
     print(report.summary(), flush=True)

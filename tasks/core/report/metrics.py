@@ -23,7 +23,16 @@ class ClassificationMetrics:
     macro_f1: float
     confusion_matrix: list[list[int]]
     per_class: list[ClassMetrics]
-    n_test: int
+    n_test: int  # the rows scored: those with finite model outputs
+    non_finite_rows: int = 0  # rows left out: the model's outputs were not finite (overflowed logits)
+
+    def notes(self) -> list[str]:
+        if not self.non_finite_rows:
+            return []
+        return [
+            f"{self.non_finite_rows:,} rows had non-finite model outputs (overflowed logits): "
+            "they have no prediction and are left out of these metrics"
+        ]
 
 
 def classification_metrics(

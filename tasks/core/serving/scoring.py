@@ -29,7 +29,7 @@ import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import PurePosixPath
 from typing import TypeVar
 
@@ -745,14 +745,17 @@ def split_metrics(
 ) -> ClassificationMetrics:
     """The metrics of a prepared split (the raw feature columns as the input held them, class codes in
     `label_column`) as the bundle scores it: by `scored_batches`, as scoring the same rows does, streamed
-    one row group at a time: memory holds a record batch and the confusion counts."""
+    one row group at a time: memory holds a record batch and the confusion counts. Rows whose outputs are
+    not finite are counted and left out, as scoring leaves them out."""
     split = ds.dataset(path, format=parquet_format())
     by_row_group = [part for fragment in split.get_fragments() for part in row_group_fragments(fragment)]
     split = ds.FileSystemDataset(by_row_group, split.schema, split.format, split.filesystem)
-    confusion = ConfusionCounts(len(class_labels))
+    confusion, non_finite = ConfusionCounts(len(class_labels)), 0
     for batch, probabilities in scored_batches(bundle, split, path):
-        confusion.add(batch.column(label_column).to_numpy(), probabilities.argmax(axis=1))
-    return metrics_from_confusion(confusion.counts, class_labels)
+        finite = finite_rows(probabilities)
+        non_finite += int((~finite).sum())
+        confusion.add(batch.column(label_column).to_numpy()[finite], probabilities[finite].argmax(axis=1))
+    return replace(metrics_from_confusion(confusion.counts, class_labels), non_finite_rows=non_finite)
 
 
 # ---- the report -----------------------------------------------------------------------------------------

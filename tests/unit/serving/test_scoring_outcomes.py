@@ -5,6 +5,7 @@ folder succeeds, while a folder of other files is still refused. The input files
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +16,7 @@ import pytest
 from tasks.core.data.files import DatasetError
 from tasks.core.report.metrics import classification_metrics
 from tasks.core.serving.bundle import Bundle, load_bundle
-from tasks.core.serving.scoring import UNFINISHED, plan_scoring, score_dataset, score_piece
+from tasks.core.serving.scoring import UNFINISHED, plan_scoring, score_dataset, score_piece, split_metrics
 from tests.conftest import blobs_frame
 from tests.unit.serving.test_publish import CLASSES, write_test_bundle
 
@@ -95,6 +96,25 @@ def test_a_row_whose_model_outputs_are_not_finite_gets_a_null_answer_outside_the
     assert note.startswith("7 rows") and "users.parquet row 3, users.parquet row 17" in note
     assert "row 43" not in note, "the note names the first few rows only"
     assert file_bytes(source) == before
+
+
+def test_evaluation_leaves_rows_with_non_finite_outputs_out_of_its_metrics_and_says_so(
+    bundle_folder, overflowing_model, tmp_path
+):
+    frame = users()
+    frame.loc[OVERFLOW_ROWS, "f0"] = HUGE
+    split = frame.assign(species=frame["species"].map(CLASSES.index)).drop(columns="customer_id")
+    split.to_parquet(tmp_path / "test.parquet", index=False)  # a test split: raw features, class codes
+    bundle = load_bundle(bundle_folder)
+    metrics = split_metrics(bundle, str(tmp_path / "test.parquet"), "species", CLASSES)
+    answered = ~split.index.isin(OVERFLOW_ROWS)
+    expected = bundle.predict(frame[answered]).tolist()
+    assert metrics == replace(
+        classification_metrics(split["species"][answered].to_numpy(), [CLASSES.index(p) for p in expected],
+                               CLASSES),
+        non_finite_rows=len(OVERFLOW_ROWS),
+    )  # fmt: skip
+    assert metrics.notes() and metrics.notes()[0].startswith("7 rows had non-finite model outputs")
 
 
 # ---- the label column and the output's column names -----------------------------------------------------
