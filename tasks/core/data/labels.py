@@ -32,13 +32,35 @@ def scan_labels(dataset: ds.Dataset, uri: str, label_column: str) -> pa.ChunkedA
 
 
 def as_numbers(labels: pa.ChunkedArray, kinds: tuple[pa.DataType, ...] = NUMBER_TYPES) -> pa.ChunkedArray:
-    """Text labels that are all integers (or all numbers) as int64 (float64), else unchanged."""
+    """Text labels as int64 (else float64) when every one is written as that number is written (`7`,
+    `2.5`), else unchanged: a code such as `001`, or `7` beside `07`, stays text."""
     for kind in kinds:
         try:
-            return pc.cast(labels, kind)
+            numbers = pc.cast(labels, kind)
         except pa.ArrowInvalid:
             continue
+        if written_as_numbers(labels, kind):
+            return numbers
     return labels
+
+
+def integer_text(text: str) -> str:
+    return str(int(text))
+
+
+def float_text(text: str) -> str:
+    value = float(text)
+    return text if value != value else repr(value)  # a NaN label is missing, however it is written
+
+
+NUMBER_TEXTS = {pa.int64(): integer_text, pa.float64(): float_text}
+
+
+def written_as_numbers(labels: pa.ChunkedArray, kind: pa.DataType) -> bool:
+    """Whether each distinct label reads back as its own text once read as a number of `kind`: then
+    reading the labels as numbers neither merges two classes nor changes how one is written."""
+    text_of = NUMBER_TEXTS[kind]
+    return all(text_of(text) == text for text in pc.unique(labels).drop_null().to_pylist())
 
 
 def missing_labels(labels: pa.ChunkedArray) -> np.ndarray:
@@ -77,9 +99,10 @@ def clean_labels(
 ) -> Labels:
     """Labels as classes: text stripped of surrounding whitespace, and the rows without one noted.
 
-    CSV labels are read as text; a column of numbers among them is read back as numbers, so
-    digits 0-9 sort as numbers and a float label 'nan' counts as missing. Labels that are some rows
-    of an input pass its `kind` (`label_kind`): their text is read as the whole column's values are.
+    CSV labels are read as text; a column of numbers among them is read back as numbers (`as_numbers`),
+    so digits 0-9 sort as numbers and a float label 'nan' counts as missing, while codes such as `001`
+    stay text. Labels that are some rows of an input pass its `kind` (`label_kind`), decided on the
+    whole column: their text is read as the whole column's values are.
     """
     if pa.types.is_dictionary(labels.type):
         labels = pc.cast(labels, labels.type.value_type)

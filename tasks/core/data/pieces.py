@@ -12,7 +12,9 @@
 4. `piece_moments`: each piece gives the moments of its encoded train rows; merged, they give the
    scaler (`fitted_scaler`) one pass over the rows would, within float64 rounding.
 5. `write_piece`: each piece writes its rows of each split as the part file numbered by its index,
-   so a split is a folder of parts holding the same rows, in the same order, as one pod writes.
+   so a split is a folder of parts holding the same rows, in the same order, as one pod writes; and
+   their hashes beside them, from which `collected` counts the rows copied between splits as one pod
+   does (`copy_notes`).
 Steps 4 and 5 read the layout with the fitted encoding (`encoded`).
 """
 
@@ -40,8 +42,10 @@ from tasks.core.data.prepare import (
     RowSplit,
     feature_kinds,
     fit_encoding,
+    hash_files,
     split_files,
     train_encoding_stats,
+    with_copy_notes,
     with_encoding,
     write_splits,
 )
@@ -201,7 +205,8 @@ def write_piece(
     codes = encode_as(labels, layout)
     rows = layout.rows_of(piece)
     prepared = PreparedSplits(split_files(layout.output, piece.index), replace(layout.table, scaler=scaler))
-    write_splits(dataset, layout.uri, prepared, codes, assignment[rows], rows.start)
+    hashes = hash_files(layout.output, piece.index)
+    write_splits(dataset, layout.uri, prepared, codes, assignment[rows], hashes, rows.start)
     return {name: int((assignment[rows] == index).sum()) for index, name in enumerate(SPLITS)}
 
 
@@ -223,7 +228,7 @@ def collected(layout: PieceLayout, scaler: ScalerStats, written: list[dict[str, 
             f"the pieces wrote {rows} rows of {layout.uri}, not the {layout.table.rows} assigned"
         )
     paths = {name: f"{layout.output.rstrip('/')}/{name}" for name in SPLITS}
-    return PreparedSplits(paths, replace(layout.table, scaler=scaler))
+    return with_copy_notes(PreparedSplits(paths, replace(layout.table, scaler=scaler)), layout.output)
 
 
 def prepare_in_pieces(

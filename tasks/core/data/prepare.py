@@ -2,19 +2,23 @@
 
 The passes over the input: the label column alone decides every row's class and split; the train rows'
 encoding statistics (every feature value read as its kind) give the encoding (encoding.py); the train
-rows' encoded moments give the standardisation; then each row is written to its split.
+rows' encoded moments give the standardisation; then each row is written to its split, and its hash
+beside it, so that rows copied from one split into another are counted (`copy_notes`).
 """
 
 from __future__ import annotations
 
 import json
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import IO
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
@@ -55,6 +59,17 @@ RAW_SPLIT = "test"
 # (the one straddling their ranges) and mix the stream finely.
 SPLIT_ROW_GROUP_ROWS = 16_384
 EMBEDDED_DIGITS_LABEL = "label"
+# The folder, beside the splits' folders, of each split's row hashes: a file of 64-bit hashes per part.
+ROW_HASHES = "row-hashes"
+# The rows of a split counted as copies of another split's rows, and what such copies overstate.
+COPIED_SPLITS = {
+    ("test", "train"): "test accuracy overstates accuracy on new rows",
+    ("val", "train"): "val accuracy overstates accuracy on new rows",
+    ("test", "val"): "the test and val splits are not independent",
+}
+HASH_MULTIPLIER = np.uint64(0x100000001B3)  # FNV's 64-bit prime: mixes each column's hash into the row's
+NULL_HASH = np.uint64(np.iinfo(np.uint64).max)  # a null integer or boolean, as pandas hashes a null text
+HASH_CHUNK = 1 << 20  # row hashes read or looked up at once (8 MiB): counting holds little beside them
 
 
 @dataclass
@@ -121,15 +136,19 @@ def write_splits(
     prepared: PreparedSplits,
     codes: np.ndarray,
     assignment: np.ndarray,
+    hash_paths: dict[str, str],
     first_row: int = 0,
 ) -> None:
     """Append each batch's rows to the split they belong to: encoded and standardised, or raw in the raw
-    split. `codes` and `assignment` hold the dataset's rows, the first of which is row `first_row` of the
-    input (a row without a label is in no split); `prepared.paths` may be fsspec URIs."""
+    split; and their hashes to the split's file in `hash_paths` (`row_hashes`). `codes` and `assignment`
+    hold the dataset's rows, the first of which is row `first_row` of the input (a row without a label
+    is in no split); `prepared.paths` and `hash_paths` may be fsspec URIs."""
     table = prepared.table
     encoding, features = table.fitted_encoding(), table.feature_names
+    hashed = [name for name in table.columns if name not in encoding.left_out]  # the columns the model reads
     schemas = {name: split_schema(table, dataset.schema, name) for name in SPLITS}
     writers = {name: split_writer(prepared.paths[name], schemas[name]) for name in SPLITS}
+    hash_sinks = {name: hash_writer(hash_paths[name]) for name in SPLITS}
     try:
         offset = 0
         for batch in iter_batches(dataset, uri, columns=table.columns):
@@ -139,6 +158,7 @@ def write_splits(
             with np.errstate(over="ignore"):  # refused by name below
                 scaled = standardise(encoded, table.scaler)
             check_standardised(scaled, encoded, features, first_row + rows.start, uri)
+            hashes = row_hashes(batch, hashed, codes[rows])
             for index, name in enumerate(SPLITS):
                 keep = assignment[rows] == index
                 if keep.any():
@@ -146,8 +166,9 @@ def write_splits(
                     rows_kept = raw_rows(batch, keep) if name == RAW_SPLIT else scaled_rows(scaled, keep)
                     part = pa.Table.from_arrays([*rows_kept, labels], schema=schemas[name])
                     writers[name].write_table(part, row_group_size=SPLIT_ROW_GROUP_ROWS)
+                    hash_sinks[name].write(hashes[keep].astype("<u8", copy=False).tobytes())
     finally:
-        for writer in writers.values():
+        for writer in [*writers.values(), *hash_sinks.values()]:
             writer.close()
 
 
@@ -169,6 +190,124 @@ def split_writer(path: str, schema: pa.Schema) -> pq.ParquetWriter:
     # for the raw split's text.
     text = [f.name for f in schema if is_text(f.type) or pa.types.is_dictionary(f.type)]
     return pq.ParquetWriter(file, schema, filesystem=filesystem, use_dictionary=text or False)
+
+
+def hash_writer(path: str) -> IO[bytes]:
+    """A binary file of row hashes, local or through fsspec."""
+    filesystem, file = filesystem_for(path)
+    filesystem.makedirs(file.rsplit("/", 1)[0], exist_ok=True)
+    return filesystem.open(file, "wb")
+
+
+def row_hashes(batch: pa.RecordBatch, columns: list[str], codes: np.ndarray) -> np.ndarray:
+    """A 64-bit hash of each row's values in `columns` and its class code: equal rows hash equal in any
+    batch or piece, as each column is hashed by its Arrow type (pandas would convert an integer column
+    to floats in a batch with a null only)."""
+    hashes = pd.util.hash_array(codes.astype(np.int64))
+    for name in columns:
+        hashes = (hashes * HASH_MULTIPLIER) ^ column_hashes(batch.column(name))
+    return hashes
+
+
+def column_hashes(column: pa.Array) -> np.ndarray:
+    """A 64-bit hash of each value: numbers by value (a null float as NaN), anything else by its text."""
+    if pa.types.is_dictionary(column.type):
+        column = column.dictionary_decode()
+    if pa.types.is_floating(column.type):
+        return pd.util.hash_array(pc.cast(column, pa.float64()).to_numpy(zero_copy_only=False))
+    if pa.types.is_integer(column.type) or pa.types.is_boolean(column.type):
+        values = pc.fill_null(pc.cast(column, pa.int64(), safe=False), 0).to_numpy()
+        nulls = column.is_null().to_numpy(zero_copy_only=False)
+        return np.where(nulls, NULL_HASH, pd.util.hash_array(values))
+    texts = column if is_text(column.type) else pc.cast(column, pa.string())
+    return pd.util.hash_array(texts.to_numpy(zero_copy_only=False))
+
+
+def hash_files(out_dir: str, part: int = 0) -> dict[str, str]:
+    """Each split's file of row hashes for part number `part` under `out_dir` (see `split_files`)."""
+    return {name: f"{out_dir.rstrip('/')}/{ROW_HASHES}/{name}/part-{part:05d}.u64" for name in SPLITS}
+
+
+def split_hashes(out_dir: str, split: str) -> Iterator[np.ndarray]:
+    """The row hashes of a split under `out_dir`, part by part, at most `HASH_CHUNK` at a time."""
+    filesystem, root = filesystem_for(out_dir)
+    for file in sorted(filesystem.find(f"{root.rstrip('/')}/{ROW_HASHES}/{split}")):
+        with filesystem.open(file, "rb") as stream:
+            while chunk := stream.read(HASH_CHUNK * 8):
+                yield np.frombuffer(chunk, dtype="<u8")
+
+
+def sorted_hashes(out_dir: str, split: str, rows: int) -> np.ndarray:
+    """The `rows` row hashes of a split, sorted: 8 bytes a row."""
+    held, start = np.empty(rows, dtype="<u8"), 0
+    for chunk in split_hashes(out_dir, split):
+        end = start + len(chunk)
+        if end > rows:
+            break
+        held[start:end] = chunk
+        start = end
+    else:
+        if start == rows:
+            held.sort()
+            return held
+    raise RuntimeError(
+        f"the row hashes of the {split} split under {out_dir} are not those of its {rows:,} rows"
+    )
+
+
+def lookup(known: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where each of `values` first is in the sorted `known`, and whether it is there at all."""
+    at = np.minimum(np.searchsorted(known, values), max(len(known) - 1, 0))
+    found = known[at] == values if len(known) else np.zeros(len(values), dtype=bool)
+    return at, found
+
+
+def rows_with_copies(out_dir: str, split: str, other: str, rows: dict[str, int]) -> int:
+    """How many rows of `split` have an exact copy among the rows of `other`. The hashes of the smaller
+    of the two are held in memory, sorted (8 bytes a row, and a byte a row to mark them); the other's
+    are read `HASH_CHUNK` at a time."""
+    if rows[other] <= rows[split]:
+        known = sorted_hashes(out_dir, other, rows[other])
+        return sum(int(np.count_nonzero(lookup(known, chunk)[1])) for chunk in split_hashes(out_dir, split))
+    held = sorted_hashes(out_dir, split, rows[split])
+    first_copied = np.zeros(len(held), dtype=bool)  # the first of each run of equal hashes with a copy
+    for chunk in split_hashes(out_dir, other):
+        at, found = lookup(held, chunk)
+        first_copied[at[found]] = True
+    return marked_runs(held, first_copied)
+
+
+def marked_runs(held: np.ndarray, first: np.ndarray) -> int:
+    """How many of the sorted `held` hashes are in a run of equal ones whose first is marked in `first`."""
+    total = 0
+    for start in range(0, len(held), HASH_CHUNK):
+        marked = start + np.flatnonzero(first[start : start + HASH_CHUNK])
+        total += int((np.searchsorted(held, held[marked], side="right") - marked).sum())
+    return total
+
+
+def copy_notes(out_dir: str, rows: dict[str, int]) -> list[str]:
+    """Notes on the rows of a split that are exact copies (the same features and label) of rows of
+    another split, from the row hashes `write_splits` wrote under `out_dir`; `rows` by split."""
+    notes = []
+    for (split, other), overstated in COPIED_SPLITS.items():
+        if copies := rows_with_copies(out_dir, split, other, rows):
+            notes.append(
+                f"{copies:,} {split} rows ({share(copies, rows[split])}) are exact copies of {other} rows "
+                f"(the same features and label): {overstated}"
+            )
+    return notes
+
+
+def share(part: int, whole: int) -> str:
+    percent = 100 * part / whole
+    return f"{percent:.1f}%" if percent >= 0.1 else "<0.1%"
+
+
+def with_copy_notes(prepared: PreparedSplits, out_dir: str) -> PreparedSplits:
+    """`prepared` with notes on the rows copied between its splits (`copy_notes`)."""
+    notes = [*prepared.table.notes, *copy_notes(out_dir, prepared.table.rows)]
+    return replace(prepared, table=replace(prepared.table, notes=notes))
 
 
 @dataclass
@@ -290,8 +429,8 @@ def prepare_dataset(
     moments = train_moments(dataset, uri, table.fitted_encoding(), rows.assignment)
     table = replace(table, scaler=fitted_scaler(moments, table.feature_names, uri))
     prepared = PreparedSplits(paths=split_files(out_dir), table=table)
-    write_splits(dataset, uri, prepared, rows.codes, rows.assignment)
-    return prepared
+    write_splits(dataset, uri, prepared, rows.codes, rows.assignment, hash_files(out_dir))
+    return with_copy_notes(prepared, out_dir)
 
 
 def write_embedded_digits(directory: str | None = None) -> str:
