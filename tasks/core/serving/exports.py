@@ -1,10 +1,19 @@
 """Serving exports of a trained model, written into its bundle: ONNX, and a SavedModel for Keras.
 
-Every export takes RAW feature rows, float32 `[rows, n_features]` in the manifest's feature order,
-under the input name "features", and returns "logits" and "probabilities" (the softmax), both
-float32 `[rows, n_classes]`; the batch dimension, "rows", is dynamic. The scaler is folded into the
-graph as `tasks.core.data.scaling.standardise` computes it: (x - mean) / scale in float64, then cast to
-float32, so a row the float32 input holds exactly reaches the model as the bundle's loader feeds it.
+Every export returns "logits" and "probabilities" (the softmax), both float32 `[rows, n_classes]`; the
+batch dimension, "rows", is dynamic. Its inputs are the RAW rows, in one of two forms:
+
+- Where the bundle's encoding is its numeric columns as they are (or it has none): one input,
+  "features", float32 `[rows, n_features]` in the manifest's feature order; a NaN takes the encoding's
+  fill (the train mean), as the bundle fills it.
+- Otherwise (a categorical, boolean or date column, or a missing-value indicator): one input per raw
+  column the encoding reads, `[rows, 1]`: text as strings ('' where missing), numbers, booleans (0/1)
+  and dates (Unix seconds, UTC) as float64 (NaN where missing); the graph encodes them as the bundle's
+  `FittedEncoding` does (raw_inputs.py holds the conventions). The ONNX inputs are named as the columns,
+  the SavedModel's as `raw_inputs.signature_names` gives (TensorFlow refuses some characters).
+
+The scaler is folded into the graph as `tasks.core.data.scaling.standardise` computes it: (x - mean) /
+scale in float64, then cast to float32, so a row reaches the model as the bundle's loader feeds it.
 
 - PyTorch -> ONNX: `torch.onnx.export(dynamo=True)`, the exporter built on `torch.export` and
   onnxscript; it runs offline on CPU. The TorchScript exporter (`dynamo=False`) also exports the
@@ -14,13 +23,15 @@ float32, so a row the float32 input holds exactly reaches the model as the bundl
   into the graph's shapes, where `check_dynamic_rows` finds it.
 - Keras -> SavedModel (TF Serving's format): `keras.export.ExportArchive`, endpoint "serve", which
   TF Serving also finds as "serving_default".
-- Keras -> ONNX: tf2onnx converts the same endpoint function, so the SavedModel and the ONNX file
-  cannot standardise differently. It works with TensorFlow 2.20, Keras 3, numpy 2 and protobuf 7
-  when given a `tf.function` over the live model; it caps the opset at 18, hence ONNX_OPSET.
+- Keras -> ONNX: tf2onnx converts the endpoint's function from "features" (the endpoint itself where
+  there is no encoding), so the SavedModel and the ONNX file cannot standardise differently. It works
+  with TensorFlow 2.20, Keras 3, numpy 2 and protobuf 7 when given a `tf.function` over the live
+  model; it caps the opset at 18, hence ONNX_OPSET.
 
-The exports read numbers only: where the bundle's encoding is more than the identity (a categorical,
-boolean or date column, or a missing-value indicator: any encoded feature that is not a raw numeric
-column as it is), they are left out with a note, and the bundle scores raw rows through its loader.
+With raw columns, the encoding graph is written once in ONNX (ai.onnx.ml's LabelEncoder for the
+categories) and put in front of the numeric export, from the torch exporter or tf2onnx alike, whose
+"features" are then float64; the SavedModel encodes with TensorFlow ops under a signature of named
+inputs. test_raw_row_exports.py holds the three to the bundle's answers.
 
 A user's model may use what an exporter cannot express (data-dependent control flow, an op without
 an ONNX conversion, a batch size fixed in its forward). Its weights still load through the bundle,
@@ -41,7 +52,7 @@ from dataclasses import dataclass, field
 from tasks.core.data.column_kinds import NUMERIC
 from tasks.core.data.encoding import FittedEncoding
 from tasks.core.data.scaling import ScalerStats
-from tasks.core.messages import preview
+from tasks.core.serving.raw_inputs import tf_encoded, tf_input_signature, with_raw_inputs
 
 INPUT = "features"
 OUTPUTS = ("logits", "probabilities")
@@ -50,10 +61,6 @@ ONNX_FILE = "model.onnx"
 SAVED_MODEL_DIR = "saved_model"
 SERVING_ENDPOINT = "serve"
 ONNX_OPSET = 18
-EXPORTS = {"pytorch": ("onnx",), "tensorflow": ("saved_model", "onnx")}
-NOT_RAW_ROWS = (
-    "the table has categorical/boolean/date or missing-value columns; a raw-row ONNX export is not built yet"
-)
 
 logger = logging.getLogger(__name__)
 
@@ -70,14 +77,13 @@ def export_model(
     model, framework: str, scaler: ScalerStats, directory: str, encoding: FittedEncoding | None = None
 ) -> ExportResult:
     """Write the serving exports of `model` (a torch module in eval mode on CPU, or a Keras model)
-    into `directory`; none, each with a note, where `encoding` is more than the identity."""
+    into `directory`: taking "features" where `encoding` is the identity (or None), else the raw
+    columns it reads, encoded in the graph."""
     exporters = {"pytorch": export_torch, "tensorflow": export_keras}
     if framework not in exporters:
         raise ValueError(f"cannot export a model of framework {framework!r}: not one of {tuple(exporters)}")
-    encoded = encoded_columns(encoding)
-    if encoded:
-        why = f"{NOT_RAW_ROWS} (columns {preview([repr(name) for name in encoded])})"
-        return ExportResult(notes=[f"{name} not exported: {why}" for name in EXPORTS[framework]])
+    if encoded_columns(encoding):
+        return exporters[framework](model, scaler, directory, encoding=encoding)
     fill = [column.encoder.fill for column in encoding.columns] if encoding else None
     return exporters[framework](model, scaler, directory, fill)
 
@@ -95,12 +101,23 @@ def encoded_columns(encoding: FittedEncoding | None) -> list[str]:
     ]
 
 
-def export_torch(model, scaler: ScalerStats, directory: str, fill: list[float] | None = None) -> ExportResult:
+def export_torch(
+    model,
+    scaler: ScalerStats,
+    directory: str,
+    fill: list[float] | None = None,
+    encoding: FittedEncoding | None = None,
+) -> ExportResult:
+    """ONNX of `model` behind the scaler: from "features", or with `encoding`, from the raw columns."""
     result = ExportResult()
     serving = torch_serving_module(model, scaler, fill)
-    attempt(
-        result, "onnx", ONNX_FILE, directory, lambda path: write_torch_onnx(serving, len(scaler.mean), path)
-    )
+
+    def write(path: str) -> None:
+        write_torch_onnx(serving, len(scaler.mean), path, exact=encoding is not None)
+        if encoding is not None:
+            with_raw_inputs(path, encoding)
+
+    attempt(result, "onnx", ONNX_FILE, directory, write)
     return result
 
 
@@ -130,12 +147,14 @@ def torch_serving_module(model, scaler: ScalerStats, fill: list[float] | None = 
     return Serving().eval()
 
 
-def write_torch_onnx(serving, n_features: int, path: str) -> None:
+def write_torch_onnx(serving, n_features: int, path: str, exact: bool = False) -> None:
+    """`exact`: "features" in float64, as the raw-row encoding gives them; else float32."""
     import torch
 
     torch.onnx.export(
         serving,
-        (torch.zeros(2, n_features),),  # two rows: torch.export specialises a dimension of size 1
+        # two rows: torch.export specialises a dimension of size 1
+        (torch.zeros(2, n_features, dtype=torch.float64 if exact else torch.float32),),
         path,
         dynamo=True,
         dynamic_shapes={INPUT: {0: torch.export.Dim(ROWS)}},
@@ -148,19 +167,38 @@ def write_torch_onnx(serving, n_features: int, path: str) -> None:
     check_dynamic_rows(path)
 
 
-def export_keras(model, scaler: ScalerStats, directory: str, fill: list[float] | None = None) -> ExportResult:
+def export_keras(
+    model,
+    scaler: ScalerStats,
+    directory: str,
+    fill: list[float] | None = None,
+    encoding: FittedEncoding | None = None,
+) -> ExportResult:
+    """A SavedModel and ONNX of `model` behind the scaler: from "features", or with `encoding`, from
+    the raw columns (the SavedModel encodes with TensorFlow ops, the ONNX file with ONNX ones)."""
     result = ExportResult()
-    serve = keras_serving_function(model, scaler, fill)
+    serve = keras_serving_function(model, scaler, fill, exact=encoding is not None)
+    endpoint = serve if encoding is None else keras_raw_row_function(serve, encoding)
+
+    def write_onnx(path: str) -> None:
+        write_keras_onnx(serve, path)
+        if encoding is not None:
+            with_raw_inputs(path, encoding)
+
     attempt(
-        result, "saved_model", SAVED_MODEL_DIR, directory, lambda path: write_saved_model(model, serve, path)
+        result,
+        "saved_model",
+        SAVED_MODEL_DIR,
+        directory,
+        lambda path: write_saved_model(model, endpoint, path),
     )
-    attempt(result, "onnx", ONNX_FILE, directory, lambda path: write_keras_onnx(serve, path))
+    attempt(result, "onnx", ONNX_FILE, directory, write_onnx)
     return result
 
 
-def keras_serving_function(model, scaler: ScalerStats, fill: list[float] | None = None):
+def keras_serving_function(model, scaler: ScalerStats, fill: list[float] | None = None, exact: bool = False):
     """A `tf.function` from raw features to {"logits", "probabilities"}, traced on first use; with
-    `fill`, a NaN is filled as the bundle fills it."""
+    `fill`, a NaN is filled as the bundle fills it; `exact`: the features are float64, else float32."""
     import tensorflow as tf
 
     def serve(features):
@@ -175,8 +213,20 @@ def keras_serving_function(model, scaler: ScalerStats, fill: list[float] | None 
         logits = tf.cast(model(standardised, training=False), tf.float32)
         return {"logits": logits, "probabilities": tf.nn.softmax(logits)}
 
-    signature = [tf.TensorSpec([None, len(scaler.mean)], tf.float32, name=INPUT)]
+    dtype = tf.float64 if exact else tf.float32
+    signature = [tf.TensorSpec([None, len(scaler.mean)], dtype, name=INPUT)]
     return tf.function(serve, input_signature=signature, autograph=False)
+
+
+def keras_raw_row_function(serve, encoding: FittedEncoding):
+    """`serve` behind the encoding: a `tf.function` whose one argument is a dict of the raw columns,
+    named by `raw_inputs.signature_names`."""
+    import tensorflow as tf
+
+    def serve_raw(columns):
+        return serve(tf_encoded(columns, encoding))
+
+    return tf.function(serve_raw, input_signature=[tf_input_signature(encoding)], autograph=False)
 
 
 def write_saved_model(model, serve, path: str) -> None:

@@ -420,19 +420,16 @@ def test_dates_as_iso_text_score_as_dates_and_a_value_not_of_its_kind_is_named(m
             check(as_numbers)
 
 
-def test_the_manifest_holds_the_raw_columns_and_the_encoding_and_leaves_the_exports_out(messy):
+def test_the_manifest_holds_the_raw_columns_and_the_encoding_and_its_raw_row_export(messy):
     manifest = json.loads((Path(messy.folder) / bundles.MANIFEST).read_text())
     assert manifest["format_version"] == 2
     assert manifest["columns"] == MESSY_COLUMNS
     assert manifest["encoding"] == messy.encoding.to_dict() == json.loads(messy.prepared.encoding)
     assert manifest["feature_names"] == messy.encoding.encoded_names() == messy.prepared.feature_names
     assert manifest["model"]["input"] == {"n_features": len(messy.prepared.feature_names), "n_classes": 3}
-    assert manifest["files"] == {"weights": "model.pt"}
-    assert manifest["export_notes"] == [
-        "onnx not exported: the table has categorical/boolean/date or missing-value columns; "
-        "a raw-row ONNX export is not built yet (columns 'amount', 'city', 'member', 'joined')"
-    ]
-    assert sorted(os.listdir(messy.folder)) == [bundles.MANIFEST, "model.pt"]
+    assert manifest["files"] == {"weights": "model.pt", "onnx": "model.onnx"}
+    assert manifest["export_notes"] == []
+    assert sorted(os.listdir(messy.folder)) == [bundles.MANIFEST, "model.onnx", "model.pt"]
 
 
 @pytest.mark.parametrize(

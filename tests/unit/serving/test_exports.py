@@ -1,6 +1,7 @@
 """The serving exports: ONNX (run by onnxruntime) and the SavedModel's serving signature, given raw
-rows, agree with the framework's model given the standardised rows, for any batch size; left out, with
-the reason, where the table's encoding is more than its numeric columns as they are."""
+rows, agree with the framework's model given the standardised rows, for any batch size; where the
+table's encoding is more than its numeric columns as they are, they take the raw columns by name
+(test_raw_row_exports.py checks their answers against the bundle's)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from tasks.core.data.column_kinds import NUMERIC, propose_kinds
 from tasks.core.data.encoding import FittedEncoding, batch_stats
 from tasks.core.data.scaling import ScalerStats
 from tasks.core.models.plugins import ModelSpec, build
-from tasks.core.serving.exports import NOT_RAW_ROWS, ExportResult, encoded_columns, export_model
+from tasks.core.serving.exports import ExportResult, encoded_columns, export_model
 
 N_FEATURES, N_CLASSES = 64, 3
 RNG = np.random.default_rng(7)
@@ -33,6 +34,7 @@ SPECS = {
     "residual": ModelSpec("examples.residual:build", options={"width": 32, "blocks": 2}),
 }
 BATCHES = (1, 7)  # the exports were traced with neither
+EXPORT_PATHS = {"onnx": "model.onnx", "saved_model": "saved_model"}
 
 
 def raw_rows(count: int) -> np.ndarray:
@@ -181,17 +183,44 @@ NOT_AS_THEY_ARE = {
 
 
 @pytest.mark.parametrize("case", list(NOT_AS_THEY_ARE))
-@pytest.mark.parametrize("framework, names", [("pytorch", ["onnx"]), ("tensorflow", ["saved_model", "onnx"])])
-def test_exports_are_left_out_with_the_reason_where_a_column_is_encoded(case, framework, names, tmp_path):
+def test_a_column_that_is_not_a_number_as_it_is_is_encoded(case):
     columns, overrides = NOT_AS_THEY_ARE[case]
     encoding = fitted(pa.table({**NUMBERS, **columns}), overrides)
-    (column,) = columns
-    assert encoded_columns(encoding) == [column]
+    assert encoded_columns(encoding) == list(columns)
+
+
+@pytest.mark.parametrize("framework, names", [("pytorch", ["onnx"]), ("tensorflow", ["saved_model", "onnx"])])
+def test_where_a_column_is_encoded_the_exports_take_the_raw_columns_by_name(framework, names, tmp_path):
+    columns = {name: values for case in NOT_AS_THEY_ARE.values() for name, values in case[0].items()}
+    overrides = {"code": "categorical"}
+    encoding = fitted(pa.table({**NUMBERS, **columns}), overrides)
     model = build(SPECS["mlp"], len(encoding.encoded_names()), N_CLASSES, framework)
-    result = export(model, framework, tmp_path, encoding)
-    assert result == ExportResult(
-        files={}, notes=[f"{name} not exported: {NOT_RAW_ROWS} (columns {column!r})" for name in names]
-    )
+    model = model.eval() if framework == "pytorch" else model
+    scaler = ScalerStats([0.0] * len(encoding.encoded_names()), [1.0] * len(encoding.encoded_names()))
+    result = export_model(model, framework, scaler, str(tmp_path), encoding)
+    assert result == ExportResult(files={name: EXPORT_PATHS[name] for name in names}, notes=[])
+    session = onnxruntime.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
+    text = {"city", "code"}
+    assert [(value.name, value.type, value.shape) for value in session.get_inputs()] == [
+        (name, "tensor(string)" if name in text else "tensor(double)", ["rows", 1])
+        for name in [*NUMBERS, *columns]
+    ]
+
+
+def test_a_model_that_cannot_export_still_leaves_a_note_where_a_column_is_encoded(tmp_path):
+    encoding = fitted(pa.table({**NUMBERS, "city": ["a", "b", "a", "b"]}))
+    assert len(encoding.encoded_names()) == N_FEATURES + 3  # city=a, city=b, city=<other>
+
+    class Wider(FixedBatch):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(N_FEATURES + 3, N_CLASSES)
+
+    scaler = ScalerStats([0.0] * (N_FEATURES + 3), [1.0] * (N_FEATURES + 3))
+    result = export_model(Wider().eval(), "pytorch", scaler, str(tmp_path), encoding)
+    assert result.files == {}
+    (note,) = result.notes
+    assert note.startswith("onnx not exported") and "has a fixed batch of 2 rows" in note
     assert os.listdir(tmp_path) == []
 
 

@@ -197,7 +197,7 @@ def test_a_bundle_with_an_encoding_is_published_and_scores_raw_rows_from_the_pre
     folder = write_messy_bundle(tmp_path / "messy")
     uri = publish_bundle(folder, "memory://mixedml-publish/messy")
     assert resolve_bundle("memory://mixedml-publish/messy") == uri
-    assert set(files_of(folder)) == {MANIFEST, "model.pt"}, "no export of a mixed table's rows"
+    assert set(files_of(folder)) == {MANIFEST, "model.pt", "model.onnx"}, "a mixed table's rows are exported"
     published, local = load_bundle(uri), load_bundle(folder)
     assert published.manifest == local.manifest
     assert local.encoding is not None and published.encoding == local.encoding

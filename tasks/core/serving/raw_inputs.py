@@ -1,0 +1,326 @@
+"""Raw feature columns as the exports' named inputs, encoded in the graph as the bundle encodes them.
+
+Where a bundle's `FittedEncoding` is more than its numeric columns as they are, its exports take one
+input per raw column the encoding reads, of shape `[rows, 1]` (the batch dimension "rows" dynamic):
+
+- numeric: float64 (a large value is not rounded before scaling); NaN where missing;
+- boolean: float64 0 or 1; NaN where missing;
+- categorical: text (`tensor(string)`, `tf.string`), as the bundle reads it: an integer code as '3',
+  a boolean as 'true'/'false'; an empty string where missing;
+- date: float64 seconds since 1970-01-01 00:00 UTC (Unix time; fractions for times of day); NaN where
+  missing. The bundle reads dates to the microsecond, which float64 seconds hold until about 2255.
+
+The graph turns them into the encoded features, float64 in `FittedEncoding.encoded_names()` order, with
+the rules of `tasks.core.data.encoding`: a missing number or boolean takes its fill, with the indicator
+where the encoding has one; a category one-hot over the vocabulary, then <other> (an unseen value),
+then <missing>; a date as days since the train origin, month (1-12) and weekday (0 = Monday).
+
+`onnx_encoding` writes that as an ONNX graph (standard operators and ai.onnx.ml's LabelEncoder, which
+onnxruntime runs) and `with_raw_inputs` puts it in front of an export that takes "features";
+`tf_encoded` does the same with TensorFlow ops, for the SavedModel's named-input signature.
+The ONNX inputs are named as the columns; the SavedModel's by `signature_names` (TensorFlow refuses
+some characters in a name). `raw_feeds` gives a table's columns as the ONNX inputs take them.
+
+Imports onnx and tensorflow only inside the functions that use them.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pyarrow as pa
+
+from tasks.core.data.column_kinds import CATEGORICAL, DATE, MISSING_INSTANT, Place, canonical
+from tasks.core.data.encoding import CategoryEncoding, ColumnEncoding, DateEncoding, FittedEncoding
+
+ROWS = "rows"
+ENCODED = "raw_inputs/features"  # the encoding graph's output, the numeric export's "features"
+PREFIX = "raw_inputs/"  # names inside the encoding graph
+MODEL_PREFIX = "model/"  # names inside the numeric export, once the two are one graph
+SECONDS_PER_DAY = 86_400
+MICROS_PER_SECOND = 1_000_000
+ML_DOMAIN, ML_OPSET = "ai.onnx.ml", 3  # the ai.onnx.ml version that ONNX opset 18 pairs with
+# Days from 0000-03-01 to 1970-01-01, and the days of a 400-year era: the civil calendar from a day
+# count (Howard Hinnant's days_from_civil, inverted), in integer operations only.
+EPOCH_SHIFT, DAYS_PER_ERA = 719_468, 146_097
+TF_NAME_CHARACTER = re.compile(r"[^A-Za-z0-9_.\-]")
+
+
+def is_categorical(column: ColumnEncoding) -> bool:
+    return column.kind == CATEGORICAL
+
+
+def raw_feeds(table, encoding: FittedEncoding) -> dict[str, np.ndarray]:
+    """The columns that `encoding` reads from `table` (a pandas DataFrame, a pyarrow Table or
+    RecordBatch) as the ONNX export's inputs: each read as the bundle reads it, then in the inputs'
+    convention. A value the bundle refuses is refused here, naming its column and row."""
+    if not isinstance(table, pa.Table | pa.RecordBatch):
+        table = pa.Table.from_pandas(table, columns=[column.name for column in encoding.columns])
+    feeds = {}
+    for column in encoding.columns:
+        values = canonical(column.kind, table.column(column.name), Place(column.name))
+        if is_categorical(column):
+            feeds[column.name] = np.asarray(values.fill_null("").to_pylist(), dtype=object)[:, None]
+        elif column.kind == DATE:
+            seconds = values / MICROS_PER_SECOND
+            feeds[column.name] = np.where(values == MISSING_INSTANT, np.nan, seconds)[:, None]
+        else:
+            feeds[column.name] = np.asarray(values, dtype=np.float64)[:, None]
+    return feeds
+
+
+def signature_names(encoding: FittedEncoding) -> dict[str, str]:
+    """Each raw column's input name in the SavedModel's signature: the column's name where TensorFlow
+    takes it, else each character it refuses as '_' (led by 'x' where the first is not a letter, a digit
+    or '.'), with a suffix where two names meet ('_2', '_3', ...)."""
+    names: dict[str, str] = {}
+    for column in encoding.columns:
+        name = TF_NAME_CHARACTER.sub("_", column.name)
+        name = name if re.match(r"[A-Za-z0-9.]", name) else f"x{name}"
+        unique, count = name, 1
+        while unique in names.values():
+            count += 1
+            unique = f"{name}_{count}"
+        names[column.name] = unique
+    return names
+
+
+def date_seconds(micros: int) -> float:
+    return micros / MICROS_PER_SECOND
+
+
+# ---- ONNX ---------------------------------------------------------------------------------------------
+
+
+class GraphBuilder:
+    """Nodes and constants of the encoding graph, each output named inside PREFIX."""
+
+    def __init__(self):
+        self.nodes, self.initializers = [], []
+
+    def name(self, hint: str) -> str:
+        return f"{PREFIX}{hint}_{len(self.nodes) + len(self.initializers)}"
+
+    def constant(self, values, dtype) -> str:
+        from onnx import numpy_helper
+
+        name = self.name("constant")
+        self.initializers.append(numpy_helper.from_array(np.asarray(values, dtype=dtype), name))
+        return name
+
+    def node(self, op: str, *inputs: str, domain: str = "", **attributes) -> str:
+        from onnx import helper
+
+        output = self.name(op)
+        self.nodes.append(helper.make_node(op, list(inputs), [output], output, domain=domain, **attributes))
+        return output
+
+    def floor_div(self, numerator: str, denominator: int) -> str:
+        """Integer division rounded down, for negative numerators too (Div truncates toward 0)."""
+        divisor = self.constant(denominator, np.int64)
+        remainder = self.node("Mod", numerator, divisor, fmod=0)  # takes the divisor's sign
+        return self.node("Div", self.node("Sub", numerator, remainder), divisor)
+
+
+def onnx_encoding(encoding: FittedEncoding, ir_version: int, opset: int):
+    """An ONNX model from one input per raw column to ENCODED, float64 `[rows, features]`."""
+    from onnx import TensorProto, helper
+
+    graph = GraphBuilder()
+    blocks = [onnx_column(graph, column) for column in encoding.columns]
+    encoded = graph.node("Concat", *blocks, axis=1)
+    graph.nodes.append(helper.make_node("Identity", [encoded], [ENCODED], f"{PREFIX}output"))
+    inputs = [
+        helper.make_tensor_value_info(
+            column.name, TensorProto.STRING if is_categorical(column) else TensorProto.DOUBLE, [ROWS, 1]
+        )
+        for column in encoding.columns
+    ]
+    output = helper.make_tensor_value_info(ENCODED, TensorProto.DOUBLE, [ROWS, len(encoding.encoded_names())])
+    model = helper.make_model(
+        helper.make_graph(graph.nodes, "raw_inputs", inputs, [output], graph.initializers),
+        opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid(ML_DOMAIN, ML_OPSET)],
+    )
+    model.ir_version = ir_version
+    return model
+
+
+def onnx_column(graph: GraphBuilder, column: ColumnEncoding) -> str:
+    """The column's encoded block, float64 `[rows, its features]`."""
+    if isinstance(column.encoder, CategoryEncoding):
+        return onnx_category(graph, column.name, column.encoder)
+    missing = graph.node("IsNaN", column.name)
+    if isinstance(column.encoder, DateEncoding):
+        filled = graph.node(
+            "Where", missing, graph.constant(date_seconds(column.encoder.fill), np.float64), column.name
+        )
+        block = onnx_date(graph, filled, column.encoder)
+    else:
+        block = graph.node("Where", missing, graph.constant(column.encoder.fill, np.float64), column.name)
+    if not column.encoder.indicator:
+        return block
+    return graph.node("Concat", block, double(graph, missing), axis=1)
+
+
+def double(graph: GraphBuilder, values: str) -> str:
+    from onnx import TensorProto
+
+    return graph.node("Cast", values, to=TensorProto.DOUBLE)
+
+
+def onnx_category(graph: GraphBuilder, name: str, encoder: CategoryEncoding) -> str:
+    """One-hot over the vocabulary, then <other>, then <missing> (an empty string) where the encoding
+    has it; elsewhere an empty string is <other>, as the bundle counts a missing value."""
+    other = len(encoder.vocabulary)
+    codes = {value: index for index, value in enumerate(encoder.vocabulary)}
+    codes.setdefault("", other + 1 if encoder.indicator else other)
+    code = graph.node(
+        "LabelEncoder",
+        name,
+        domain=ML_DOMAIN,
+        keys_strings=list(codes),
+        values_int64s=list(codes.values()),
+        default_int64=other,
+    )
+    width = np.arange(other + 1 + encoder.indicator, dtype=np.int64)
+    return double(graph, graph.node("Equal", code, graph.constant(width, np.int64)))
+
+
+def onnx_date(graph: GraphBuilder, seconds: str, encoder: DateEncoding) -> str:
+    """days since the origin, month and weekday, from float64 seconds none of which is missing."""
+    from onnx import TensorProto
+
+    day_length = graph.constant(SECONDS_PER_DAY, np.float64)
+    since = graph.node("Sub", seconds, graph.constant(date_seconds(encoder.origin), np.float64))
+    days = graph.node("Div", since, day_length)
+    day = graph.node(
+        "Cast", graph.node("Floor", graph.node("Div", seconds, day_length)), to=TensorProto.INT64
+    )
+    month = onnx_month(graph, day)
+    weekday = graph.node(
+        "Mod", graph.node("Add", day, graph.constant(3, np.int64)), graph.constant(7, np.int64)
+    )
+    return graph.node("Concat", days, double(graph, month), double(graph, weekday), axis=1)
+
+
+def onnx_month(graph: GraphBuilder, day: str) -> str:
+    """The month (1-12) of day `day` since 1970-01-01, in the civil calendar."""
+    constant = lambda value: graph.constant(value, np.int64)  # noqa: E731
+    shifted = graph.node("Add", day, constant(EPOCH_SHIFT))
+    era = graph.floor_div(shifted, DAYS_PER_ERA)
+    of_era = graph.node("Sub", shifted, graph.node("Mul", era, constant(DAYS_PER_ERA)))  # 0 ... 146096
+    leap = [graph.node("Div", of_era, constant(days)) for days in (1460, 36524, 146096)]
+    year_days = graph.node("Add", graph.node("Sub", of_era, leap[0]), graph.node("Sub", leap[1], leap[2]))
+    year = graph.node("Div", year_days, constant(365))  # of the era, years starting on March 1st
+    year_start = graph.node(
+        "Sub",
+        graph.node("Add", graph.node("Mul", year, constant(365)), graph.node("Div", year, constant(4))),
+        graph.node("Div", year, constant(100)),
+    )
+    day_of_year = graph.node("Sub", of_era, year_start)  # 0 = March 1st
+    from_march = graph.node(
+        "Div", graph.node("Add", graph.node("Mul", day_of_year, constant(5)), constant(2)), constant(153)
+    )
+    return graph.node(
+        "Add", graph.node("Mod", graph.node("Add", from_march, constant(2)), constant(12)), constant(1)
+    )
+
+
+def with_raw_inputs(path: str, encoding: FittedEncoding) -> None:
+    """Rewrite the ONNX export at `path`, which takes "features" (float64), to take the raw columns."""
+    import onnx
+    from onnx import compose
+
+    numeric = onnx.load(path)
+    (features,) = [value.name for value in numeric.graph.input]
+    clashes = sorted(
+        {column.name for column in encoding.columns} & {out.name for out in numeric.graph.output}
+    )
+    if clashes:
+        raise ValueError(f"the columns {clashes} have the names of the export's outputs")
+    opsets = {opset.domain: opset.version for opset in numeric.opset_import}
+    encoder = onnx_encoding(encoding, numeric.ir_version, opsets[""])
+    if ML_DOMAIN in opsets:
+        encoder.opset_import[1].version = opsets[ML_DOMAIN]
+    numeric = compose.add_prefix(
+        numeric, MODEL_PREFIX, rename_inputs=False, rename_outputs=False, rename_functions=False
+    )
+    merged = compose.merge_models(encoder, numeric, io_map=[(ENCODED, features)])
+    onnx.checker.check_model(merged)
+    onnx.save(merged, path)
+
+
+# ---- TensorFlow ---------------------------------------------------------------------------------------
+
+
+def tf_input_signature(encoding: FittedEncoding) -> dict:
+    """The SavedModel's named inputs: one TensorSpec `[rows, 1]` per raw column."""
+    import tensorflow as tf
+
+    names = signature_names(encoding)
+    return {
+        names[column.name]: tf.TensorSpec(
+            [None, 1], tf.string if is_categorical(column) else tf.float64, name=names[column.name]
+        )
+        for column in encoding.columns
+    }
+
+
+def tf_encoded(inputs: dict, encoding: FittedEncoding):
+    """The encoded features, float64 `[rows, features]`, from the signature's named inputs."""
+    import tensorflow as tf
+
+    names = signature_names(encoding)
+    blocks = [tf_column(inputs[names[column.name]], column.encoder) for column in encoding.columns]
+    return tf.concat(blocks, axis=1)
+
+
+def tf_column(values, encoder):
+    import tensorflow as tf
+
+    if isinstance(encoder, CategoryEncoding):
+        return tf_category(values, encoder)
+    missing = tf.math.is_nan(values)
+    if isinstance(encoder, DateEncoding):
+        block = tf_date(
+            tf.where(missing, tf.constant(date_seconds(encoder.fill), tf.float64), values), encoder
+        )
+    else:
+        block = tf.where(missing, tf.constant(encoder.fill, tf.float64), values)
+    return tf.concat([block, tf.cast(missing, tf.float64)], axis=1) if encoder.indicator else block
+
+
+def tf_category(text, encoder: CategoryEncoding):
+    import tensorflow as tf
+
+    vocabulary = tf.constant(encoder.vocabulary, tf.string, shape=[len(encoder.vocabulary)])
+    known = tf.equal(text, vocabulary)  # [rows, vocabulary]
+    missing = tf.equal(text, "")
+    other = tf.logical_not(tf.reduce_any(known, axis=1, keepdims=True))
+    if not encoder.indicator:
+        return tf.cast(tf.concat([known, other], axis=1), tf.float64)
+    other = tf.logical_and(other, tf.logical_not(missing))
+    return tf.cast(tf.concat([known, other, missing], axis=1), tf.float64)
+
+
+def tf_date(seconds, encoder: DateEncoding):
+    import tensorflow as tf
+
+    days = (seconds - tf.constant(date_seconds(encoder.origin), tf.float64)) / SECONDS_PER_DAY
+    day = tf.cast(tf.floor(seconds / SECONDS_PER_DAY), tf.int64)
+    weekday = tf.math.floormod(day + 3, 7)
+    return tf.concat([days, tf.cast(tf_month(day), tf.float64), tf.cast(weekday, tf.float64)], axis=1)
+
+
+def tf_month(day):
+    """As `onnx_month`."""
+    import tensorflow as tf
+
+    shifted = day + EPOCH_SHIFT
+    era = tf.math.floordiv(shifted, DAYS_PER_ERA)
+    of_era = shifted - era * DAYS_PER_ERA
+    year = (of_era - of_era // 1460 + of_era // 36524 - of_era // 146096) // 365
+    day_of_year = of_era - (365 * year + year // 4 - year // 100)
+    from_march = (5 * day_of_year + 2) // 153
+    return tf.math.floormod(from_march + 2, 12) + 1

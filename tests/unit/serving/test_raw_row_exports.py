@@ -1,0 +1,372 @@
+"""Raw-row exports: for a table of text, booleans, dates and missing values, the bundle, its ONNX file
+(onnxruntime) and its SavedModel give the same rows the same probabilities and classes, from one named
+input per raw column as a client sends them; also where flytekit cannot be imported."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from collections import Counter
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+
+import numpy as np
+import onnxruntime
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tasks.core.data.column_kinds import propose_kinds
+from tasks.core.data.encoding import FittedEncoding, batch_stats
+from tasks.core.data.prepare import PreparedTable
+from tasks.core.data.scaling import ScalerStats
+from tasks.core.models.plugins import build, input_spec_for, mlp_spec
+from tasks.core.serving.bundle import BundleRecord, load_bundle, write_bundle
+from tasks.core.serving.exports import ExportResult, export_model
+from tasks.core.serving.raw_inputs import onnx_encoding, raw_feeds, signature_names, tf_encoded
+from tasks.core.training.records import Hardware, TrainingRun
+
+REPO = Path(__file__).resolve().parents[3]
+CLASSES = ["low", "mid", "high"]
+COLUMNS = ["amount", "home city", "member", "joined", "last_seen"]
+WEIGHTS = {"pytorch": "model.pt", "tensorflow": "model.npz"}
+
+
+def train_table(rows: int = 240, seed: int = 0) -> pa.Table:
+    """Every column has gaps: nulls, and NaN in the numbers too; the label follows the columns."""
+    rng = np.random.default_rng(seed)
+    missing = rng.random((5, rows)) < 0.1
+    label = rng.integers(0, len(CLASSES), rows)
+    amount = rng.normal(label * 3.0, 1.0) * 1e6
+    amount[missing[0] & (np.arange(rows) % 2 == 0)] = np.nan
+    cities = np.array(["paris", "oslo", "rome", "lima", "kyiv"])[(label + rng.integers(0, 3, rows)) % 5]
+    joined = [date(1968, 6, 1) + timedelta(days=int(day)) for day in rng.integers(0, 20_000, rows)]
+    seconds = rng.integers(1_600_000_000_000_000, 1_700_000_000_000_000, rows)  # microseconds
+    return pa.table({
+        "amount": pa.array(amount, mask=missing[0] & (np.arange(rows) % 2 == 1)),
+        "home city": pa.array(cities.tolist(), mask=missing[1]),
+        "member": pa.array((rng.random(rows) < 0.3 + 0.2 * label).tolist(), mask=missing[2]),
+        "joined": pa.array(joined, pa.date32(), mask=missing[3]),
+        "last_seen": pa.array(seconds, pa.timestamp("us", tz="UTC"), mask=missing[4]),
+        "label": np.asarray(CLASSES)[label],
+    })  # fmt: skip
+
+
+def scoring_rows() -> pa.Table:
+    """Train rows, then rows a client may send: an unseen city, an empty one, a null in every column,
+    dates outside the train range (before 1970 too) and a timestamp with microseconds."""
+    seen = train_table().slice(0, 60).drop_columns(["label"])
+    new = pa.table({
+        "amount": [np.nan, None, 2.5e7, -1e6, 123_456_789.125],
+        "home city": ["tokyo", "", None, "oslo", "paris"],
+        "member": [None, True, False, None, True],
+        "joined": pa.array([None, date(1901, 3, 1), date(2099, 12, 31), date(1969, 12, 31), None], pa.date32()),
+        "last_seen": pa.array(
+            [None, datetime(2024, 2, 29, 23, 59, 59, 999_999, UTC), None, datetime(1970, 1, 1, tzinfo=UTC),
+             datetime(2023, 7, 1, 12, 30, 0, 250_000, UTC)],
+            pa.timestamp("us", tz="UTC"),
+        ),
+    })  # fmt: skip
+    return pa.concat_tables([seen, new.cast(seen.schema)])
+
+
+def prepared_table(table: pa.Table) -> PreparedTable:
+    """What preprocessing makes of `table`, all rows taken as train rows."""
+    raw = table.select(COLUMNS)
+    encoding = batch_stats(propose_kinds(raw.schema, sample=raw), raw).fit()
+    encoded = encoding.transform(raw)
+    scale = encoded.std(axis=0)
+    counts = Counter(table.column("label").to_pylist())
+    return PreparedTable(
+        feature_names=encoding.encoded_names(),
+        label_column="label",
+        class_labels=CLASSES,
+        class_counts={label: counts[label] for label in CLASSES},
+        rows={"train": table.num_rows, "val": 0, "test": 0},
+        scaler=ScalerStats(encoded.mean(axis=0).tolist(), np.where(scale > 0, scale, 1.0).tolist()),
+        source="raw.parquet",
+        columns=COLUMNS,
+        encoding=json.dumps(encoding.to_dict()),
+    )
+
+
+def write_raw_bundle(folder: Path, framework: str, table: PreparedTable, seed: int = 3) -> str:
+    """An untrained, seeded MLP over the table's encoded features, as a bundle (which exports it)."""
+    spec = mlp_spec([16])
+    n_features = len(table.feature_names)
+    input_spec = input_spec_for(spec, n_features, len(CLASSES))
+    artifact = str(folder.parent / f"{folder.name}-{WEIGHTS[framework]}")
+    if framework == "pytorch":
+        import torch
+
+        from tasks.core.models.torch_models import save_torch_artifact
+
+        torch.manual_seed(seed)
+        save_torch_artifact(build(spec, n_features, len(CLASSES), framework), spec, input_spec, artifact)
+    else:
+        import keras
+
+        from tasks.core.models.keras_models import save_keras_artifact
+
+        keras.utils.set_random_seed(seed)
+        save_keras_artifact(build(spec, n_features, len(CLASSES), framework), spec, input_spec, artifact)
+    run = TrainingRun(framework, "cpu", 1, "gloo", "fp32", "single-process", [], 0.0, 0.0, model=spec)
+    record = BundleRecord.of(table, run, Hardware("cpu", 1), data_fingerprint="0" * 32)
+    return write_bundle(str(folder), artifact, record)
+
+
+@pytest.fixture(scope="module")
+def prepared() -> PreparedTable:
+    return prepared_table(train_table())
+
+
+@pytest.fixture(scope="module")
+def bundles(prepared, tmp_path_factory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("raw-row-bundles")
+    return {framework: write_raw_bundle(root / framework, framework, prepared) for framework in WEIGHTS}
+
+
+def client_feeds(rows: pa.Table) -> dict[str, np.ndarray]:
+    """The inputs as a client builds them from plain Python values, without the project's code:
+    numbers and booleans float64 with NaN, text with '' where missing, dates as Unix seconds."""
+
+    def number(value) -> float:
+        return math.nan if value is None else float(value)
+
+    def seconds(value) -> float:
+        if value is None:
+            return math.nan
+        instant = value if isinstance(value, datetime) else datetime(value.year, value.month, value.day)
+        return instant.replace(tzinfo=UTC).timestamp() if instant.tzinfo is None else instant.timestamp()
+
+    values = {name: rows.column(name).to_pylist() for name in COLUMNS}
+    feeds = {
+        "amount": [number(value) for value in values["amount"]],
+        "home city": np.asarray(["" if value is None else value for value in values["home city"]], object),
+        "member": [number(value) for value in values["member"]],
+        "joined": [seconds(value) for value in values["joined"]],
+        "last_seen": [seconds(value) for value in values["last_seen"]],
+    }
+    return {name: np.asarray(column)[:, None] for name, column in feeds.items()}
+
+
+def onnx_session(path: str) -> onnxruntime.InferenceSession:
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = 1
+    return onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+
+
+def onnx_probabilities(path: str, feeds: dict[str, np.ndarray]) -> np.ndarray:
+    (probabilities,) = onnx_session(path).run(["probabilities"], feeds)
+    return probabilities
+
+
+def saved_model_probabilities(
+    path: str, feeds: dict[str, np.ndarray], encoding: FittedEncoding
+) -> np.ndarray:
+    import tensorflow as tf
+
+    serving = tf.saved_model.load(path).signatures["serving_default"]
+    names = signature_names(encoding)
+    outputs = serving(**{names[column]: tf.constant(values) for column, values in feeds.items()})
+    return outputs["probabilities"].numpy()
+
+
+def assert_same_answers(expected: np.ndarray, probabilities: np.ndarray) -> None:
+    assert probabilities.dtype == np.float32 and probabilities.shape == expected.shape
+    np.testing.assert_allclose(probabilities, expected, atol=1e-5)
+    np.testing.assert_array_equal(probabilities.argmax(axis=1), expected.argmax(axis=1))
+
+
+# ---- the encoding graph alone -----------------------------------------------------------------------
+
+
+def many_dates_table(rows: int = 4000) -> pa.Table:
+    """Instants over five centuries either side of 1970, leap days included, with gaps everywhere."""
+    rng = np.random.default_rng(1)
+    micros = rng.integers(-200_000, 200_000, rows) * 86_400_000_000 + rng.integers(0, 86_400_000_000, rows)
+    micros[:3] = [
+        int(datetime(2000, 2, 29, tzinfo=UTC).timestamp() * 1e6),
+        int(datetime(1900, 3, 1, tzinfo=UTC).timestamp() * 1e6) - 1,
+        -1,
+    ]
+    return pa.table({
+        "amount": pa.array(rng.normal(size=rows), mask=rng.random(rows) < 0.1),
+        "home city": pa.array(rng.choice(["a", "b", "c", ""], rows).tolist(), mask=rng.random(rows) < 0.1),
+        "member": pa.array((rng.random(rows) < 0.5).tolist(), mask=rng.random(rows) < 0.1),
+        "joined": pa.array(micros, pa.timestamp("us"), mask=rng.random(rows) < 0.1),
+    })  # fmt: skip
+
+
+def complete_rows(table: pa.Table) -> pa.Table:
+    complete = np.ones(table.num_rows, bool)
+    for column in table.columns:
+        complete &= column.is_valid().to_numpy(zero_copy_only=False)
+    complete &= ~np.isnan(table.column("amount").to_numpy(zero_copy_only=False))
+    complete &= np.asarray(table.column("home city").to_pylist()) != ""
+    return table.filter(pa.array(complete))
+
+
+@pytest.mark.parametrize("indicators", [True, False])
+def test_the_onnx_and_tensorflow_encodings_give_the_bundle_s_features(indicators):
+    import tensorflow as tf
+
+    table = many_dates_table()
+    # Without a missing train value there is no indicator, and a value missing at scoring is filled.
+    train = table if indicators else complete_rows(table)
+    encoding = batch_stats(propose_kinds(train.schema, sample=train), train).fit(vocabulary_cap=2)
+    assert any(name.endswith("<missing>") for name in encoding.encoded_names()) == indicators
+    expected = encoding.transform(table)
+    feeds = raw_feeds(table, encoding)
+    session = onnxruntime.InferenceSession(
+        onnx_encoding(encoding, 10, 18).SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    (from_onnx,) = session.run(None, feeds)
+    names = signature_names(encoding)
+    from_tf = tf_encoded({names[column]: tf.constant(values) for column, values in feeds.items()}, encoding)
+    days = np.array([name.endswith(":days") for name in encoding.encoded_names()])
+    for encoded in (from_onnx, from_tf.numpy()):
+        np.testing.assert_array_equal(encoded[:, ~days], expected[:, ~days])  # codes, months, weekdays
+        # Days from float64 seconds rather than integer microseconds: equal to the last digits or so.
+        np.testing.assert_allclose(encoded[:, days], expected[:, days], rtol=1e-13, atol=0)
+
+
+def test_signature_names_are_the_columns_where_tensorflow_takes_them():
+    encoding = FittedEncoding.from_dict({
+        "version": 1,
+        "left_out": {},
+        "columns": [
+            {"name": name, "kind": "numeric", "fill": 0.0, "indicator": False}
+            for name in ("amount", "home city", "home_city", "_id", "a.b-c", "né")
+        ],
+    })  # fmt: skip
+    assert signature_names(encoding) == {
+        "amount": "amount", "home city": "home_city", "home_city": "home_city_2", "_id": "x_id",
+        "a.b-c": "a.b-c", "né": "n_",
+    }  # fmt: skip
+
+
+# ---- the bundle's exports --------------------------------------------------------------------------------
+
+
+def test_the_exports_take_one_named_input_per_raw_column(bundles, prepared):
+    import tensorflow as tf
+
+    for framework, folder in bundles.items():
+        manifest = json.loads((Path(folder) / "bundle.json").read_text())
+        expected = {"onnx": "model.onnx"} if framework == "pytorch" else {
+            "saved_model": "saved_model", "onnx": "model.onnx"}  # fmt: skip
+        assert manifest["files"] == {"weights": WEIGHTS[framework], **expected}
+        assert manifest["export_notes"] == []
+        session = onnx_session(os.path.join(folder, "model.onnx"))
+        inputs = [(value.name, value.type, value.shape) for value in session.get_inputs()]
+        assert inputs == [
+            ("amount", "tensor(double)", ["rows", 1]),
+            ("home city", "tensor(string)", ["rows", 1]),
+            ("member", "tensor(double)", ["rows", 1]),
+            ("joined", "tensor(double)", ["rows", 1]),
+            ("last_seen", "tensor(double)", ["rows", 1]),
+        ]
+        outputs = [(value.name, value.type, value.shape) for value in session.get_outputs()]
+        assert outputs == [(name, "tensor(float)", ["rows", 3]) for name in ("logits", "probabilities")]
+    serving = tf.saved_model.load(os.path.join(bundles["tensorflow"], "saved_model")).signatures["serve"]
+    _, named = serving.structured_input_signature
+    assert {name: (spec.dtype, spec.shape.as_list()) for name, spec in named.items()} == {
+        "amount": (tf.float64, [None, 1]), "home_city": (tf.string, [None, 1]), "member": (tf.float64, [None, 1]),
+        "joined": (tf.float64, [None, 1]), "last_seen": (tf.float64, [None, 1]),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("form", ["arrow", "pandas"])
+def test_a_client_s_inputs_are_what_raw_feeds_gives(prepared, form):
+    rows = scoring_rows()
+    feeds = raw_feeds(rows if form == "arrow" else rows.to_pandas(), prepared.fitted_encoding())
+    expected = client_feeds(rows)
+    assert list(feeds) == list(expected)
+    for name, values in expected.items():
+        assert feeds[name].shape == values.shape == (rows.num_rows, 1)
+        np.testing.assert_array_equal(feeds[name], values)
+
+
+@pytest.mark.parametrize("framework", list(WEIGHTS))
+def test_the_bundle_onnx_and_saved_model_give_raw_rows_the_same_answers(bundles, prepared, framework):
+    folder = bundles[framework]
+    rows = scoring_rows()
+    expected = load_bundle(folder).predict_proba(rows)
+    assert len(set(expected.argmax(axis=1))) > 1, "an untrained model that predicts one class tests little"
+    feeds = client_feeds(rows)
+    assert_same_answers(expected, onnx_probabilities(os.path.join(folder, "model.onnx"), feeds))
+    if framework == "tensorflow":
+        saved_model = os.path.join(folder, "saved_model")
+        assert_same_answers(
+            expected, saved_model_probabilities(saved_model, feeds, prepared.fitted_encoding())
+        )
+    one_row = {name: values[-2:-1] for name, values in feeds.items()}  # the batch size is free
+    assert_same_answers(expected[-2:-1], onnx_probabilities(os.path.join(folder, "model.onnx"), one_row))
+
+
+def test_a_column_named_as_an_output_leaves_the_onnx_export_out_with_a_note(tmp_path):
+    table = pa.table({"logits": ["a", "b", "a", None]})
+    encoding = batch_stats(propose_kinds(table.schema, sample=table), table).fit()
+    n_features = len(encoding.encoded_names())
+    model = build(mlp_spec([4]), n_features, len(CLASSES), "pytorch").eval()
+    scaler = ScalerStats([0.0] * n_features, [1.0] * n_features)
+    result = export_model(model, "pytorch", scaler, str(tmp_path), encoding)
+    assert result == ExportResult(
+        files={},
+        notes=[
+            "onnx not exported: ValueError: the columns ['logits'] have the names of the export's outputs"
+        ],
+    )
+    assert os.listdir(tmp_path) == []
+
+
+# ---- where flytekit cannot be imported ---------------------------------------------------------------------
+
+SCORE_WITHOUT_FLYTE = """
+import json, os, sys
+sys.modules["flytekit"] = None  # importing flytekit now fails
+import numpy as np, onnxruntime, pyarrow.parquet as pq, tensorflow as tf
+from tasks.core.serving.bundle import load_bundle
+from tasks.core.serving.raw_inputs import raw_feeds, signature_names
+rows = pq.read_table(sys.argv[1])
+answers = {}
+for folder in sys.argv[2:]:
+    bundle = load_bundle(folder)
+    feeds = raw_feeds(rows, bundle.encoding)
+    session = onnxruntime.InferenceSession(os.path.join(folder, "model.onnx"), providers=["CPUExecutionProvider"])
+    answers[folder] = {
+        "bundle": bundle.predict_proba(rows).tolist(),
+        "onnx": session.run(["probabilities"], feeds)[0].tolist(),
+    }
+    if os.path.isdir(os.path.join(folder, "saved_model")):
+        serving = tf.saved_model.load(os.path.join(folder, "saved_model")).signatures["serving_default"]
+        names = signature_names(bundle.encoding)
+        named = {names[column]: tf.constant(values) for column, values in feeds.items()}
+        answers[folder]["saved_model"] = serving(**named)["probabilities"].numpy().tolist()
+print(json.dumps(answers))
+"""
+
+
+@pytest.mark.slow
+def test_the_same_answers_where_flytekit_cannot_be_imported(bundles, tmp_path):
+    """A separate process: starting TensorFlow and torch there takes seconds."""
+    rows = tmp_path / "rows.parquet"
+    pq.write_table(scoring_rows(), rows)
+    folders = [bundles["pytorch"], bundles["tensorflow"]]
+    result = subprocess.run(
+        [sys.executable, "-c", SCORE_WITHOUT_FLYTE, str(rows), *folders],
+        cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    answers = json.loads(result.stdout.strip().splitlines()[-1])
+    assert sorted(answers[folders[0]]) == ["bundle", "onnx"]
+    assert sorted(answers[folders[1]]) == ["bundle", "onnx", "saved_model"]
+    for folder in folders:
+        expected = load_bundle(folder).predict_proba(scoring_rows())
+        np.testing.assert_array_equal(np.asarray(answers[folder]["bundle"], np.float32), expected)
+        for probabilities in answers[folder].values():
+            assert_same_answers(expected, np.asarray(probabilities, np.float32))
