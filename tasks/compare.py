@@ -9,6 +9,7 @@ from tasks.core.report.compare import HardwareComparison, RunSummary, compare_ru
 from tasks.core.validation import price_problems
 from tasks.hardware import CPU_IMAGE, SMALL_CPU, guaranteed
 from tasks.plumbing.decks import DECKS, comparison_deck
+from tasks.plumbing.process import running_locally
 from tasks.types import EvaluationReport
 
 
@@ -31,5 +32,6 @@ def check_prices(prices: dict[str, float]) -> None:
 def compare(gpu: EvaluationReport, tpu: EvaluationReport, prices: dict[str, float]) -> HardwareComparison:
     comparison = compare_runs([summarise("gpu (pytorch)", gpu), summarise("tpu (tensorflow)", tpu)], prices)
     comparison_deck(comparison)
-    print(comparison.table(), flush=True)
+    if not running_locally():  # where pyflyte prints the outputs, the table would appear twice
+        print(comparison.table(), flush=True)
     return comparison

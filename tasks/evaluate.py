@@ -21,7 +21,7 @@ from tasks.core.serving.scoring import split_metrics
 from tasks.core.training.records import Hardware
 from tasks.hardware import ML_CPU_IMAGE, SMALL_CPU, guaranteed
 from tasks.plumbing.decks import DECKS, evaluation_deck
-from tasks.plumbing.process import begin_task
+from tasks.plumbing.process import begin_task, running_locally
 from tasks.plumbing.storage import local_path
 from tasks.types import EvaluationReport, PreparedData, ResourcePlan, TrainedModel
 
@@ -74,7 +74,6 @@ def evaluate(prepared: PreparedData, trained: TrainedModel, plan: ResourcePlan |
         notes=notes + prepared.table.notes + metrics.notes(),
     )
     evaluation_deck(report)
-    print(report.summary(), flush=True)
-    if plan is not None:
-        print(plan.summary(), flush=True)
+    if not running_locally():  # where pyflyte prints the outputs, the report would appear twice
+        print(report.summary(), flush=True)
     return Evaluated(report, FlyteDirectory(folder))

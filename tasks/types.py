@@ -115,6 +115,9 @@ def option_line(option: OptionFit, chosen: bool) -> str:
     )
 
 
+CLASSES_SHOWN = 20  # rows of the summary's per-class table
+
+
 @dataclass(repr=False)
 class EvaluationReport:
     metrics: ClassificationMetrics
@@ -132,15 +135,24 @@ class EvaluationReport:
             f"model: {describe_spec(run.model)}",
             f"trained with {run.framework} ({run.strategy}) on {run.device} x{run.world_size} "
             f"({run.samples_per_second:,.0f} samples/s, {run.train_seconds:.1f}s)",
+            *([f"kept epoch {run.kept_epoch}: {run.kept_reason}"] if run.kept_epoch else []),
             f"billed as: {self.billed.describe()}",
             *self.notes,
             f"test rows: {metrics.n_test}  accuracy: {metrics.accuracy:.4f}  macro-F1: {metrics.macro_f1:.4f}",
             f"{'class':>12} {'support':>8} {'predicted':>9} {'precision':>9} {'recall':>7} {'f1':>6}",
         ]
+        shown = metrics.per_class
+        if len(shown) > CLASSES_SHOWN:  # the weakest classes, where a long table would hide the report
+            shown = sorted(shown, key=lambda c: (c.f1, -c.support))[:CLASSES_SHOWN]
         lines += [
             f"{c.label:>12} {c.support:>8} {c.predicted:>9} {c.precision:>9.3f} {c.recall:>7.3f} {c.f1:>6.3f}"
-            for c in metrics.per_class
+            for c in shown
         ]
+        if len(shown) < len(metrics.per_class):
+            lines.append(
+                f"(the {len(shown)} classes of lowest F1 of {len(metrics.per_class):,}; every class is in "
+                "report.metrics.per_class and the evaluation Deck)"
+            )
         return "\n".join(lines)
 
     def __repr__(self) -> str:

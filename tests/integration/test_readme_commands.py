@@ -139,3 +139,7 @@ def test_a_readme_command_runs_as_written(command, readme_run):
     assert result["returncode"] == 0, result["stderr"][-3000:]
     assert "used more than once" not in result["stderr"]  # the bool flags parse cleanly
     assert "accuracy" in result["stdout"]
+    everything = result["stdout"] + result["stderr"]
+    assert everything.count("macro-F1") == everything.count("test rows:"), "each report once, whole"
+    assert everything.count("resource plan (") <= everything.count("test rows:"), "each plan once"
+    assert "torchvision" not in everything and "FutureWarning" not in everything

@@ -31,7 +31,7 @@ class ComparisonRow:
         return f"{self.run.billed.describe()} ({self.run.training.strategy})"
 
 
-@dataclass
+@dataclass(repr=False)
 class HardwareComparison:
     rows: list[ComparisonRow]
     most_accurate: str
@@ -53,6 +53,10 @@ class HardwareComparison:
             f"most accurate: {self.most_accurate}; fastest: {self.fastest}; cheapest: {self.cheapest}"
         )
         return "\n".join(lines + self.notes)
+
+    def __repr__(self) -> str:
+        """What `pyflyte run` prints of the comparison: its table, not every run's record."""
+        return f"\n{self.table()}\n"
 
 
 def price_run(run: RunSummary, prices: dict[str, float]) -> ComparisonRow:

@@ -46,7 +46,9 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import warnings
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from tasks.core.data.column_kinds import NUMERIC
@@ -151,20 +153,37 @@ def write_torch_onnx(serving, n_features: int, path: str, exact: bool = False) -
     """`exact`: "features" in float64, as the raw-row encoding gives them; else float32."""
     import torch
 
-    torch.onnx.export(
-        serving,
-        # two rows: torch.export specialises a dimension of size 1
-        (torch.zeros(2, n_features, dtype=torch.float64 if exact else torch.float32),),
-        path,
-        dynamo=True,
-        dynamic_shapes={INPUT: {0: torch.export.Dim(ROWS)}},
-        input_names=[INPUT],
-        output_names=list(OUTPUTS),
-        opset_version=ONNX_OPSET,
-        external_data=False,
-        verbose=False,
-    )
+    with quiet_exporter():
+        torch.onnx.export(
+            serving,
+            # two rows: torch.export specialises a dimension of size 1
+            (torch.zeros(2, n_features, dtype=torch.float64 if exact else torch.float32),),
+            path,
+            dynamo=True,
+            dynamic_shapes={INPUT: {0: torch.export.Dim(ROWS)}},
+            input_names=[INPUT],
+            output_names=list(OUTPUTS),
+            opset_version=ONNX_OPSET,
+            external_data=False,
+            verbose=False,
+        )
     check_dynamic_rows(path)
+
+
+@contextmanager
+def quiet_exporter():
+    """The dynamo exporter logs a warning for each torchvision op it cannot register where torchvision is
+    not installed (no model here uses them), and torch.export a pytree FutureWarning: noise in a run's
+    log that asks nothing of the user. Errors still reach the log and the export's note."""
+    registration = logging.getLogger("torch.onnx._internal.exporter._registration")
+    level = registration.level
+    registration.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            yield
+    finally:
+        registration.setLevel(level)
 
 
 def export_keras(

@@ -29,3 +29,9 @@ def test_missing_price_is_reported_not_guessed():
 def test_nothing_to_compare():
     with pytest.raises(ValueError, match="nothing to compare"):
         compare_runs([], {})
+
+
+def test_what_pyflyte_prints_of_a_comparison_is_its_table():
+    comparison = compare_runs([run("gpu", "nvidia-b200", 1, 60.0, 0.9)], {"nvidia-b200": 5.0})
+    assert repr(comparison) == f"\n{comparison.table()}\n"
+    assert "TrainingRun(" not in repr(comparison) and len(repr(comparison)) < 600

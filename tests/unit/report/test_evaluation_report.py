@@ -49,3 +49,20 @@ def test_a_small_confusion_matrix_still_shows_its_counts(deck_pages):
     for row in report.metrics.confusion_matrix:
         for count in row:
             assert f"<!-- {count} -->" in deck_pages["Evaluation"]  # matplotlib names each text it draws
+
+
+def test_a_1000_class_summary_shows_the_weakest_classes_and_says_where_the_rest_are():
+    report = report_for(1000, rows=20_000)
+    lines = report.summary().splitlines()
+    assert len(lines) < 40, f"{len(lines)} lines"
+    f1 = {c.label: c.f1 for c in report.metrics.per_class}
+    shown = [line.split()[0] for line in lines if line.split()[0] in f1]
+    assert len(shown) == 20 and max(f1[label] for label in shown) <= sorted(f1.values())[19]
+    assert lines[-1].startswith("(the 20 classes of lowest F1 of 1,000")
+    assert repr(report).count("macro-F1") == 1
+
+
+def test_a_small_summary_lists_every_class_in_order():
+    report = report_for(10, rows=500)
+    labels = [line.split()[0] for line in report.summary().splitlines()[-10:]]
+    assert labels == report.class_labels
