@@ -46,6 +46,8 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import sys
+import tempfile
 import warnings
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -260,10 +262,32 @@ def write_saved_model(model, serve, path: str) -> None:
 def write_keras_onnx(serve, path: str) -> None:
     import tf2onnx
 
-    tf2onnx.convert.from_function(
-        serve, input_signature=serve.input_signature, opset=ONNX_OPSET, output_path=path
-    )
+    with native_log_held():
+        tf2onnx.convert.from_function(
+            serve, input_signature=serve.input_signature, opset=ONNX_OPSET, output_path=path
+        )
     check_dynamic_rows(path)
+
+
+@contextmanager
+def native_log_held():
+    """tf2onnx runs TensorFlow's graph optimizer, whose C++ lines ("Starting new session", a count of
+    GPUs) reach the process's stderr before absl's log is set up, past TF_CPP_MIN_LOG_LEVEL. They are
+    held in a file while it runs and shown only where the conversion fails."""
+    sys.stderr.flush()
+    kept = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        except BaseException:
+            os.dup2(kept, 2)
+            held.seek(0)
+            sys.stderr.write(held.read().decode(errors="replace"))
+            raise
+        finally:
+            os.dup2(kept, 2)
+            os.close(kept)
 
 
 def check_dynamic_rows(path: str) -> None:

@@ -266,3 +266,19 @@ def test_a_gap_in_a_number_is_filled_in_the_export_as_the_bundle_fills_it(tmp_pa
     else:
         logits = keras_logits(model, filled)
     assert_agree(onnx_outputs(str(tmp_path / "model.onnx"), raw), logits)
+
+
+def test_native_log_lines_of_a_conversion_are_held_and_shown_only_when_it_fails(capfd):
+    import os
+
+    from tasks.core.serving.exports import native_log_held
+
+    with native_log_held():
+        os.write(2, b"I0000 Starting new session\n")
+    assert "Starting new session" not in capfd.readouterr().err
+    with pytest.raises(RuntimeError, match="conversion failed"), native_log_held():
+        os.write(2, b"E0000 what went wrong\n")
+        raise RuntimeError("conversion failed")
+    assert "what went wrong" in capfd.readouterr().err
+    os.write(2, b"after\n")
+    assert capfd.readouterr().err == "after\n", "stderr is the process's own again"
