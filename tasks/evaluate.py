@@ -10,6 +10,8 @@ grow with the split.
 from __future__ import annotations
 
 import logging
+import os
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import NamedTuple
 
@@ -42,6 +44,21 @@ def billed_hardware(trained: TrainedModel, plan: ResourcePlan | None) -> tuple[H
     ), []
 
 
+LOCAL_MODELS = "MIXEDML_LOCAL_MODELS"
+
+
+def bundle_folder(fingerprint: str) -> str:
+    """Where the bundle is written. In a pod, the task's working directory, from which flytekit uploads
+    it. In a local run, a folder that outlasts the run, one per run, named by the time and the data's
+    fingerprint, under $MIXEDML_LOCAL_MODELS or else ./mixedml-models: flytekit keeps a local run's
+    outputs in its temporary folders, so the path pyflyte prints would otherwise be one of those."""
+    if not running_locally():
+        return str(Path(current_context().working_directory) / "model")
+    root = Path(os.environ.get(LOCAL_MODELS) or "mixedml-models").absolute()
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
+    return str(root / f"{stamp}-{fingerprint[:8]}")
+
+
 # A run's outputs: the report, and the model bundle (tasks/core/serving/bundle.py). The functional form keeps the
 # field types real classes, as flytekit reads them, under postponed annotations.
 Evaluated = NamedTuple("Evaluated", [("report", EvaluationReport), ("model", FlyteDirectory)])  # noqa: UP014
@@ -57,7 +74,7 @@ def evaluate(prepared: PreparedData, trained: TrainedModel, plan: ResourcePlan |
     """The model bundle of the run, and the test split's metrics as that bundle scores it."""
     begin_task()
     billed, notes = billed_hardware(trained, plan)
-    folder = str(Path(current_context().working_directory) / "model")
+    folder = bundle_folder(prepared.fingerprint)
     record = BundleRecord.of(prepared.table, trained.run, billed, prepared.fingerprint)
     write_bundle(folder, trained.artifact.download(), record)
     bundle = load_bundle(folder)

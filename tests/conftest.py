@@ -44,6 +44,9 @@ def pytest_configure(config):
         return
     outer = os.environ.get("TMPDIR")
     root = os.environ["TMPDIR"] = tempfile.mkdtemp(prefix="mixedml-tests-")
+    os.environ["MIXEDML_LOCAL_MODELS"] = os.path.join(
+        root, "models"
+    )  # local runs' bundles (tasks/evaluate.py)
     tempfile.tempdir = None  # read TMPDIR again
     config.stash[SESSION_TMPDIR] = SessionTmpdir(root, outer)
 

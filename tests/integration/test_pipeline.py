@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -50,6 +51,14 @@ def test_the_bundle_scores_the_users_rows_as_evaluate_did(default_digits_run, tm
     id columns added) exactly as the report counted them."""
     report = default_digits_run.report
     assert_scores_as_evaluate_did(default_digits_run.model.path, report.metrics.accuracy, tmp_path)
+
+
+def test_a_local_run_s_bundle_lasts_in_the_local_models_folder_not_in_flytekit_s_temporary_ones(
+    default_digits_run,
+):
+    folder = Path(default_digits_run.model.path)
+    assert folder.parent == Path(os.environ["MIXEDML_LOCAL_MODELS"])  # the session's, set by conftest
+    assert (folder / "bundle.json").is_file()
 
 
 def test_the_cnn_on_the_multinode_target_is_clamped_to_one_node_beats_the_mlp_and_reaches_098(
