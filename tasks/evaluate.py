@@ -77,7 +77,7 @@ def evaluate(prepared: PreparedData, trained: TrainedModel, plan: ResourcePlan |
     folder = bundle_folder(prepared.fingerprint)
     record = BundleRecord.of(prepared.table, trained.run, billed, prepared.fingerprint)
     write_bundle(folder, trained.artifact.download(), record)
-    bundle = load_bundle(folder)
+    bundle = load_bundle(folder, trusted_builders=[trained.run.model.builder])  # this run's own builder
     test = local_path(prepared.test, "test split")
     metrics = split_metrics(bundle, test, prepared.table.label_column, prepared.table.class_labels)
     add_metrics(folder, metrics)

@@ -14,10 +14,16 @@ from tasks.plumbing.process import begin_task
 @task(container_image=ML_CPU_IMAGE, **guaranteed(SMALL_CPU))
 def publish_model(bundle: FlyteDirectory, prefix: str) -> str:
     """Copy the bundle to `<prefix>/<version>/`, then point `<prefix>/LATEST` at it; returns the
-    version's URI. An empty prefix publishes nothing and returns ""."""
+    version's URI. An empty prefix publishes nothing and returns "". A failure names the run's bundle,
+    which stays where the run wrote it."""
     if not prefix:
         return ""
     begin_task()
-    uri = publish_bundle(bundle.download(), prefix)
+    uri = publish_bundle(bundle.download(), prefix, origin=lasting_path(bundle))
     print(f"published the model bundle as {uri}", flush=True)
     return uri
+
+
+def lasting_path(bundle: FlyteDirectory) -> str:
+    """Where the run's bundle lasts: its URI in the run's outputs, not this pod's downloaded copy."""
+    return getattr(bundle, "remote_source", None) or str(bundle.path)

@@ -31,7 +31,13 @@ from tasks.core.planning.planner import (
     plan_training,
 )
 from tasks.core.training.config import TrainConfig
-from tasks.core.validation import batch_problems, column_kind_problems, embedded_label_problems, problems
+from tasks.core.validation import (
+    batch_problems,
+    column_kind_problems,
+    embedded_label_problems,
+    problems,
+    publish_problems,
+)
 from tasks.hardware import (
     CPU_NODE,
     ML_CPU_IMAGE,
@@ -73,6 +79,7 @@ def prepare_data(
     hyperparameters: TrainConfig,
     plan_resources: bool,
     column_kinds: dict[str, str] | None = None,
+    publish_to: str = "",
 ) -> tuple[PreparedData, PreprocessPlan]:
     """Check every input, size the preprocessing from the input's metadata, then preprocess: in one
     pod, or in pieces for an input past the planner's PIECE_BYTES or PIECE_ROWS.
@@ -84,6 +91,7 @@ def prepare_data(
         problems(target, hyperparameters, TARGETS, val_fraction, test_fraction)
         + embedded_label_problems(dataset, label_column)
         + column_kind_problems(column_kinds or {})
+        + publish_problems(publish_to)
     )
     plan, pieces = size_preprocessing(dataset, label_column)
     log.info(

@@ -62,7 +62,7 @@ def training_pipeline(
     prepared, preprocess_plan = prepare_data(
         dataset=dataset, label_column=label_column, val_fraction=val_fraction, test_fraction=test_fraction,
         target=target, hyperparameters=hyperparameters, plan_resources=plan_resources,
-        column_kinds=column_kinds,
+        column_kinds=column_kinds, publish_to=publish_to,
     )  # fmt: skip
     trained, plan = train_on_target(
         prepared=prepared, preprocess_plan=preprocess_plan, target=target, hyperparameters=hyperparameters,

@@ -11,6 +11,7 @@ from typing import Protocol
 from tasks.core.data.assignment import FRACTION_RULE, bad_fractions
 from tasks.core.data.column_kinds import CATEGORICAL, DROP, KINDS
 from tasks.core.data.prepare import EMBEDDED_DIGITS_LABEL
+from tasks.core.serving.publish import prefix_problem
 from tasks.core.training.config import TrainConfig, hyperparameter_problems, micro_batch
 
 
@@ -43,6 +44,17 @@ def column_kind_problems(column_kinds: Mapping[str, str]) -> list[str]:
         for name, kind in column_kinds.items()
         if kind not in allowed
     ]
+
+
+def publish_problems(publish_to: str) -> list[str]:
+    """Where the trained bundle is to be published, checked before training rather than after it: a
+    local prefix that is a file or cannot be written, or a scheme no installed filesystem serves."""
+    problem = prefix_problem(publish_to) if publish_to else ""
+    return (
+        [f"input 'publish_to' = {publish_to!r}: {problem}; pass e.g. --publish_to models/churn"]
+        if problem
+        else []
+    )
 
 
 def split_problems(val_fraction: float, test_fraction: float) -> list[str]:

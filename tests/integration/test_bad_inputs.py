@@ -180,6 +180,10 @@ WORKFLOW_CASES = {
         lambda t: write(t, "d.parquet"), {"column_kinds": {"zip": "categorical"}},
         ["column kinds are given for 'zip', which are not feature columns of the data"],
     ),
+    "validation: publish_to is a file": (
+        lambda t: write(t, "d.parquet"), {"publish_to": "PUBLISH_TO_THE_DATA_FILE"},
+        ["input 'publish_to' =", "d.parquet': is a file, not a folder to publish bundles under"],
+    ),
     "launcher: batch not divisible over the workers": (
         lambda t: write(t, "d.parquet"),
         {"hyperparameters": TrainConfig(epochs=2, batch_size=63), "plan_resources": False},
@@ -210,6 +214,8 @@ def test_the_workflow_fails_before_training_naming_the_input(case, tmp_path, no_
     make_dataset, extra, fragments = WORKFLOW_CASES[case]
     inputs = {"dataset": make_dataset(tmp_path), "label_column": "species",
               "hyperparameters": TrainConfig(epochs=2), **extra}  # fmt: skip
+    if inputs.get("publish_to") == "PUBLISH_TO_THE_DATA_FILE":
+        inputs["publish_to"] = inputs["dataset"]
     before = files_under(tmp_path)
     with pytest.raises(Exception) as error:
         training_pipeline(**inputs)

@@ -26,7 +26,9 @@ TensorFlow. `examples/residual.py` is a worked example to copy.
 
 References are resolved by importing code present in the training image; an artifact records the
 reference and options next to the weights and is rebuilt through the same builder, so no code is ever
-unpickled from an input or an artifact.
+unpickled from an input or an artifact. A reference in an artifact is still code chosen by whoever
+wrote the file: a bundle from elsewhere is rebuilt through a user's builder only where the caller
+trusts it (`BuilderTrust`); the built-ins always.
 """
 
 from __future__ import annotations
@@ -406,6 +408,24 @@ def rebuild(record: Mapping[str, Any], framework: str):
     """The model an `artifact_record` describes, built afresh through its builder, and its spec."""
     spec = ModelSpec(**record["model"])
     return build(spec, record["input"]["n_features"], record["input"]["n_classes"], framework), spec
+
+
+@dataclass(frozen=True)
+class BuilderTrust:
+    """Which builders an artifact from elsewhere may name, so that loading it imports and calls them:
+    the built-ins always; a user's `package.module:builder` only when listed in `references`, or any
+    with `any_code`."""
+
+    references: frozenset[str] = frozenset()
+    any_code: bool = False
+
+    def allows(self, builder: str) -> bool:
+        return self.any_code or is_builtin(builder) or builder in self.references
+
+
+def is_builtin(builder: str) -> bool:
+    """A built-in's name, or the reference it resolves to for a framework."""
+    return builder in BUILTINS or any(builder in references.values() for references in BUILTINS.values())
 
 
 def article(value: object) -> str:

@@ -6,7 +6,7 @@ A bundle is a folder, self-contained and free of pickled code:
                   input's raw feature columns and the fitted encoding that turns them into the features,
                   the feature names in order, the scaler's statistics, the class labels as the label
                   column held them, the run, the billed hardware, the data, the metrics, the package
-                  versions
+                  versions, and the sha256 of the weights and of each export
     model.pt      the weights as the training artifact stores them (model.npz for Keras models)
     model.onnx    the serving exports (tasks/core/serving/exports.py), listed under "files" in the manifest
 
@@ -16,12 +16,20 @@ the user's data holds, matched by column name, encodes them with the bundle's `F
 booleans, dates and missing values as numbers) and standardises them with `data.standardise`, as the
 prepared splits were: the same raw row reaches the model as the same float32 input.
 
+Loading checks the folder against its manifest before the model is rebuilt: the weights' sha256 (where
+the manifest records it: bundles written before digests existed have none), the builder, options and
+shape the weights record, the scaler's scales. The model is rebuilt through the builder the bundle
+names, which imports and calls it: a built-in always, a user's builder only where the caller trusts it
+(`load_bundle`'s `trusted_builders` or `allow_user_code`). The ONNX and SavedModel exports serve the
+model without running any of the bundle's code.
+
 Format 2 added the raw columns and the encoding. A format 1 bundle, written before encodings existed,
 has neither: its features are the raw numeric columns, read as they are.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import json
 import os
@@ -29,6 +37,7 @@ import platform
 import posixpath
 import shutil
 import tempfile
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import UTC, datetime
 from functools import cache
@@ -40,14 +49,22 @@ import numpy as np
 import pyarrow as pa
 
 from tasks.core.data.column_kinds import ACCEPTS, WHAT, value_type
-from tasks.core.data.columns import check_finite, check_numeric
+from tasks.core.data.columns import at_rows, check_finite, check_numeric
 from tasks.core.data.encoding import FittedEncoding
 from tasks.core.data.files import DatasetError, filesystem_for, is_local, remote_errors
 from tasks.core.data.labels import typed_labels
 from tasks.core.data.prepare import PreparedTable
 from tasks.core.data.scaling import ScalerStats, batch_features, check_standardised, standardise
 from tasks.core.messages import one_line, preview, shorten
-from tasks.core.models.plugins import FRAMEWORKS, artifact_record, check_logits, input_spec_for
+from tasks.core.models.plugins import (
+    BUILTINS,
+    FRAMEWORKS,
+    BuilderTrust,
+    ModelError,
+    artifact_record,
+    check_logits,
+    input_spec_for,
+)
 from tasks.core.report.metrics import ClassificationMetrics
 from tasks.core.serving.exports import export_model
 from tasks.core.training.records import Hardware, TrainingRun
@@ -120,6 +137,8 @@ class Manifest:
     export_notes: list[str] = field(default_factory=list)  # the exports left out, and why
     packages: dict[str, str] = field(default_factory=dict)  # python and distributions -> versions
     created: str = ""  # when the bundle was written, ISO 8601 in UTC
+    # Each of `files`' paths -> its sha256 (`content_digest`); empty in bundles written before digests.
+    digests: dict[str, str] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
 
     def to_json(self) -> dict[str, Any]:
@@ -165,7 +184,30 @@ def parse_manifest(data: object, where: str) -> Manifest:
     check_record(manifest.record, where)
     if "weights" not in manifest.files:
         raise BundleError(f"{where}: the manifest's files name no weights")
+    check_model_record(manifest, where)
     return manifest
+
+
+def check_model_record(manifest: Manifest, where: str) -> None:
+    """The model record names a builder, and the input it was built for is the manifest's features and
+    classes (a class label removed from the manifest, or a feature added, is refused here)."""
+    model = manifest.model.get("model")
+    if not isinstance(model, dict) or not isinstance(model.get("builder"), str):
+        raise BundleError(f"{where}: the manifest's model names no builder (model.model.builder)")
+    built_for = manifest.model.get("input")
+    if not isinstance(built_for, dict):
+        return  # nothing recorded to check against
+    record = manifest.record
+    listed = {
+        "n_features": ("features", record.feature_names),
+        "n_classes": ("class labels", record.class_labels),
+    }
+    for key, (what, names) in listed.items():
+        if built_for.get(key) != len(names):
+            raise BundleError(
+                f"{where}: the manifest lists {len(names)} {what} ({preview(names)}), but its model was "
+                f"built for {built_for.get(key)!r} (model.input.{key})"
+            )
 
 
 def decode_problem(error: BaseException) -> str:
@@ -195,6 +237,7 @@ def check_record(record: BundleRecord, where: str) -> None:
             f"{where}: the scaler has {len(record.scaler.mean)} means and {len(record.scaler.scale)} scales "
             f"for {n_features} features"
         )
+    check_scaler(record, where)
     try:
         typed_labels(record.class_labels, record.label_kind)
     except ValueError as error:
@@ -202,6 +245,23 @@ def check_record(record: BundleRecord, where: str) -> None:
             f"{where}: class labels {preview(record.class_labels)} are not of kind {record.label_kind!r}: {error}"
         ) from error
     record_encoding(record, where)
+
+
+def check_scaler(record: BundleRecord, where: str) -> None:
+    """Finite means and positive finite scales, as preprocessing fits them (a constant column gets 1)."""
+    mean = np.asarray(record.scaler.mean, dtype=np.float64)
+    scale = np.asarray(record.scaler.scale, dtype=np.float64)
+    for values, what, bad in (
+        (mean, "mean", ~np.isfinite(mean)),
+        (scale, "scale", ~(np.isfinite(scale) & (scale > 0))),
+    ):
+        if bad.any():
+            index = int(np.flatnonzero(bad)[0])
+            rule = "a finite number" if what == "mean" else "a positive finite number"
+            raise BundleError(
+                f"{where}: the scaler's {what} of feature {record.feature_names[index]!r} is "
+                f"{values[index]:g}; a {what} must be {rule}"
+            )
 
 
 def record_encoding(record: BundleRecord, where: str) -> FittedEncoding | None:
@@ -243,13 +303,15 @@ def write_bundle(directory: str, artifact: str, record: BundleRecord) -> str:
     check_logits(spec, model, n_features, n_classes, record.framework)
     encoding = record_encoding(record, directory)
     exported = export_model(model, record.framework, record.scaler, directory, encoding)
+    files = {"weights": weights, **exported.files}
     manifest = Manifest(
         record=record,
         model=artifact_record(spec, input_spec_for(spec, n_features, n_classes)),
-        files={"weights": weights, **exported.files},
+        files=files,
         export_notes=exported.notes,
         packages=package_versions(record.framework),
         created=datetime.now(UTC).isoformat(timespec="seconds"),
+        digests={path: content_digest(folder / path) for path in files.values()},
     )
     write_manifest(directory, manifest)
     return directory
@@ -273,6 +335,39 @@ def write_manifest(directory: str, manifest: Manifest) -> None:
     os.replace(file.name, Path(directory) / MANIFEST)
 
 
+def content_digest(path: Path) -> str:
+    """The sha256 of a file; of a folder (a SavedModel), of its files' relative names and contents."""
+    if path.is_file():
+        with path.open("rb") as stream:
+            return hashlib.file_digest(stream, "sha256").hexdigest()
+    digest = hashlib.sha256()
+    for file in sorted(item for item in path.rglob("*") if item.is_file()):
+        digest.update(file.relative_to(path).as_posix().encode() + b"\0")
+        with file.open("rb") as stream:
+            digest.update(hashlib.file_digest(stream, "sha256").digest())
+    return digest.hexdigest()
+
+
+def check_files(directory: str) -> Manifest:
+    """The manifest of the local bundle folder `directory`, every file it records a digest of present
+    and matching it."""
+    manifest = read_manifest(*filesystem_for(directory), directory)
+    for relative, expected in manifest.digests.items():
+        check_digest(expected, Path(directory) / relative, f"{directory.rstrip('/')}/{relative}")
+    return manifest
+
+
+def check_digest(expected: str, path: Path, where: str) -> None:
+    if not path.exists():
+        raise BundleError(f"{where}: missing; the bundle's manifest records its sha256")
+    actual = content_digest(path)
+    if actual != expected:
+        raise BundleError(
+            f"{where} does not match the bundle's manifest: its sha256 is {actual[:16]}..., the manifest "
+            f"records {shorten(str(expected), 19)}; a file from another bundle, or changed since written"
+        )
+
+
 def package_versions(framework: str) -> dict[str, str]:
     """Python's version and the installed distributions' that the bundle was written with, read from
     their metadata (nothing is imported)."""
@@ -287,17 +382,28 @@ def package_versions(framework: str) -> dict[str, str]:
 # ---- loading ----------------------------------------------------------------------------------------
 
 
-def load_bundle(path_or_uri: str) -> Bundle:
+def load_bundle(
+    path_or_uri: str, trusted_builders: Iterable[str] = (), allow_user_code: bool = False
+) -> Bundle:
     """The bundle in a local folder or under any fsspec URI (s3://, gs://, file://, ...): the manifest
-    is read and checked first; a remote bundle's weights are fetched to a temporary folder."""
+    is read and checked first; a remote bundle's weights are fetched to a temporary folder and checked
+    against the manifest (their sha256, and the builder, options and shape they record).
+
+    Rebuilding the model imports and calls the builder the bundle names. A built-in (mlp, cnn) is
+    rebuilt always; a user's `package.module:builder` only when listed in `trusted_builders` or with
+    `allow_user_code`: otherwise the bundle is refused, naming the builder, before anything is imported.
+    """
+    references = (trusted_builders,) if isinstance(trusted_builders, str) else trusted_builders
+    trust = BuilderTrust(frozenset(references), allow_user_code)
     try:
         filesystem, folder = filesystem_for(path_or_uri)
     except DatasetError as error:
         raise BundleError(str(error)) from error
     manifest = read_manifest(filesystem, folder, path_or_uri)
+    check_trusted(manifest.model["model"]["builder"], trust, f"{path_or_uri.rstrip('/')}/{MANIFEST}")
     weights = posixpath.join(folder, manifest.files["weights"])
     if is_local(filesystem):
-        return Bundle(manifest, load_weights(manifest, weights, path_or_uri))
+        return Bundle(manifest, load_weights(manifest, weights, path_or_uri, trust))
     with tempfile.TemporaryDirectory(prefix="mixedml-bundle-") as local:
         copy = os.path.join(local, PurePosixPath(weights).name)
         try:
@@ -305,7 +411,19 @@ def load_bundle(path_or_uri: str) -> Bundle:
                 filesystem.get_file(weights, copy)
         except DatasetError as error:
             raise BundleError(str(error)) from error
-        return Bundle(manifest, load_weights(manifest, copy, path_or_uri))
+        return Bundle(manifest, load_weights(manifest, copy, path_or_uri, trust))
+
+
+def check_trusted(builder: str, trust: BuilderTrust, where: str) -> None:
+    """BundleError naming `builder` and how to allow it, unless `trust` allows it."""
+    if trust.allows(builder):
+        return
+    raise BundleError(
+        f"{where}: the model is rebuilt by {shorten(repr(builder))}, which is not a built-in "
+        f"({', '.join(BUILTINS)}); loading would import and run that code, so a bundle does not choose "
+        f"it. If you trust it, pass load_bundle(..., trusted_builders=[{shorten(repr(builder))}]) or "
+        "allow_user_code=True"
+    )
 
 
 def read_manifest(filesystem: fsspec.AbstractFileSystem, folder: str, uri: str) -> Manifest:
@@ -322,14 +440,56 @@ def read_manifest(filesystem: fsspec.AbstractFileSystem, folder: str, uri: str) 
     return parse_manifest(data, where)
 
 
-def load_weights(manifest: Manifest, path: str, uri: str):
-    """The model rebuilt through its builder, with the bundle's weights, in inference mode."""
+def load_weights(manifest: Manifest, path: str, uri: str, trust: BuilderTrust):
+    """The model rebuilt through its builder, with the bundle's weights, in inference mode; the weights
+    checked against the manifest first, and the model's logits after."""
+    name = manifest.files["weights"]
+    where = f"{uri.rstrip('/')}/{name}"
+    if name in manifest.digests:
+        check_digest(manifest.digests[name], Path(path), where)
+    check_weights_record(manifest, read_weights_record(manifest.record.framework, path, where), trust, where)
     try:
-        model, _ = load_model(manifest.record.framework, path)
+        model, spec = load_model(manifest.record.framework, path)
     except Exception as error:  # torch, numpy and the user's builder each raise their own
-        name = manifest.files["weights"]
         raise BundleError(f"{uri}: cannot load the model from {name}: {one_line(error)}") from error
+    record = manifest.record
+    try:
+        check_logits(spec, model, len(record.feature_names), len(record.class_labels), record.framework)
+    except ModelError as error:
+        raise BundleError(f"{where} does not fit the bundle's manifest: {error}") from error
     return model
+
+
+def read_weights_record(framework: str, path: str, where: str) -> dict[str, Any]:
+    """The builder, options and input a weights file records (`artifact_record`), read without
+    building anything: torch maps the file rather than reading its tensors."""
+    try:
+        if framework == "pytorch":
+            import torch
+
+            payload = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        else:
+            from tasks.core.models.keras_models import SPEC_KEY
+
+            with np.load(path, allow_pickle=False) as archive:
+                payload = json.loads(str(archive[SPEC_KEY]))
+    except Exception as error:  # torch, numpy and json each raise their own
+        raise BundleError(f"{where}: cannot read the weights file: {one_line(error)}") from error
+    if not isinstance(payload, dict) or not isinstance(payload.get("model"), dict):
+        raise BundleError(f"{where}: not a weights file of this code (no model record)")
+    return {key: payload.get(key) for key in ("model", "input")}
+
+
+def check_weights_record(manifest: Manifest, record: dict[str, Any], trust: BuilderTrust, where: str) -> None:
+    """The weights' builder trusted, and their model and input the manifest's."""
+    check_trusted(str(record["model"].get("builder")), trust, where)
+    for key in ("model", "input"):
+        if key in manifest.model and record[key] != manifest.model[key]:
+            raise BundleError(
+                f"{where} does not match the bundle's manifest: the weights record {key} "
+                f"{shorten(json.dumps(record[key], default=str))}, the manifest "
+                f"{shorten(json.dumps(manifest.model[key], default=str))} (weights from another bundle?)"
+            )
 
 
 def load_model(framework: str, path: str):
@@ -421,7 +581,10 @@ class Bundle:
         return self.encoded(self.checked(table, source, first_row), source, first_row)
 
     def predict_proba(self, table: Table, source: str = "table", first_row: int = 0) -> np.ndarray:
-        """Class probabilities, float32 `[rows, classes]`, columns in the order of `class_labels`."""
+        """Class probabilities, float32 `[rows, classes]`, columns in the order of `class_labels`.
+
+        A row whose logits are not all finite (the model overflowed on it) has NaN in every column:
+        it has no answer. `finite_rows` tells the rows that have one."""
         columns = self.checked(table, source, first_row)
         # Row blocks that stay in the CPU's cache: converting a whole large table at once is slower.
         blocks = [
@@ -431,11 +594,15 @@ class Bundle:
         return np.concatenate(blocks) if blocks else np.zeros((0, len(self.class_labels)), np.float32)
 
     def predict_codes(self, table: Table, source: str = "table", first_row: int = 0) -> np.ndarray:
-        """Class codes, int64: indices into `class_labels`."""
-        return self.predict_proba(table, source, first_row).argmax(axis=1).astype(np.int64)
+        """Class codes, int64: indices into `class_labels`. BundleError naming the rows whose outputs
+        are not finite: no class is an answer for them (`predict_proba` gives them NaN)."""
+        probabilities = self.predict_proba(table, source, first_row)
+        check_answered(probabilities, source, first_row)
+        return probabilities.argmax(axis=1).astype(np.int64)
 
     def predict(self, table: Table, source: str = "table", first_row: int = 0) -> np.ndarray:
-        """Class labels as the label column held them: text stays text, numbers stay numbers."""
+        """Class labels as the label column held them: text stays text, numbers stay numbers.
+        BundleError naming the rows whose outputs are not finite, as `predict_codes`."""
         return self.labels(self.predict_codes(table, source, first_row))
 
     def labels(self, codes: np.ndarray) -> np.ndarray:
@@ -454,7 +621,11 @@ class Bundle:
         from scipy.special import softmax
 
         logits = self.logits(self.model_inputs(columns, source, first_row))
-        return softmax(logits, axis=1).astype(np.float32, copy=False)
+        finite = np.isfinite(logits).all(axis=1)
+        with np.errstate(invalid="ignore", over="ignore"):
+            probabilities = softmax(logits, axis=1).astype(np.float32, copy=False)
+        probabilities[~finite] = np.nan  # a row with an infinite logit would otherwise get a one-hot answer
+        return probabilities
 
     def encoded(self, columns: pa.Table | pa.RecordBatch, source: str, first_row: int) -> np.ndarray:
         """Checked columns as the features the scaler reads, float64."""
@@ -472,6 +643,22 @@ class Bundle:
     def logits(self, inputs: np.ndarray) -> np.ndarray:
         """The model's forward pass alone, on its own device."""
         return LOGITS[self.manifest.record.framework](self.model, inputs)
+
+
+def finite_rows(probabilities: np.ndarray) -> np.ndarray:
+    """Per row of `predict_proba`'s output, whether it is an answer: every probability finite."""
+    return np.isfinite(probabilities).all(axis=1)
+
+
+def check_answered(probabilities: np.ndarray, source: str, first_row: int) -> None:
+    unanswered = np.flatnonzero(~finite_rows(probabilities))
+    if len(unanswered):
+        rows = "a row" if len(unanswered) == 1 else f"{len(unanswered):,} rows"
+        raise BundleError(
+            f"{source}: the model's outputs are not finite (NaN or infinite logits) for {rows}, "
+            f"{at_rows(first_row + unanswered)}; no class is an answer for them. predict_proba gives "
+            "them NaN probabilities, and finite_rows tells the rows that have an answer"
+        )
 
 
 def arrow_features(

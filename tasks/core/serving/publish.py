@@ -6,18 +6,23 @@ version and a small `LATEST` object naming the newest:
     <prefix>/20250301T020412Z-3f9c2a1b/bundle.json, model.pt, model.onnx, ...
     <prefix>/LATEST                      -> "20250301T020412Z-3f9c2a1b"
 
-A version is copied in full before `LATEST` is rewritten, in one single-object write, so a reader
-sees either the previous version or the new one, never a half-copied folder.
+A version is copied in full before `LATEST` is rewritten, so a reader sees either the previous version
+or the new one, never a half-copied folder. `LATEST` itself is replaced whole: an object store replaces
+an object in one write; on a filesystem (a local disk, an NFS mount) it is written under a temporary
+name in the same folder and renamed over `LATEST`, so a reader never finds it empty or half-written.
 """
 
 from __future__ import annotations
 
-import hashlib
+import os
+import secrets
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 
-from tasks.core.data.files import filesystem_for, remote_errors
-from tasks.core.serving.bundle import MANIFEST, BundleError
+import fsspec
+
+from tasks.core.data.files import DatasetError, filesystem_for, is_local, remote_errors
+from tasks.core.serving.bundle import MANIFEST, BundleError, check_files, content_digest
 
 LATEST = "LATEST"
 # Versions sort by publication time; the hash tells apart two bundles published in the same second.
@@ -27,13 +32,7 @@ HASH_CHARS = 8
 
 def bundle_digest(directory: str) -> str:
     """A hash of every file of a local bundle folder: names and contents."""
-    digest = hashlib.sha256()
-    root = Path(directory)
-    for file in sorted(path for path in root.rglob("*") if path.is_file()):
-        digest.update(file.relative_to(root).as_posix().encode() + b"\0")
-        with file.open("rb") as stream:
-            digest.update(hashlib.file_digest(stream, "sha256").digest())
-    return digest.hexdigest()
+    return content_digest(Path(directory))
 
 
 def new_version(directory: str, now: datetime | None = None) -> str:
@@ -45,23 +44,84 @@ def join(uri: str, *names: str) -> str:
     return "/".join([uri.rstrip("/"), *names])
 
 
-def publish_bundle(local_dir: str, prefix: str) -> str:
+def publish_bundle(local_dir: str, prefix: str, origin: str = "") -> str:
     """Copy the bundle folder `local_dir` to `<prefix>/<version>/`, then point `<prefix>/LATEST` at it.
+    The prefix and the folder (against its manifest) are checked first. A failure names where the
+    bundle still is: `origin` (where it lasts, e.g. the run's output) or else `local_dir`.
 
     Returns the version's URI.
     """
     if not (Path(local_dir) / MANIFEST).is_file():
         raise BundleError(f"{local_dir}: not a model bundle (no {MANIFEST}); nothing to publish")
+    try:
+        return copy_version(local_dir, prefix)
+    except (BundleError, DatasetError) as error:
+        kept = f"the bundle is not published and stays at {origin or local_dir}"
+        raise type(error)(f"{error}; {kept}") from error
+
+
+def copy_version(local_dir: str, prefix: str) -> str:
     if not prefix:
         raise BundleError("no prefix to publish to: name a folder or URI such as s3://bucket/models/churn")
+    if problem := prefix_problem(prefix):
+        raise BundleError(f"{prefix}: {problem}")
+    check_files(local_dir)
     version = new_version(local_dir)
     target = join(prefix, version)
     filesystem, path = filesystem_for(target)
     with remote_errors(target):
         filesystem.put(str(local_dir).rstrip("/") + "/", path, recursive=True)
-        # Last, and one object: readers of LATEST never see a version whose files are still arriving.
-        filesystem.pipe_file(join(filesystem_for(prefix)[1], LATEST), version.encode())
+        # Last: readers of LATEST never see a version whose files are still arriving.
+        point_latest(filesystem, filesystem_for(prefix)[1], version)
     return target
+
+
+def point_latest(filesystem: fsspec.AbstractFileSystem, prefix_path: str, version: str) -> None:
+    """Replace `<prefix>/LATEST` whole with `version`."""
+    latest = join(prefix_path, LATEST)
+    if not is_local(filesystem):
+        filesystem.pipe_file(latest, version.encode())  # an object store replaces the object in one write
+        return
+    # Written aside, then renamed over: truncating LATEST in place would let a reader find it empty.
+    os.makedirs(os.path.dirname(latest), exist_ok=True)
+    temporary = f"{os.path.dirname(latest)}/.{LATEST}.{secrets.token_hex(8)}"
+    # Created as any new file is (0666 less the umask): mkstemp's 0600 would hide LATEST from other users.
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(descriptor, "wb") as file:
+            file.write(version.encode())
+        os.replace(temporary, latest)
+    except BaseException:
+        os.unlink(temporary)
+        raise
+
+
+def prefix_problem(prefix: str) -> str:
+    """What keeps bundles from being published under `prefix` that can be told without writing ("" if
+    nothing): on a filesystem, a file in its place or a folder this process cannot write; elsewhere, a
+    scheme no installed filesystem serves. Credentials and buckets are the publish's to find."""
+    protocol, path = fsspec.core.split_protocol(prefix)
+    if protocol in (None, "file", "local"):
+        return local_prefix_problem(Path(path))
+    try:
+        for link in prefix.split("::"):  # a chained URI, e.g. simplecache::s3://bucket/models
+            fsspec.get_filesystem_class(fsspec.core.split_protocol(link)[0] or "file")
+    except (ValueError, ImportError) as error:  # an unknown scheme, or its package is not installed
+        return f"cannot publish to this URI: {error}"
+    return ""
+
+
+def local_prefix_problem(path: Path) -> str:
+    """A file at the prefix or above it, or a folder that cannot be written: the nearest one that exists."""
+    existing = path.absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        where = "is a file" if existing == path.absolute() else f"lies under {existing}, which is a file"
+        return f"{where}, not a folder to publish bundles under"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"this process may not write to the folder {existing}"
+    return ""
 
 
 def resolve_bundle(uri: str) -> str:

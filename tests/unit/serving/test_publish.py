@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
@@ -19,7 +21,9 @@ from tasks.core.data.files import DatasetError
 from tasks.core.data.prepare import PreparedTable
 from tasks.core.data.scaling import ScalerStats
 from tasks.core.models.plugins import build, input_spec_for, mlp_spec
+from tasks.core.serving import bundle as bundle_module
 from tasks.core.serving.bundle import MANIFEST, BundleError, BundleRecord, load_bundle, write_bundle
+from tasks.core.serving.exports import ExportResult
 from tasks.core.serving.publish import LATEST, new_version, publish_bundle, resolve_bundle
 from tasks.core.training.records import Hardware, TrainingRun
 from tests.conftest import blobs_frame
@@ -60,6 +64,19 @@ def write_test_bundle(folder: Path, seed: int = 0, table: PreparedTable | None =
         billed=Hardware("cpu", 1),
     )
     return write_bundle(str(folder), str(artifact), record)
+
+
+@contextmanager
+def no_exports() -> Iterator[None]:
+    """Bundles written without their serving exports (seconds each), where a test is about the rest."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(bundle_module, "export_model", lambda *args, **kwargs: ExportResult())
+        yield
+
+
+def write_unexported_bundle(folder: Path, seed: int = 0) -> str:
+    with no_exports():
+        return write_test_bundle(folder, seed)
 
 
 # ---- a table of text, booleans, dates and missing values ----------------------------------------------

@@ -1,0 +1,80 @@
+"""Non-finite outputs are never an answer: a row whose logits overflow gets NaN in every probability
+column from `predict_proba` (`finite_rows` says which rows have an answer), and `predict` and
+`predict_codes` refuse the table naming those rows, rather than answer a class."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tasks.core.data.scaling import ScalerStats
+from tasks.core.models.plugins import build, input_spec_for, mlp_spec
+from tasks.core.serving.bundle import BundleError, BundleRecord, finite_rows, load_bundle, write_bundle
+from tasks.core.training.records import Hardware, TrainingRun
+from tests.conftest import blobs_frame
+from tests.unit.serving.test_publish import CLASSES, FEATURES, no_exports
+
+WEIGHT_SCALE = 1e6  # logits of order 1e12 for standardised rows; beyond float32 for a row of 1e30
+HUGE = 1e30  # finite in float32 once standardised, so the input checks let it through
+
+
+@pytest.fixture(scope="module")
+def overflowing(tmp_path_factory):
+    """A bundle of an MLP whose weights are scaled up: finite logits for ordinary rows, infinite for a
+    row holding a huge value."""
+    import torch
+
+    from tasks.core.models.torch_models import save_torch_artifact
+
+    spec = mlp_spec([16])
+    torch.manual_seed(0)
+    model = build(spec, len(FEATURES), len(CLASSES), "pytorch")
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.mul_(WEIGHT_SCALE)
+    root = tmp_path_factory.mktemp("overflow")
+    save_torch_artifact(
+        model, spec, input_spec_for(spec, len(FEATURES), len(CLASSES)), str(root / "model.pt")
+    )
+    run = TrainingRun("pytorch", "cpu", 1, "gloo", "fp32", "single-process", [], 0.0, 0.0, model=spec)
+    record = BundleRecord(
+        framework="pytorch", feature_names=FEATURES, scaler=ScalerStats([0.0] * 4, [1.0] * 4),
+        class_labels=CLASSES, label_kind="string", label_column="species", source="blobs.parquet",
+        data_fingerprint="0" * 32, run=run, billed=Hardware("cpu", 1),
+    )  # fmt: skip
+    with no_exports():
+        return load_bundle(write_bundle(str(root / "bundle"), str(root / "model.pt"), record))
+
+
+def rows_with_huge_values(rows: list[int]):
+    frame = blobs_frame(n_rows=12)[FEATURES].reset_index(drop=True)
+    for row in rows:
+        frame.loc[row, FEATURES] = [HUGE, -HUGE, HUGE, -HUGE]
+    return frame
+
+
+@pytest.mark.parametrize(
+    "rows, words",
+    [
+        ([4], "for a row, at row 104; no class is an answer for them"),
+        ([1, 3], "for 2 rows, at rows 101, 103; no class is an answer for them"),
+    ],
+)
+def test_rows_whose_outputs_overflow_get_no_answer(overflowing, rows, words):
+    table = rows_with_huge_values(rows)
+    probabilities = overflowing.predict_proba(table, first_row=100)
+    answered = finite_rows(probabilities)
+    assert answered.tolist() == [row not in rows for row in range(len(table))]
+    assert np.isnan(probabilities[~answered]).all(), "every class of an unanswered row is NaN"
+    np.testing.assert_allclose(probabilities[answered].sum(axis=1), 1.0, rtol=1e-5)
+    for predict in (overflowing.predict, overflowing.predict_codes):
+        with pytest.raises(BundleError) as error:
+            predict(table, source="new.parquet", first_row=100)
+        message = str(error.value)
+        assert message.startswith("new.parquet: the model's outputs are not finite") and words in message
+
+
+def test_rows_that_do_not_overflow_are_answered(overflowing):
+    table = rows_with_huge_values([])
+    assert finite_rows(overflowing.predict_proba(table)).all()
+    assert set(overflowing.predict(table)) <= set(CLASSES)
