@@ -76,7 +76,7 @@ def score_piece_torch_gpu(job: ScoringJob, piece: ScoringPiece) -> PieceResult:
     begin_task()
     if on_flyte_cluster():
         require_cuda(DECLARED_GPU, 1)
-    return score_piece(job, piece, gpu_bundle(job.model))
+    return score_piece(job, piece, gpu_bundle(job.model, job.trusted_builders))
 
 
 @task(container_image=TF_GPU_IMAGE, **GPU_PIECE, **PIECE_ATTEMPTS)
@@ -110,6 +110,7 @@ def score(
     max_parallel: int,
     hardware: str,
     rows_per_piece: int,
+    trusted_builders: list[str] | None = None,
 ) -> Scored:
     """Check every input and plan on CPU, then score the pieces, at most `max_parallel` at a time."""
     begin_task()
@@ -117,7 +118,9 @@ def score(
     if max_parallel < 1:
         raise ValueError(f"max_parallel={max_parallel} must be at least 1")
     output = output or FlyteContextManager.current_context().file_access.get_random_remote_directory()
-    plan = plan_scoring(model, dataset, output, label_column, rows_per_piece)
+    plan = plan_scoring(
+        model, dataset, output, label_column, rows_per_piece, trusted_builders=trusted_builders or ()
+    )
     choice = choose_hardware(plan, DEFAULT_PRICES_PER_HOUR["cpu"], GPU_CATALOG, hardware)
     log.info("scoring %s with %s: %d pieces on %s (%s)", dataset, plan.job.model, len(plan.pieces),
              choice.device, choice.reason)  # fmt: skip

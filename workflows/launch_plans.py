@@ -67,13 +67,16 @@ def scheduled_scoring(
     dataset_template: str = "",
     label_column: str = "",
     max_parallel: int = 8,
+    trusted_builders: list[str] = [],  # noqa: B006 - Flyte needs the literal default
 ) -> Scored:
     """batch_predict with the bundle last published under `model_prefix` (the one its LATEST names) on
-    the partition named by the kickoff time, e.g. s3://bucket/events/dt={date}.parquet."""
+    the partition named by the kickoff time, e.g. s3://bucket/events/dt={date}.parquet; a bundle of a
+    user's model builder is scored where `trusted_builders` names it (set it in deploy/schedules.yaml)."""
     dataset = dataset_partition(template=dataset_template, kickoff_time=kickoff_time)
     return batch_predict(
-        model=model_prefix, dataset=dataset, label_column=label_column, max_parallel=max_parallel
-    )
+        model=model_prefix, dataset=dataset, label_column=label_column, max_parallel=max_parallel,
+        trusted_builders=trusted_builders,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ def batch_predict(
     max_parallel: int = 8,
     hardware: str = "auto",
     rows_per_piece: int = PIECE_ROWS,
+    trusted_builders: list[str] = [],  # noqa: B006 - Flyte needs the literal default
 ) -> Scored:
     """Score every row of a table with a trained model; return the predictions and a report.
 
@@ -34,8 +35,11 @@ def batch_predict(
         hardware: auto (CPU pods, or a GPU where the measured cost per row and the rows make it
             cheaper), cpu or gpu.
         rows_per_piece: a parquet file with more rows is scored in several pieces, by row groups.
+        trusted_builders: a user's model builders ("package.module:function") the bundle may name;
+            a bundle naming any other is refused before its code is imported. The built-ins (mlp,
+            cnn) are always trusted.
     """
     return score(
         model=model, dataset=dataset, label_column=label_column, output=output, max_parallel=max_parallel,
-        hardware=hardware, rows_per_piece=rows_per_piece,
+        hardware=hardware, rows_per_piece=rows_per_piece, trusted_builders=trusted_builders,
     )  # fmt: skip

@@ -49,6 +49,15 @@ def value_problems(
             for key, item in value.items()
             for found in value_problems(item, typing.get_args(hint)[1], f"{path}.{key}", examples)
         ]
+    if typing.get_origin(hint) is list:
+        if not isinstance(value, list):
+            return [f"input '{path}' = {json.dumps(value)}: expected a list"]
+        (item_hint,) = typing.get_args(hint)
+        return [
+            found
+            for index, item in enumerate(value)
+            for found in value_problems(item, item_hint, f"{path}[{index}]", examples)
+        ]
     if any(fits(value, accepted) for accepted in args(hint)):
         return []
     expected = " or ".join(TYPE_NAMES[accepted] for accepted in args(hint))

@@ -11,7 +11,7 @@ from typing import Protocol
 from tasks.core.data.assignment import FRACTION_RULE, bad_fractions
 from tasks.core.data.column_kinds import CATEGORICAL, DROP, KINDS
 from tasks.core.data.prepare import EMBEDDED_DIGITS_LABEL
-from tasks.core.serving.publish import prefix_problem
+from tasks.core.serving.prefixes import prefix_problem
 from tasks.core.training.config import TrainConfig, hyperparameter_problems, micro_batch
 
 

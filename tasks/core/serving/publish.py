@@ -23,6 +23,7 @@ import fsspec
 
 from tasks.core.data.files import DatasetError, filesystem_for, is_local, remote_errors
 from tasks.core.serving.bundle import MANIFEST, BundleError, check_files, content_digest
+from tasks.core.serving.prefixes import prefix_problem
 
 LATEST = "LATEST"
 # Versions sort by publication time; the hash tells apart two bundles published in the same second.
@@ -94,34 +95,6 @@ def point_latest(filesystem: fsspec.AbstractFileSystem, prefix_path: str, versio
     except BaseException:
         os.unlink(temporary)
         raise
-
-
-def prefix_problem(prefix: str) -> str:
-    """What keeps bundles from being published under `prefix` that can be told without writing ("" if
-    nothing): on a filesystem, a file in its place or a folder this process cannot write; elsewhere, a
-    scheme no installed filesystem serves. Credentials and buckets are the publish's to find."""
-    protocol, path = fsspec.core.split_protocol(prefix)
-    if protocol in (None, "file", "local"):
-        return local_prefix_problem(Path(path))
-    try:
-        for link in prefix.split("::"):  # a chained URI, e.g. simplecache::s3://bucket/models
-            fsspec.get_filesystem_class(fsspec.core.split_protocol(link)[0] or "file")
-    except (ValueError, ImportError) as error:  # an unknown scheme, or its package is not installed
-        return f"cannot publish to this URI: {error}"
-    return ""
-
-
-def local_prefix_problem(path: Path) -> str:
-    """A file at the prefix or above it, or a folder that cannot be written: the nearest one that exists."""
-    existing = path.absolute()
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        where = "is a file" if existing == path.absolute() else f"lies under {existing}, which is a file"
-        return f"{where}, not a folder to publish bundles under"
-    if not os.access(existing, os.W_OK | os.X_OK):
-        return f"this process may not write to the folder {existing}"
-    return ""
 
 
 def resolve_bundle(uri: str) -> str:

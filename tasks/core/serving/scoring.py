@@ -27,7 +27,7 @@ from __future__ import annotations
 import base64
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import PurePosixPath
@@ -116,6 +116,10 @@ class ScoringJob:
     label_column: str  # "" when the input has no label column: no metrics
     schema: str  # the input's columns and types (Arrow IPC, base64): every part gets the same columns
     output: str  # the folder receiving one part-NNNNN.parquet per piece
+    trusted_builders: list[str] = field(default_factory=list)  # a user's builders the bundle may name
+
+    def bundle(self) -> Bundle:
+        return load_bundle(self.model, trusted_builders=self.trusted_builders)
 
 
 @dataclass
@@ -459,23 +463,25 @@ def plan_scoring(
     label_column: str = "",
     rows_per_piece: int = PIECE_ROWS,
     bundle: Bundle | None = None,
+    trusted_builders: Sequence[str] = (),
 ) -> ScoringPlan:
     """Check every input, naming what is wrong, and cut the input into pieces; scores nothing, and
     writes only the output folder's unfinished mark, last. `bundle`: the model, where the caller has
-    loaded it already."""
+    loaded it already. `trusted_builders`: a user's model builders ("package.module:function") that
+    the bundle may name and the scoring may import; the built-ins are always trusted."""
     if not dataset:
         raise DatasetError("no dataset given: name a parquet or CSV file, a folder of part files, or a URI")
     if rows_per_piece < 1:
         raise ValueError(f"rows_per_piece={rows_per_piece} must be at least 1")
     model_uri = resolve_bundle(model)
-    bundle = bundle or load_bundle(model_uri)
+    bundle = bundle or load_bundle(model_uri, trusted_builders=trusted_builders)
     check_label_column(bundle, label_column, dataset)
     source = open_scoring_dataset(dataset, bundle.input_columns)
     label = check_columns(bundle, source.schema, dataset, label_column)
     check_output(output, dataset)
     pieces = list_pieces(source, dataset, rows_per_piece)
     rows = sum(p.rows for p in pieces) if all(p.rows >= 0 for p in pieces) else csv_rows(dataset, source)
-    job = ScoringJob(model_uri, dataset, label, encode_schema(source.schema), output)
+    job = ScoringJob(model_uri, dataset, label, encode_schema(source.schema), output, list(trusted_builders))
     row_cost = measure_row_cost(bundle, source, dataset)
     claim_output(output, dataset)
     return ScoringPlan(job, pieces, rows, bundle.manifest.record.framework, row_cost)
@@ -666,10 +672,10 @@ def label_key(value: object, numeric: bool) -> str | None:
     return str(value)
 
 
-def gpu_bundle(uri: str) -> Bundle:
+def gpu_bundle(uri: str, trusted_builders: Sequence[str] = ()) -> Bundle:
     """The bundle with a torch model moved to the GPU where there is one (its loader feeds the model on
     the model's device); TensorFlow places a Keras model on the GPU itself."""
-    bundle = load_bundle(uri)
+    bundle = load_bundle(uri, trusted_builders=trusted_builders)
     if bundle.manifest.record.framework == "pytorch":
         import torch
 
@@ -713,7 +719,7 @@ class NonFiniteRows:
 @scoring_advice()
 def score_piece(job: ScoringJob, piece: ScoringPiece, bundle: Bundle | None = None) -> PieceResult:
     """Stream one piece through the model into `<output>/part-<index>.parquet`."""
-    bundle = bundle or load_bundle(job.model)
+    bundle = bundle or job.bundle()
     dataset = scoring_piece_dataset(job, piece)
     layout = OutputLayout.of(bundle, dataset.schema)
     tally = LabelTally(bundle, job.label_column) if job.label_column else None
@@ -776,7 +782,7 @@ def summarise(
             raise RuntimeError(
                 f"{piece.file}: part {result.part} holds {result.rows:,} rows, not {piece.rows:,}"
             )
-    bundle = bundle or load_bundle(plan.job.model)
+    bundle = bundle or plan.job.bundle()
     layout = OutputLayout.of(bundle, decode_schema(plan.job.schema))
     labels = [str(label) for label in bundle.class_labels]
     report = ScoringReport(
@@ -877,13 +883,18 @@ def choose_hardware(
 
 
 def score_dataset(
-    model: str, dataset: str, output: str, label_column: str = "", rows_per_piece: int = PIECE_ROWS
+    model: str,
+    dataset: str,
+    output: str,
+    label_column: str = "",
+    rows_per_piece: int = PIECE_ROWS,
+    trusted_builders: Sequence[str] = (),
 ) -> ScoringReport:
     """Score `dataset` with the bundle (or latest published bundle) `model` into parquet parts under
     `output`, piece after piece in this process. A failure removes the parts it wrote."""
     model = resolve_bundle(model)
-    bundle = load_bundle(model)
-    plan = plan_scoring(model, dataset, output, label_column, rows_per_piece, bundle)
+    bundle = load_bundle(model, trusted_builders=trusted_builders)
+    plan = plan_scoring(model, dataset, output, label_column, rows_per_piece, bundle, trusted_builders)
     try:
         results = [score_piece(plan.job, piece, bundle) for piece in plan.pieces]
         return summarise(plan, results, bundle=bundle)

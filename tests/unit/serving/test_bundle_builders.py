@@ -114,3 +114,19 @@ def test_a_trusted_users_builder_rebuilds_the_model(mlp_bundle, tmp_path, user_m
 )
 def test_built_ins_are_trusted_and_a_users_builder_only_when_allowed(builder, trust, allowed):
     assert trust.allows(builder) is allowed
+
+
+def test_scoring_imports_a_users_builder_only_where_the_scoring_trusts_it(mlp_bundle, tmp_path, user_module):
+    from tasks.core.serving.scoring import score_dataset
+
+    name, imported = user_module
+    folder = renamed_builder(mlp_bundle, tmp_path / "bundle", f"{name}:build")
+    rows = tmp_path / "rows.parquet"
+    blobs_frame(n_rows=30).to_parquet(rows, index=False)
+    with pytest.raises(BundleError, match=f"rebuilt by '{name}:build', which is not a built-in"):
+        score_dataset(str(folder), str(rows), str(tmp_path / "refused"))
+    assert not imported.exists() and not (tmp_path / "refused").exists()
+    report = score_dataset(
+        str(folder), str(rows), str(tmp_path / "scored"), trusted_builders=[f"{name}:build"]
+    )
+    assert imported.exists() and report.rows == 30
