@@ -31,6 +31,7 @@ from benchmarks.measure import (
 from benchmarks.scale_bench import scale
 from benchmarks.scoring_bench import scoring
 from benchmarks.synthetic import write_table
+from benchmarks.tables import tables
 from tasks.core.data.assignment import SplitConfig
 from tasks.core.data.prepare import prepare_dataset
 from tasks.core.data.splits import SplitPaths
@@ -47,6 +48,9 @@ FULL = {
     "scoring_rows": (1_000_000, 10_000_000),
     "scoring_rounds": 5,
     "scale_rows": (1_000_000, 8_000_000),
+    "table_rows": 50_000,
+    "table_epochs": TrainConfig.epochs,  # the default config's, as a user's first run trains
+    "table_preprocess_rows": (1_000_000, 10_000_000),
 }
 SMOKE = {
     "pipeline_rows": 4_000,
@@ -58,6 +62,9 @@ SMOKE = {
     "scoring_rows": (4_000, 40_000),
     "scoring_rounds": 1,
     "scale_rows": (4_000, 32_000),
+    "table_rows": 2_000,
+    "table_epochs": 1,
+    "table_preprocess_rows": (4_000, 40_000),
 }
 FEATURES, BATCH = 64, 512
 
@@ -243,17 +250,26 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, to check the harness")
     parser.add_argument("--json", help="also write the figures to this file")
     parser.add_argument(
-        "--only", choices=["orchestration", "preprocess", "loops", "scoring", "scale"], help="run one group"
+        "--only",
+        choices=["orchestration", "preprocess", "loops", "scoring", "scale", "tables"],
+        help="run one group",
     )
     parser.add_argument("--rows", type=int, help="rows of the orchestration table (default 1,000,000)")
-    parser.add_argument("--epochs", type=int, help="epochs of the pipeline and the loops (default 1)")
+    parser.add_argument("--epochs", type=int,
+                        help="epochs of the pipeline and the loops (default 1) and of the tables' MLP (default "
+                             f"{TrainConfig.epochs})")  # fmt: skip
     parser.add_argument("--rounds", type=int, help="rounds of the pipeline comparison (default 3)")
     parser.add_argument("--baseline-checkout", type=Path, metavar="DIR",
                         help="another checkout of this project (e.g. a git worktree of an earlier commit): its "
                              "workflow joins the orchestration rounds, and its overhead above the floor is "
                              "compared with this checkout's")  # fmt: skip
     args = parser.parse_args()
-    overrides = {"pipeline_rows": args.rows, "epochs": args.epochs, "pipeline_rounds": args.rounds}
+    overrides = {
+        "pipeline_rows": args.rows,
+        "epochs": args.epochs,
+        "table_epochs": args.epochs,
+        "pipeline_rounds": args.rounds,
+    }
     sizes = (SMOKE if args.smoke else FULL) | {key: value for key, value in overrides.items() if value}
     with tempfile.TemporaryDirectory(prefix="mixedml-bench-") as tmp:
         work = Path(tmp)
@@ -273,6 +289,12 @@ def main() -> None:
             "loops": lambda: training_loops(work, sizes["loop_rows"], sizes["epochs"], sizes["loop_rounds"]),
             "scoring": lambda: scoring(work, sizes["scoring_rows"], sizes["scoring_rounds"]),
             "scale": lambda: scale(work, sizes["scale_rows"]),
+            "tables": lambda: tables(
+                work,
+                sizes["table_rows"],
+                TrainConfig(epochs=sizes["table_epochs"]),
+                sizes["table_preprocess_rows"],
+            ),
         }
         figures = []
         for name, run in groups.items():

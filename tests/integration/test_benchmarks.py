@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tasks.core.training.launch import LOCAL_CPU_WORKERS_VARIABLE
@@ -29,6 +30,8 @@ GROUP_TOPICS = {
     "preprocess": ("preprocess: throughput", "peak RSS growth"),
     "loops": ("torch loop", "keras loop"),
     "scoring": ("scoring: throughput", "scoring: peak RSS growth", "scoring: peak RSS at"),
+    "tables": ("tables: churn", "tables: loans", "tables: preprocess throughput",
+               "tables: preprocess rows per CPU second", "tables: preprocess peak RSS growth"),
 }  # fmt: skip
 
 
@@ -129,6 +132,36 @@ def test_best_rates_take_each_sides_fastest_run():
 
 def test_smoke_scoring_prints_every_figure_with_a_ratio(tmp_path):
     smoke_figures(tmp_path, "scoring")
+
+
+def test_smoke_tables_print_every_figure_with_a_ratio(tmp_path):
+    figures, names = smoke_figures(tmp_path, "tables")
+    assert "MLP (2 epochs)" in names, "--epochs did not reach the tables' training"
+    for figure in figures:
+        if "test accuracy" in figure["name"]:
+            assert 0 < figure["value"] <= 1 and 0 < figure["baseline"] <= 1, figure
+
+
+def test_mixed_tables_are_seeded_and_hold_every_kind_with_gaps(tmp_path):
+    import pyarrow.parquet as pq
+
+    from benchmarks.tables import TABLES, hgb_features, train_rows, train_vocabularies
+    from tasks.core.data.assignment import SplitConfig
+    from tasks.core.data.prepare import prepare_dataset
+
+    for name, (file, write) in TABLES.items():
+        first, again = write(str(tmp_path / f"a-{file}"), 3000), write(str(tmp_path / f"b-{file}"), 3000)
+        assert Path(first).read_bytes() == Path(again).read_bytes(), f"{name} is not seeded"
+        prepared = prepare_dataset(first, "label", str(tmp_path / f"prepared-{name}"), SplitConfig(seed=0))
+        columns = {c.name: c.kind for c in prepared.table.fitted_encoding().columns}
+        assert set(columns.values()) == {"numeric", "categorical", "boolean", "date"}, columns
+        assert sum("<missing>" in feature for feature in prepared.table.feature_names) >= 5, name
+        train, codes = train_rows(first, prepared)  # refuses a split other than preprocessing's
+        features, categorical = hgb_features(columns, train, train_vocabularies(columns, train))
+        assert features.shape == (prepared.table.rows["train"], len(columns) + 2)  # a date is 3 numbers
+        assert categorical.sum() == 3 and np.isnan(features).any(), name
+        test = pq.read_table(prepared.paths["test"])
+        assert test.num_rows == prepared.table.rows["test"] and "label" in test.column_names
 
 
 def test_scale_group_writes_part_folders_and_sums_a_process_tree(tmp_path):
