@@ -19,6 +19,10 @@ LR_SCHEDULES = ("cosine", "constant")
 # Where the torch loop keeps its training rows: on the device, in pinned host memory, or streamed
 # from the split's files; "auto" is the device unless the planner chose otherwise.
 DATA_PLACEMENTS = ("auto", "device", "host", "stream")
+# Which epoch's weights a run hands back: the one best by `selection_metric`, or the last one trained.
+KEEP = ("best", "last")
+# The validation metrics an epoch can be chosen by, and which way is better.
+SELECTION_METRICS = {"val_loss": "lowest", "val_accuracy": "highest"}
 # Each integer field's range: the seed is numpy's; the others fit int64 arithmetic and timedelta with room.
 INT_RANGES = {
     "epochs": (1, 10**6),
@@ -29,6 +33,7 @@ INT_RANGES = {
     "collective_timeout_s": (1, 7 * 24 * 3600),  # a week
     "min_micro_batch_size": (1, 10**9),
     "shuffle_buffer_rows": (1, 10**9),
+    "patience": (0, 10**6),
 }
 # `TrainConfig.min_micro_batch_size` by default, which the planner's `Workload` also defaults to.
 MIN_MICRO_BATCH_SIZE = 4
@@ -78,6 +83,11 @@ class TrainConfig:
     # Rows shuffled together: a shard of at most this many rows is fully permuted each epoch; a larger
     # one is shuffled by row group, then within windows of this many rows (what streaming holds).
     shuffle_buffer_rows: int = 1 << 18
+    # The epoch whose weights the run hands back (KEEP), and the validation metric that ranks epochs.
+    keep: str = "best"
+    selection_metric: str = "val_loss"
+    # Stop after this many epochs in a row without a better `selection_metric` (0: never stop early).
+    patience: int = 0
 
     @classmethod
     def from_json(cls, text: str) -> TrainConfig:
@@ -98,6 +108,9 @@ class TrainConfig:
             ("precision", self.precision in PRECISIONS, f"not one of {', '.join(PRECISIONS)}"),
             ("tf_strategy", self.tf_strategy in TF_STRATEGIES, f"not one of {', '.join(TF_STRATEGIES)}"),
             ("data_placement", self.data_placement in DATA_PLACEMENTS, f"not one of {', '.join(DATA_PLACEMENTS)}"),
+            ("keep", self.keep in KEEP, f"not one of {', '.join(KEEP)}"),
+            ("selection_metric", self.selection_metric in SELECTION_METRICS,
+             f"not one of {', '.join(SELECTION_METRICS)}"),
         ]  # fmt: skip
         found: dict[str, str] = {}
         for name, ok, rule in rules:

@@ -4,10 +4,12 @@ line logged per epoch, and a live bar on a terminal or plain log lines at a stea
 from __future__ import annotations
 
 import logging
+import math
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 
+from tasks.core.training.config import SELECTION_METRICS, TrainConfig
 from tasks.core.training.records import EpochMetrics
 
 log = logging.getLogger(__name__)
@@ -34,6 +36,69 @@ class TrainingProgress:
     def from_dict(cls, saved: dict) -> TrainingProgress:
         history = [EpochMetrics(**metrics) for metrics in saved["history"]]
         return cls(saved["epoch"], saved["step"], history)
+
+
+@dataclass(frozen=True)
+class EpochChoice:
+    """Which epoch's weights a run hands back (`keep`: the best by `metric`, or the last), and whether
+    it stops before its `epochs` (after `patience` epochs in a row without a better `metric`; 0:
+    never). Every answer is a function of the history alone: the ranks of a DDP run, whose validation
+    metrics are reduced over all of them, decide alike without a vote, and a resumed run, whose
+    checkpoint holds the history, decides as the uninterrupted one did."""
+
+    keep: str = "best"
+    metric: str = "val_loss"
+    patience: int = 0
+    epochs: int = 1
+
+    @classmethod
+    def of(cls, config: TrainConfig) -> EpochChoice:
+        return cls(config.keep, config.selection_metric, config.patience, config.epochs)
+
+    def best_epoch(self, history: list[EpochMetrics]) -> int:
+        """The epoch (from 1) with the best finite `metric`, the earliest of equals; 0 if none is finite."""
+        lowest = SELECTION_METRICS[self.metric] == "lowest"
+        best, best_value = 0, math.nan
+        for metrics in history:
+            value = getattr(metrics, self.metric)
+            if math.isfinite(value) and (best == 0 or (value < best_value if lowest else value > best_value)):
+                best, best_value = metrics.epoch, value
+        return best
+
+    def stops_early(self, history: list[EpochMetrics]) -> bool:
+        """Whether the run ends after its last completed epoch although epochs remain."""
+        if self.patience == 0 or not history or history[-1].epoch >= self.epochs:
+            return False
+        return history[-1].epoch - self.best_epoch(history) >= self.patience
+
+    def keeps_copy(self, history: list[EpochMetrics]) -> bool:
+        """Whether the epoch just completed is the best so far, whose weights the loop copies aside."""
+        return self.keep == "best" and bool(history) and self.best_epoch(history) == history[-1].epoch
+
+    def restores_copy(self, history: list[EpochMetrics]) -> bool:
+        """Whether the run ends on other weights than the best epoch's copy, which it then takes back."""
+        best = self.best_epoch(history)
+        return self.keep == "best" and 0 < best < history[-1].epoch
+
+    def kept(self, history: list[EpochMetrics]) -> tuple[int, str]:
+        """The epoch whose weights the run hands back, and why: e.g. (9, "best val_loss 0.1161 at
+        epoch 9 of 30")."""
+        if not history:
+            return 0, ""
+        last, best = history[-1].epoch, self.best_epoch(history)
+        if self.keep == "last":
+            epoch, reason = last, "the last epoch (keep: last)"
+        elif best == 0:
+            epoch, reason = last, f"the last epoch: no epoch had a finite {self.metric}"
+        else:
+            value = next(getattr(metrics, self.metric) for metrics in history if metrics.epoch == best)
+            epoch, reason = best, f"best {self.metric} {value:.4f} at epoch {best} of {last}"
+        if self.stops_early(history):
+            reason += (
+                f"; early stopping after epoch {last} of {self.epochs}: "
+                f"no better {self.metric} for {self.patience} epochs"
+            )
+        return epoch, reason
 
 
 def log_epoch(metrics: EpochMetrics, epochs: int) -> None:

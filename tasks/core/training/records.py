@@ -32,6 +32,10 @@ class TrainingRun:
     train_seconds: float
     peak_device_memory_bytes: int = 0  # torch.cuda.max_memory_allocated; 0 on CPU
     model: ModelSpec = field(default_factory=ModelSpec)  # the network trained
+    # The epoch (from 1) whose weights the model holds, and why that one (`EpochChoice.kept`); 0 and ""
+    # for a run recorded without them.
+    kept_epoch: int = 0
+    kept_reason: str = ""
 
 
 @dataclass

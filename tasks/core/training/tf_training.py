@@ -23,7 +23,7 @@ from tasks.core.models.plugins import InputSpec, TrainingDiverged, build, input_
 from tasks.core.training.config import TrainConfig, scheduled_learning_rate
 from tasks.core.training.precision import for_keras
 from tasks.core.training.preemption import PreemptionNotice
-from tasks.core.training.progress import TrainingProgress, log_epoch
+from tasks.core.training.progress import EpochChoice, TrainingProgress, log_epoch
 from tasks.core.training.records import EpochMetrics, TrainingRun
 from tasks.core.training.tf_strategy import Environment, detect_environment, select_strategy
 
@@ -150,25 +150,59 @@ def random_states(model: keras.Model) -> list:
     return [variable for variable in model.variables if id(variable) not in weights]
 
 
-def write_checkpoint(model: keras.Model, directory: Path, progress: TrainingProgress) -> None:
-    """Weights (model and optimizer) under a name of their own, then the progress naming them:
-    replacing the state file is the one step that commits a save, so a kill at any point leaves the
-    previous checkpoint whole."""
+def write_checkpoint(
+    model: keras.Model, directory: Path, progress: TrainingProgress, best: BestWeights | None = None
+) -> None:
+    """Weights (model and optimizer) and the best epoch's copy under names of their own, then the
+    progress naming them: replacing the state file is the one step that commits a save, so a kill at
+    any point leaves the previous checkpoint whole."""
     weights = f"epoch{progress.epoch}-step{progress.step}.weights.h5"
     model.save_weights(str(directory / weights))
+    best_file = best.write(directory) if best is not None else None
     pending = directory / f"{STATE_FILE}.partial"
     seeds = [variable.numpy().tolist() for variable in random_states(model)]
-    pending.write_text(json.dumps({**progress.to_dict(), "weights": weights, "random_states": seeds}))
+    saved = {**progress.to_dict(), "weights": weights, "best_weights": best_file, "random_states": seeds}
+    pending.write_text(json.dumps(saved))
     os.replace(pending, directory / STATE_FILE)
-    for stale in directory.glob("*.weights.h5"):
-        if stale.name != weights:
+    for stale in (*directory.glob("*.weights.h5"), *directory.glob(f"*{BestWeights.SUFFIX}")):
+        if stale.name not in (weights, best_file):
             stale.unlink()
 
 
+@dataclass
+class BestWeights:
+    """A copy of the model's weights (`get_weights`: no optimizer state) at the best `epoch` so far."""
+
+    epoch: int
+    arrays: list[np.ndarray]
+    SUFFIX = ".best.npz"
+
+    @property
+    def file_name(self) -> str:
+        return f"epoch{self.epoch}{self.SUFFIX}"
+
+    def write(self, directory: Path) -> str:
+        """Writes the copy once per best epoch (a later save of the same best keeps the file)."""
+        path = directory / self.file_name
+        if not path.exists():
+            pending = directory / f"{self.file_name}.partial"
+            with pending.open("wb") as file:
+                np.savez(file, *self.arrays)
+            os.replace(pending, path)
+        return self.file_name
+
+    @classmethod
+    def read(cls, directory: Path, name: str) -> BestWeights:
+        with np.load(directory / name) as saved:
+            arrays = [saved[f"arr_{index}"] for index in range(len(saved.files))]
+        return cls(int(name.removeprefix("epoch").removesuffix(cls.SUFFIX)), arrays)
+
+
 class Checkpointing(keras.callbacks.Callback):
-    """Tracks the run's `TrainingProgress` across attempts and logs each epoch's line. With a
-    directory, saves the progress with the weights after every epoch, every `every_steps` batches and
-    on the preemption notice, and hands the directory to `on_save` after each save.
+    """Tracks the run's `TrainingProgress` across attempts and logs each epoch's line. Keeps a copy of
+    the best epoch's weights as `choice` says (`best`). With a directory, saves the progress with the
+    weights and that copy after every epoch, every `every_steps` batches and on the preemption notice,
+    and hands the directory to `on_save` after each save.
 
     Ours rather than keras.callbacks.BackupAndRestore, which restores only the epoch (a mid-epoch
     backup re-trains the whole epoch) and, after a resume, records epoch 0 for a mid-epoch save made
@@ -176,8 +210,11 @@ class Checkpointing(keras.callbacks.Callback):
     """
 
     def __init__(self, directory: str | None, every_steps: int, steps_per_epoch: int, epochs: int,
-                 on_save: Callable[[str], None] | None, preemption: PreemptionNotice | None):  # fmt: skip
+                 on_save: Callable[[str], None] | None, preemption: PreemptionNotice | None,
+                 choice: EpochChoice | None = None):  # fmt: skip
         super().__init__()
+        self.choice = choice or EpochChoice(keep="last", epochs=epochs)
+        self.best: BestWeights | None = None
         self.directory = Path(directory) if directory else None
         self.every_steps, self.steps_per_epoch, self.epochs = every_steps, steps_per_epoch, epochs
         self.on_save, self.preemption = on_save, preemption
@@ -196,6 +233,8 @@ class Checkpointing(keras.callbacks.Callback):
         model.load_weights(str(self.directory / saved["weights"]))
         for variable, value in zip(random_states(model), saved["random_states"], strict=True):
             variable.assign(value)
+        if saved.get("best_weights"):
+            self.best = BestWeights.read(self.directory, saved["best_weights"])
         self.progress = TrainingProgress.from_dict(saved)
         log.info("resuming from checkpoint: epoch %d, step %d", self.progress.epoch + 1, self.progress.step)
         return self.progress
@@ -222,13 +261,20 @@ class Checkpointing(keras.callbacks.Callback):
         keys = ("loss", "accuracy", "val_loss", "val_accuracy")
         metrics = EpochMetrics(epoch + 1, *(float(logs.get(key, np.nan)) for key in keys))
         self.progress.finish_epoch(metrics)
+        if self.choice.keeps_copy(self.progress.history):
+            self.best = BestWeights(metrics.epoch, self.model.get_weights())
         self.save()
         log_epoch(metrics, self.epochs)
+
+    def take_kept_weights(self, model: keras.Model) -> None:
+        """The best epoch's weights back in `model` where a later epoch ended the run."""
+        if self.choice.restores_copy(self.progress.history):
+            model.set_weights(self.best.arrays)
 
     def save(self) -> None:
         if self.directory is None:
             return
-        write_checkpoint(self.model, self.directory, self.progress)
+        write_checkpoint(self.model, self.directory, self.progress, self.best)
         self.saved_step = self.progress.step
         if self.on_save:
             self.on_save(str(self.directory))
@@ -354,11 +400,14 @@ def fit_epochs(
     callbacks: list,
     log_dir: str | None,
 ) -> None:
-    """One `fit` per epoch, on that epoch's order from the batch the tracker reached, with `callbacks`
-    in their order (the divergence guard before the `tracker`, so a diverged model is never saved).
+    """One `fit` per epoch, on that epoch's order from the batch the tracker reached, until the last
+    epoch or an early stop (`EpochChoice.stops_early`), with `callbacks` in their order (the
+    divergence guard before the `tracker`, so a diverged model is never saved).
     (A stream of epochs under `steps_per_epoch` would let an epoch's last multi-step execution on a
     TPU run into the next epoch; Keras's TensorBoard closes its writers after each fit, hence a fresh one.)"""
     for epoch in range(tracker.progress.epoch, tracker.epochs):
+        if tracker.choice.stops_early(tracker.progress.history):  # a resumed run too
+            return
         train = data.train_epoch(epoch=epoch, skip=tracker.progress.step)
         model.fit(train, validation_data=data.val_data, initial_epoch=epoch, epochs=epoch + 1, verbose=0,
                   shuffle=False, callbacks=[*callbacks, *board(log_dir)])  # fmt: skip
@@ -422,19 +471,22 @@ def train_keras(
     with dtype_policy(policy), dist_strategy.scope():
         model = build_compiled(config, input_spec, kind, env.gpu_count, data.steps)
         notice = notice_to_heed(options.preemption, kind)
-        tracker = Checkpointing(options.checkpoint_dir, config.checkpoint_every_steps, data.steps,
-                                config.epochs, options.on_checkpoint, notice)  # fmt: skip
+        tracker = Checkpointing(options.checkpoint_dir, config.checkpoint_every_steps, data.steps, config.epochs,
+                                options.on_checkpoint, notice, EpochChoice.of(config))  # fmt: skip
         resumed_at = batches_done(tracker.restore(model), data.steps)
         start = time.perf_counter()
         clock = TrainClock()
         guard = StopOnDivergence(tracker, config.learning_rate)
         every_fit = [guard, tracker, clock, *(options.callbacks or [])]
         fit_epochs(model, tracker, data, every_fit, options.log_dir)
+        tracker.take_kept_weights(model)
         seconds = time.perf_counter() - start
     if artifact_path:
         save_keras_artifact(model, config.model, input_spec, artifact_path)
 
     samples = (batches_done(tracker.progress, data.steps) - resumed_at) * data.batch
+    kept_epoch, kept_reason = tracker.choice.kept(tracker.progress.history)
+    log.info("kept epoch %d: %s", kept_epoch, kept_reason)
     run = TrainingRun(
         framework="tensorflow",
         model=config.model,
@@ -446,5 +498,7 @@ def train_keras(
         history=tracker.progress.history,
         samples_per_second=samples / clock.seconds if clock.seconds > 0 else 0.0,
         train_seconds=seconds,
+        kept_epoch=kept_epoch,
+        kept_reason=kept_reason,
     )
     return KerasOutcome(run=run, model=model)

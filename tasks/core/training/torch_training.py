@@ -14,6 +14,9 @@ process group: NCCL on CUDA, gloo on CPU (`tasks.core.training.devices`). Run as
 #   4. the gradients averaged over the ranks (`average_gradients`), the optimizer step, gradients zeroed;
 #   5. the step's loss on its way to the host, for the next vote (`StepVotes.record_loss`);
 #   6. the preemption vote (`StepVotes.stop_after_step`), then a checkpoint where one is due.
+# After each epoch's validation, rank 0 copies the weights aside if the epoch is the best so far, and
+# every rank decides alike whether to stop early (`EpochChoice`); at the end the model takes the best
+# epoch's weights back (`LoopState.take_kept_weights`).
 
 from __future__ import annotations
 
@@ -43,7 +46,7 @@ from tasks.core.training.config import TrainConfig
 from tasks.core.training.devices import DeviceFamily, family_of, local_family
 from tasks.core.training.precision import for_torch
 from tasks.core.training.preemption import PreemptionNotice
-from tasks.core.training.progress import ProgressReporter, TrainingProgress, log_epoch
+from tasks.core.training.progress import EpochChoice, ProgressReporter, TrainingProgress, log_epoch
 from tasks.core.training.rank_part import rank_part
 from tasks.core.training.records import EpochMetrics, TrainingRun
 from tasks.core.training.rows import TrainingRows, auto_placement
@@ -66,7 +69,8 @@ def train(
     With a `checkpoint`, the run resumes from its saved state, if any, and saves after every epoch
     and every `checkpoint.every_steps` optimizer steps. With a `log_dir`, rank 0 writes TensorBoard
     scalars there every epoch. With a `preemption` notice, the ranks stop together after the step
-    during which the notice arrived, save that step and raise `Preempted`.
+    during which the notice arrived, save that step and raise `Preempted`. The model ends with the
+    weights of the epoch that `config.keep` names, and the run may stop early (`config.patience`).
     """
     config.validate()  # as the workflow did already; a direct caller's config gets the same message
     ctx = init_distributed(config.collective_timeout_s)
@@ -81,6 +85,8 @@ def train(
     ctx.family.reset_peak_memory(ctx.device)
     samples, training_seconds, start = 0, 0.0, time.perf_counter()
     for epoch in range(progress.epoch, config.epochs):
+        if state.choice.stops_early(progress.history):  # a resumed run too, saved after its last epoch
+            break
         epoch_start = time.perf_counter()
         train_loss, train_acc, seen = state.train_epoch(epoch)
         training_seconds += time.perf_counter() - epoch_start  # the loop alone: no validation, no saving
@@ -91,6 +97,7 @@ def train(
         samples += seen
         metrics = EpochMetrics(epoch + 1, train_loss, train_acc, val_loss, val_acc)
         progress.finish_epoch(metrics)
+        state.copy_if_best()
         state.reporter.epoch_end()
         if board is not None:
             write_epoch_scalars(board, metrics, samples / max(training_seconds, 1e-9))
@@ -99,6 +106,9 @@ def train(
         if ctx.rank == 0:
             log_epoch(metrics, config.epochs)
     state.close()
+    state.take_kept_weights()
+    if ctx.rank == 0:
+        log.info("kept epoch %d: %s", *state.choice.kept(progress.history))
     ctx.family.synchronize(ctx.device)
     seconds = time.perf_counter() - start
     if board is not None:
@@ -248,6 +258,12 @@ class LoopState:
     optimizer_steps: int = 0  # over the whole run, across attempts
     # This rank's loss sum and correct count over the steps done before a resume in mid-epoch.
     carried: tuple[float, int] = (0.0, 0)
+    # A CPU copy of the best epoch's state dict so far, on rank 0 alone (`copy_if_best`).
+    best_weights: dict[str, torch.Tensor] | None = None
+
+    @property
+    def choice(self) -> EpochChoice:
+        return EpochChoice.of(self.config)
 
     @classmethod
     def start(cls, config, ctx, model, training_rows, checkpoint, preemption) -> LoopState:
@@ -404,6 +420,7 @@ class LoopState:
             "model": {name: tensor.detach().cpu() for name, tensor in self.model.state_dict().items()},
             "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict(),
+            "best_weights": self.best_weights,
             "optimizer_steps": self.optimizer_steps,
             "micro_batch": self.micro.size,
             "world_size": ctx.world_size,
@@ -428,7 +445,27 @@ class LoopState:
         torch.set_rng_state(mine["cpu"])
         ctx.family.set_rng_state(mine["device"], ctx.device)
         self.progress = TrainingProgress.from_dict(saved)
+        self.best_weights = saved.get("best_weights") if ctx.rank == 0 else None
         self.carried, self.optimizer_steps = (mine["loss_sum"], mine["correct"]), saved["optimizer_steps"]
+
+    def copy_if_best(self) -> None:
+        """Rank 0 copies the weights aside when the epoch just validated is the best so far."""
+        if self.ctx.rank == 0 and self.choice.keeps_copy(self.progress.history):
+            self.best_weights = {
+                name: tensor.detach().to("cpu", copy=True) for name, tensor in self.model.state_dict().items()
+            }
+
+    def take_kept_weights(self) -> None:
+        """Collective: the model takes back the best epoch's weights where a later epoch ended the
+        run; rank 0 loads its copy and the other ranks receive it from rank 0."""
+        if not self.choice.restores_copy(self.progress.history):
+            return
+        if self.ctx.rank == 0:
+            self.model.load_state_dict(self.best_weights)
+        if self.ctx.is_distributed:
+            with torch.no_grad():
+                for tensor in (*self.model.parameters(), *self.model.buffers()):
+                    dist.broadcast(tensor, src=0)
 
     def close(self) -> None:
         self.votes.close()
@@ -436,6 +473,7 @@ class LoopState:
     def outcome(self, shard_rows, samples: int, training_seconds: float, seconds: float) -> TrainOutcome:
         """What this rank returns: the run's record and where the micro-batch ended."""
         config, ctx, dtype = self.config, self.ctx, self.dtype
+        kept_epoch, kept_reason = self.choice.kept(self.progress.history)
         run = TrainingRun(
             framework="pytorch",
             model=config.model,
@@ -448,6 +486,8 @@ class LoopState:
             samples_per_second=samples / training_seconds if training_seconds > 0 else 0.0,
             train_seconds=seconds,
             peak_device_memory_bytes=ctx.family.peak_memory(ctx.device),
+            kept_epoch=kept_epoch,
+            kept_reason=kept_reason,
         )
         return TrainOutcome(
             run=run,
