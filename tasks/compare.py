@@ -7,7 +7,7 @@ from flytekit import task
 from tasks.core.messages import raise_for
 from tasks.core.report.compare import HardwareComparison, RunSummary, compare_runs
 from tasks.core.validation import price_problems
-from tasks.hardware import CPU_IMAGE, SMALL_CPU, guaranteed
+from tasks.hardware import CPU_IMAGE, DEFAULT_PRICES_PER_HOUR, SMALL_CPU, guaranteed
 from tasks.plumbing.decks import DECKS, comparison_deck
 from tasks.plumbing.process import running_locally
 from tasks.types import EvaluationReport
@@ -21,7 +21,7 @@ def summarise(name: str, report: EvaluationReport) -> RunSummary:
 def check_prices(prices: dict[str, float]) -> None:
     """The comparison's prices, checked first: the comparison prepares its data only once they pass,
     so a bad price fails before any accelerator is requested."""
-    raise_for(price_problems(prices))
+    raise_for(price_problems(prices, DEFAULT_PRICES_PER_HOUR))
 
 
 @task(
@@ -30,7 +30,8 @@ def check_prices(prices: dict[str, float]) -> None:
     **DECKS,
 )
 def compare(gpu: EvaluationReport, tpu: EvaluationReport, prices: dict[str, float]) -> HardwareComparison:
-    comparison = compare_runs([summarise("gpu (pytorch)", gpu), summarise("tpu (tensorflow)", tpu)], prices)
+    runs = [summarise("gpu (pytorch)", gpu), summarise("tpu (tensorflow)", tpu)]
+    comparison = compare_runs(runs, prices, DEFAULT_PRICES_PER_HOUR)
     comparison_deck(comparison)
     if not running_locally():  # where pyflyte prints the outputs, the table would appear twice
         print(comparison.table(), flush=True)

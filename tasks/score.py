@@ -46,7 +46,7 @@ from tasks.hardware import (
     guaranteed,
 )
 from tasks.plumbing.decks import DECKS
-from tasks.plumbing.process import begin_task
+from tasks.plumbing.process import begin_task, running_locally
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,8 @@ def collect_scores(plan: ScoringPlan, hardware: HardwareChoice, results: list[Pi
     begin_task()
     report = summarise(plan, results, hardware)
     Deck("Scoring", f"<pre>{html.escape(report.summary())}</pre>")
-    print(report.summary(), flush=True)
+    if not running_locally():  # where pyflyte prints the outputs, the report would appear twice
+        print(report.summary(), flush=True)
     return Scored(StructuredDataset(uri=plan.job.output, file_format="parquet"), report)
 
 

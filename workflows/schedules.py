@@ -25,7 +25,8 @@ from flytekit.core.notification import Notification
 from tasks.core.data.partition import partition_uri
 from tasks.core.strict_json import convert, instantiate, shape_problems, value_problems
 from tasks.core.training.config import EXAMPLES, with_option_lists_joined
-from tasks.core.validation import price_problems
+from tasks.core.validation import price_problems, unknown_price_key
+from tasks.hardware import DEFAULT_PRICES_PER_HOUR
 from tasks.targets import TARGETS
 
 ENV = "MIXEDML_SCHEDULES"
@@ -182,16 +183,21 @@ def template_rule(template: str) -> str:
     return ""
 
 
+def price_rule(prices: Mapping[str, float]) -> str:
+    unknown = [name for name in prices if name not in DEFAULT_PRICES_PER_HOUR]
+    if unknown:
+        return unknown_price_key(unknown[0], DEFAULT_PRICES_PER_HOUR).removeprefix("input 'prices' has ")
+    if price_problems(prices):
+        return "every price must be a finite number >= 0 (USD per accelerator-hour)"
+    return ""
+
+
 # Rules on an input's value beyond its type, by input name (the workflows check them again at run time).
 RULES = {
     "dataset_template": template_rule,
     "target": lambda target: "" if target in TARGETS else f"not one of {', '.join(TARGETS)}",
     "max_parallel": lambda count: "" if count >= 1 else "must be at least 1",
-    "prices": lambda prices: (
-        "every price must be a finite number >= 0 (USD per accelerator-hour)"
-        if price_problems(prices)
-        else ""
-    ),
+    "prices": price_rule,
 }
 
 

@@ -101,11 +101,19 @@ def target_problem(target: str, names: Collection[str]) -> str:
     return f"input 'target' = {target!r}: not one of {', '.join(names)}; pass e.g. --target {suggestion}"
 
 
-def price_problems(prices: Mapping[str, float]) -> list[str]:
-    """A price is USD per accelerator-hour: a finite number >= 0 (a whole number too)."""
-    return [
+def price_problems(prices: Mapping[str, float], known: Collection[str] = ()) -> list[str]:
+    """A price is USD per accelerator-hour: a finite number >= 0 (a whole number too), under one of the
+    `known` accelerator names where they are given (a misspelt key would otherwise price nothing)."""
+    unknown = [name for name in prices if known and name not in known]
+    return [unknown_price_key(name, known) for name in unknown] + [
         f"input 'prices[{name!r}]' = {price!r}: must be a finite number >= 0 (USD per accelerator-hour); "
         f"pass e.g. --prices '{json.dumps({name: 1.5})}'"
         for name, price in prices.items()
         if isinstance(price, bool) or not isinstance(price, int | float) or not 0 <= price < math.inf
     ]
+
+
+def unknown_price_key(name: str, known: Collection[str]) -> str:
+    close = difflib.get_close_matches(name.strip().lower(), list(known), n=1)
+    guess = f"did you mean {close[0]!r}? " if close else ""
+    return f"input 'prices' has the key {name!r}, which prices nothing: {guess}known: {', '.join(known)}"

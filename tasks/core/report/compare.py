@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from tasks.core.messages import raise_for
@@ -77,13 +78,15 @@ def pricing_note(row: ComparisonRow) -> str:
     return f"{name}: no resource plan was applied, billed as declared; {source}"
 
 
-def compare_runs(runs: list[RunSummary], prices: dict[str, float]) -> HardwareComparison:
+def compare_runs(
+    runs: list[RunSummary], prices: dict[str, float], known_prices: Collection[str] = ()
+) -> HardwareComparison:
     """Cost = accelerator-hours of training x the price per accelerator-hour: the applied plan's catalog
     price where a plan put the run on its hardware (a MIG slice is not priced as its whole GPU), else the
     price from `prices` for the accelerator."""
     if not runs:
         raise ValueError("nothing to compare: no runs given")
-    raise_for(price_problems(prices))
+    raise_for(price_problems(prices, known_prices))
     rows = [price_run(run, prices) for run in runs]
     priced = [row for row in rows if row.cost_usd is not None]
     notes = [pricing_note(row) for row in rows if row.run.billed.price_per_hour is None]

@@ -162,6 +162,20 @@ def test_a_price_that_is_not_finite_and_at_least_0_is_refused_naming_it(case):
         assert fragment in str(error.value), str(error.value)
 
 
+@pytest.mark.parametrize(
+    "key, guess", [("CPU", "did you mean 'cpu'?"), ("nvidia-l4 ", "did you mean 'nvidia-l4'?"), ("gpu", "")]
+)
+def test_a_price_under_a_name_that_prices_nothing_is_refused_naming_the_known_ones(key, guess):
+    from tasks.hardware import DEFAULT_PRICES_PER_HOUR
+
+    with pytest.raises(InputError) as error:
+        compare_runs([LOCAL_RUN], {key: 1.0}, DEFAULT_PRICES_PER_HOUR)
+    message = str(error.value)
+    assert f"input 'prices' has the key {key!r}, which prices nothing: {guess}" in message
+    assert "known: cpu, nvidia-l4, " in message
+    assert compare_runs([LOCAL_RUN], {"cpu": 1.0}, DEFAULT_PRICES_PER_HOUR).rows[0].cost_usd is not None
+
+
 def test_a_whole_number_is_a_price_from_the_command_line_to_the_cost():
     context = FlyteContextManager.current_context()
     literal = TypeEngine.to_literal(

@@ -163,6 +163,8 @@ def load_text(tmp_path: Path, text: str):
          "'launch_plans.weekly_hardware_comparison.hyperparameters.epoch': unknown field; did you mean 'epochs'?"),
         ("launch_plans: {weekly_hardware_comparison: {prices: {cpu: -1}}}",
          "'launch_plans.weekly_hardware_comparison.prices' = {'cpu': -1.0}: every price must be a finite number >= 0"),
+        ("launch_plans: {weekly_hardware_comparison: {prices: {CPU: 1}}}",
+         "'launch_plans.weekly_hardware_comparison.prices' = {'CPU': 1.0}: the key 'CPU', which prices nothing: did you mean 'cpu'?"),
         ("launch_plans: {weekly_hardware_comparison: {plan_resources: 'yes'}}",
          "'launch_plans.weekly_hardware_comparison.plan_resources' = 'yes': expected true or false"),
         ("launch_plans: {nightly_retrain: {kickoff_time: 2026-01-01}}",
