@@ -30,6 +30,7 @@ from tasks.core.planning.planner import (
     plan_preprocessing,
     plan_training,
 )
+from tasks.core.serving.promotion import ALWAYS, PromotionPolicy, promotion_problems
 from tasks.core.training.config import TrainConfig
 from tasks.core.validation import (
     batch_problems,
@@ -80,6 +81,7 @@ def prepare_data(
     plan_resources: bool,
     column_kinds: dict[str, str] | None = None,
     publish_to: str = "",
+    promotion: PromotionPolicy | None = None,
 ) -> tuple[PreparedData, PreprocessPlan]:
     """Check every input, size the preprocessing from the input's metadata, then preprocess: in one
     pod, or in pieces for an input past the planner's PIECE_BYTES or PIECE_ROWS.
@@ -92,6 +94,7 @@ def prepare_data(
         + embedded_label_problems(dataset, label_column)
         + column_kind_problems(column_kinds or {})
         + publish_problems(publish_to)
+        + promotion_problems(promotion or ALWAYS)
     )
     plan, pieces = size_preprocessing(dataset, label_column)
     log.info(

@@ -14,6 +14,7 @@ from datetime import datetime
 from flytekit import CronSchedule, LaunchPlan, workflow
 from flytekit.core.workflow import WorkflowBase
 
+from tasks.core.serving.promotion import PromotionPolicy
 from tasks.core.training.config import TrainConfig
 from tasks.hardware import DEFAULT_PRICES_PER_HOUR
 from tasks.schedule import dataset_partition
@@ -32,13 +33,15 @@ def scheduled_training(
     target: str = "gpu",
     hyperparameters: TrainConfig = TrainConfig(),  # noqa: B008 - Flyte needs the literal default
     publish_to: str = "",
+    promotion: PromotionPolicy = PromotionPolicy(),  # noqa: B008 - Flyte needs the literal default
 ) -> TrainingOutputs:
     """training_pipeline on the partition named by the kickoff time, e.g. s3://bucket/events/dt={yesterday}/;
-    with `publish_to`, the bundle becomes that prefix's LATEST, which nightly_scoring reads."""
+    with `publish_to`, the bundle is published there and becomes its LATEST, which nightly_scoring reads,
+    only where the promotion gate finds it not worse than the current LATEST on the run's test split."""
     dataset = dataset_partition(template=dataset_template, kickoff_time=kickoff_time)
     return training_pipeline(
         dataset=dataset, label_column=label_column, target=target, hyperparameters=hyperparameters,
-        publish_to=publish_to,
+        publish_to=publish_to, promotion=promotion,
     )  # fmt: skip
 
 
@@ -87,7 +90,8 @@ class Scheduled:
 
 
 SCHEDULED = {
-    # Every night at 02:00: train on yesterday's partition and publish the bundle for nightly_scoring.
+    # Every night at 02:00: train on yesterday's partition and publish the bundle; it becomes LATEST, which
+    # nightly_scoring reads, where the promotion gate finds it not worse than the current one.
     "nightly_retrain": Scheduled(scheduled_training, "0 2 * * *", ("dataset_template", "publish_to")),
     # An hour later: whichever model is the latest published then scores the day's partition.
     "nightly_scoring": Scheduled(scheduled_scoring, "0 3 * * *", ("model_prefix", "dataset_template")),

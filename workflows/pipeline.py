@@ -7,6 +7,7 @@ from typing import NamedTuple
 from flytekit import workflow
 from flytekit.types.directory import FlyteDirectory
 
+from tasks.core.serving.promotion import ALWAYS, PromotionPolicy
 from tasks.core.training.config import TrainConfig
 from tasks.evaluate import evaluate
 from tasks.publish import publish_model
@@ -31,6 +32,7 @@ def training_pipeline(
     plan_resources: bool = True,
     publish_to: str = "",
     column_kinds: dict[str, str] = {},  # noqa: B006 - Flyte needs the literal default
+    promotion: PromotionPolicy = ALWAYS,
 ) -> TrainingOutputs:
     """Train a classifier on a table; return the model bundle and the test accuracy, macro-F1 and
     per-class counts it scores.
@@ -53,21 +55,28 @@ def training_pipeline(
             or TPU slice); fails before any accelerator is requested if nothing fits. Off: use the
             hardware declared in tasks/hardware.py (the plan is still reported).
         publish_to: a URI prefix (e.g. s3://bucket/models/digits); the bundle is copied to
-            `<prefix>/<version>/` and `<prefix>/LATEST` then names that version, for batch_predict and
-            the scheduled scoring. Empty: not published.
+            `<prefix>/<version>/` and `<prefix>/LATEST` then names that version (as `promotion` decides),
+            for batch_predict and the scheduled scoring. Empty: not published.
         column_kinds: a column's kind where the guess from its type is wrong, or 'drop' to leave it
             out, e.g. '{"zip": "categorical", "notes": "drop"}'; kinds: numeric, categorical,
             boolean, date (docs/inputs.md).
+        promotion: with publish_to, whether LATEST moves to the new version: by default always; a
+            policy given defaults to the gate, which moves it only when the new model's metric on this
+            run's test split is at least the current LATEST's less the tolerance, e.g.
+            '{"metric": "accuracy", "tolerance": 0.01}' (docs/scoring.md#promotion-gate). The version
+            is published either way; the decision is printed with both figures.
     """
     prepared, preprocess_plan = prepare_data(
         dataset=dataset, label_column=label_column, val_fraction=val_fraction, test_fraction=test_fraction,
         target=target, hyperparameters=hyperparameters, plan_resources=plan_resources,
-        column_kinds=column_kinds, publish_to=publish_to,
+        column_kinds=column_kinds, publish_to=publish_to, promotion=promotion,
     )  # fmt: skip
     trained, plan = train_on_target(
         prepared=prepared, preprocess_plan=preprocess_plan, target=target, hyperparameters=hyperparameters,
         plan_resources=plan_resources,
     )  # fmt: skip
     evaluated = evaluate(prepared=prepared, trained=trained, plan=plan)
-    published = publish_model(bundle=evaluated.model, prefix=publish_to)
+    published = publish_model(
+        bundle=evaluated.model, prefix=publish_to, prepared=prepared, promotion=promotion
+    )
     return evaluated.report, evaluated.model, published

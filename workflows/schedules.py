@@ -23,6 +23,8 @@ from flytekit import Email, PagerDuty, Slack, WorkflowExecutionPhase
 from flytekit.core.notification import Notification
 
 from tasks.core.data.partition import partition_uri
+from tasks.core.serving.promotion import EXAMPLE as PROMOTION_EXAMPLE
+from tasks.core.serving.promotion import PromotionPolicy
 from tasks.core.strict_json import convert, instantiate, shape_problems, value_problems
 from tasks.core.training.config import EXAMPLES, with_option_lists_joined
 from tasks.core.validation import price_problems, unknown_price_key
@@ -45,6 +47,8 @@ DEFAULT_PHASES = ["failed", "timed_out"]
 # All three are email addresses to flyteadmin: a Slack channel's or a PagerDuty service's address.
 CHANNELS = {"email": Email, "slack": Slack, "pagerduty": PagerDuty}
 EMAIL = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s]+")
+# An object of each dataclass input, for messages about a value of the wrong form.
+DATACLASS_EXAMPLES = {**EXAMPLES, PromotionPolicy: PROMOTION_EXAMPLE}
 
 
 class ScheduleError(ValueError):
@@ -158,14 +162,18 @@ def checked(value: object, hint: object, key: str) -> tuple[object, list[str]]:
         return value, [] if isinstance(value, bool) else [f"'{key}' = {value!r}: expected true or false"]
     if dataclasses.is_dataclass(hint):
         value = with_option_lists_joined(value)
-        found = [problem.removeprefix("input ") for problem in shape_problems(value, hint, key, EXAMPLES)]
+        found = [
+            problem.removeprefix("input ") for problem in shape_problems(value, hint, key, DATACLASS_EXAMPLES)
+        ]
         if found:
             return None, found
         config = instantiate(hint, value)
         return config, [
             f"'{key}.{name}' = {getattr(config, name)!r}: {rule}" for name, rule in config.problems().items()
         ]
-    found = [problem.removeprefix("input ") for problem in value_problems(value, hint, key, EXAMPLES)]
+    found = [
+        problem.removeprefix("input ") for problem in value_problems(value, hint, key, DATACLASS_EXAMPLES)
+    ]
     if found:
         return None, found
     value = convert(value, hint)

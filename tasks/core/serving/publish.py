@@ -1,19 +1,31 @@
-"""Publishing model bundles under a prefix, and finding the latest one again.
+"""Publishing model bundles under a prefix, laid out for serving, and finding the latest one again.
 
 A prefix (any fsspec URI: a folder, s3://bucket/models/churn, gs://...) holds one folder per published
-version and a small `LATEST` object naming the newest:
+version, named by an integer that orders versions by publication time (the UTC time as YYYYMMDDhhmmss,
+one more than the newest where that is taken), a small `LATEST` object naming the one in use, and the
+layouts that Triton and TF Serving load as they are (layouts.py):
 
-    <prefix>/20250301T020412Z-3f9c2a1b/bundle.json, model.pt, model.onnx, ...
-    <prefix>/LATEST                      -> "20250301T020412Z-3f9c2a1b"
+    <prefix>/20250301020412/bundle.json, model.pt, model.onnx, ..., PUBLISHED.json
+    <prefix>/LATEST                      -> "20250301020412"
+    <prefix>/triton/churn/config.pbtxt, labels-20250301020412.txt, 20250301020412/model.onnx
+    <prefix>/tf_serving/models.config, 20250301020412/saved_model.pb   (Keras bundles)
 
-A version is copied in full before `LATEST` is rewritten, so a reader sees either the previous version
-or the new one, never a half-copied folder. `LATEST` itself is replaced whole: an object store replaces
-an object in one write; on a filesystem (a local disk, an NFS mount) it is written under a temporary
-name in the same folder and renamed over `LATEST`, so a reader never finds it empty or half-written.
+`PUBLISHED.json` records the version's readable id (UTC time and content hash, the names versions had
+before they were integers), the bundle's hash, where it came from, and the serving configuration that
+promoting it writes. bundle.json is copied as it is: its digests are checked on load.
+
+A version and its layouts' files are copied in full before anything names them. Promoting it then
+replaces the servers' configuration files (`config.pbtxt`, `models.config`), then `LATEST`, each whole:
+an object store replaces an object in one write; on a filesystem (a local disk, an NFS mount) the new
+content is written under a temporary name in the same folder and renamed over the old, so a reader
+never finds one empty or half-written. A version published without promoting (`promote=False`) is
+copied, and `LATEST` and what the servers serve stay where they were.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import secrets
 from datetime import UTC, datetime
@@ -23,12 +35,18 @@ import fsspec
 
 from tasks.core.data.files import DatasetError, filesystem_for, is_local, remote_errors
 from tasks.core.serving.bundle import MANIFEST, BundleError, check_files, content_digest
+from tasks.core.serving.layouts import Layouts, serving_name, version_layouts
 from tasks.core.serving.prefixes import prefix_problem
 
 LATEST = "LATEST"
-# Versions sort by publication time; the hash tells apart two bundles published in the same second.
+PUBLISHED = "PUBLISHED.json"
+# Integer versions: Triton and TF Serving read a version folder's name as an int64; 14 digits fit.
+VERSION_NUMBER = "%Y%m%d%H%M%S"
+# Readable ids (and the version names of prefixes published before versions were integers).
 VERSION_TIME = "%Y%m%dT%H%M%SZ"
 HASH_CHARS = 8
+
+logger = logging.getLogger(__name__)
 
 
 def bundle_digest(directory: str) -> str:
@@ -36,65 +54,183 @@ def bundle_digest(directory: str) -> str:
     return content_digest(Path(directory))
 
 
-def new_version(directory: str, now: datetime | None = None) -> str:
+def readable_id(directory: str, now: datetime | None = None) -> str:
+    """The UTC time and the bundle's hash, e.g. "20250301T020412Z-3f9c2a1b"."""
     moment = (now or datetime.now(UTC)).strftime(VERSION_TIME)
     return f"{moment}-{bundle_digest(directory)[:HASH_CHARS]}"
+
+
+def version_number(now: datetime | None = None) -> int:
+    return int((now or datetime.now(UTC)).strftime(VERSION_NUMBER))
+
+
+def is_version(name: str) -> bool:
+    """A folder name Triton and TF Serving read as a version: digits, not led by a zero."""
+    return name.isascii() and name.isdigit() and not name.startswith("0")
+
+
+def next_version(taken: list[str], now: datetime | None = None) -> int:
+    """The time's number, or one more than the newest version taken where that is not later: versions
+    stay in publication order even where two are published in one second or the clock steps back."""
+    newest = max((int(name) for name in taken if is_version(name)), default=0)
+    return max(version_number(now), newest + 1)
 
 
 def join(uri: str, *names: str) -> str:
     return "/".join([uri.rstrip("/"), *names])
 
 
-def publish_bundle(local_dir: str, prefix: str, origin: str = "") -> str:
-    """Copy the bundle folder `local_dir` to `<prefix>/<version>/`, then point `<prefix>/LATEST` at it.
-    The prefix and the folder (against its manifest) are checked first. A failure names where the
-    bundle still is: `origin` (where it lasts, e.g. the run's output) or else `local_dir`.
+def publish_bundle(local_dir: str, prefix: str, origin: str = "", promote: bool = True) -> str:
+    """Copy the bundle folder `local_dir` to `<prefix>/<version>/` with its serving layouts, then, with
+    `promote`, make it the version `LATEST` names and the servers serve. The prefix and the folder
+    (against its manifest) are checked first. A failure names where the bundle still is: `origin`
+    (where it lasts, e.g. the run's output) or else `local_dir`.
 
     Returns the version's URI.
     """
     if not (Path(local_dir) / MANIFEST).is_file():
         raise BundleError(f"{local_dir}: not a model bundle (no {MANIFEST}); nothing to publish")
     try:
-        return copy_version(local_dir, prefix)
+        return copy_version(local_dir, prefix, origin, promote)
     except (BundleError, DatasetError) as error:
         kept = f"the bundle is not published and stays at {origin or local_dir}"
         raise type(error)(f"{error}; {kept}") from error
 
 
-def copy_version(local_dir: str, prefix: str) -> str:
+def copy_version(local_dir: str, prefix: str, origin: str = "", promote: bool = True) -> str:
     if not prefix:
         raise BundleError("no prefix to publish to: name a folder or URI such as s3://bucket/models/churn")
     if problem := prefix_problem(prefix):
         raise BundleError(f"{prefix}: {problem}")
-    check_files(local_dir)
-    version = new_version(local_dir)
-    target = join(prefix, version)
-    filesystem, path = filesystem_for(target)
-    with remote_errors(target):
-        filesystem.put(str(local_dir).rstrip("/") + "/", path, recursive=True)
-        # Last: readers of LATEST never see a version whose files are still arriving.
-        point_latest(filesystem, filesystem_for(prefix)[1], version)
-    return target
+    manifest = check_files(local_dir)
+    filesystem, prefix_path = filesystem_for(prefix)
+    now = datetime.now(UTC)
+    with remote_errors(prefix):
+        version = claim_version(filesystem, prefix_path, now)
+        target = join(prefix_path, str(version))
+        filesystem.put(str(local_dir).rstrip("/") + "/", target, recursive=True)
+        layouts = version_layouts(local_dir, manifest, serving_name(prefix), version)
+        copy_layouts(filesystem, prefix_path, layouts)
+        record = published_record(local_dir, version, now, origin, layouts)
+        # Last of the version's files: a version whose PUBLISHED.json exists has all its layouts.
+        write_file(filesystem, join(target, PUBLISHED), json.dumps(record, indent=2).encode())
+        for note in layouts.notes:
+            logger.warning("published version %s of %s with %s", version, prefix, note)
+        if promote:
+            serve(filesystem, prefix_path, str(version), layouts.served)
+    return join(prefix, str(version))
+
+
+def claim_version(filesystem: fsspec.AbstractFileSystem, prefix_path: str, now: datetime) -> int:
+    """The next version; on a filesystem its folder is made here, so that two publishers in the same
+    second cannot both take it (an object store has no folder to claim)."""
+    try:
+        taken = [PurePosixPath(path).name for path in filesystem.ls(prefix_path, detail=False)]
+    except FileNotFoundError:
+        taken = []
+    version = next_version(taken, now)
+    if not is_local(filesystem):
+        return version
+    os.makedirs(prefix_path, exist_ok=True)
+    while True:
+        try:
+            os.mkdir(join(prefix_path, str(version)))
+            return version
+        except FileExistsError:
+            version += 1
+
+
+def copy_layouts(filesystem: fsspec.AbstractFileSystem, prefix_path: str, layouts: Layouts) -> None:
+    for source, relative in layouts.copies.items():
+        target = join(prefix_path, relative)
+        if os.path.isdir(source):
+            filesystem.put(source.rstrip("/") + "/", target, recursive=True)
+        else:
+            make_parent(filesystem, target)
+            filesystem.put_file(source, target)
+    for relative, text in layouts.files.items():
+        write_file(filesystem, join(prefix_path, relative), text.encode())
+
+
+def published_record(local_dir: str, version: int, now: datetime, origin: str, layouts: Layouts) -> dict:
+    digest = bundle_digest(local_dir)
+    return {
+        "version": version,
+        "id": f"{now.strftime(VERSION_TIME)}-{digest[:HASH_CHARS]}",  # readable_id's form
+        "bundle_sha256": digest,
+        "published": now.isoformat(timespec="seconds"),
+        "origin": origin,  # where the bundle lasts, e.g. the run's output; "" where not told
+        "layouts": sorted({*layouts.copies.values(), *layouts.files}),
+        "notes": layouts.notes,
+        "serve": layouts.served,  # what promoting this version writes: path under the prefix -> content
+    }
+
+
+def promote_version(prefix: str, version: str) -> str:
+    """Make a published version the one `LATEST` names and the servers serve: a rollback, or a promotion
+    decided after publishing. A version published before layouts existed moves `LATEST` alone.
+    Returns the version's URI."""
+    filesystem, prefix_path = filesystem_for(prefix)
+    folder = join(prefix_path, version)
+    with remote_errors(prefix):
+        if PurePosixPath(version).name != version or not filesystem.isfile(join(folder, MANIFEST)):
+            raise BundleError(f"{join(prefix, version)}: not a published version (no {MANIFEST})")
+        record = published(filesystem, folder)
+        serve(filesystem, prefix_path, version, record.get("serve", {}))
+    return join(prefix, version)
+
+
+def published(filesystem: fsspec.AbstractFileSystem, folder: str) -> dict:
+    """The version's PUBLISHED.json; empty for a version published before it existed."""
+    path = join(folder, PUBLISHED)
+    if not filesystem.isfile(path):
+        return {}
+    try:
+        return json.loads(filesystem.cat_file(path))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise BundleError(f"{path}: not valid JSON: {error}") from error
+
+
+def serve(filesystem: fsspec.AbstractFileSystem, prefix_path: str, version: str, served: dict[str, str]):
+    """The servers' configuration files first, then `LATEST`: a failure leaves `LATEST` as it was."""
+    for relative, text in served.items():
+        replace_whole(filesystem, join(prefix_path, relative), text.encode())
+    point_latest(filesystem, prefix_path, version)
 
 
 def point_latest(filesystem: fsspec.AbstractFileSystem, prefix_path: str, version: str) -> None:
     """Replace `<prefix>/LATEST` whole with `version`."""
-    latest = join(prefix_path, LATEST)
+    replace_whole(filesystem, join(prefix_path, LATEST), version.encode())
+
+
+def replace_whole(filesystem: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
     if not is_local(filesystem):
-        filesystem.pipe_file(latest, version.encode())  # an object store replaces the object in one write
+        filesystem.pipe_file(path, data)  # an object store replaces the object in one write
         return
-    # Written aside, then renamed over: truncating LATEST in place would let a reader find it empty.
-    os.makedirs(os.path.dirname(latest), exist_ok=True)
-    temporary = f"{os.path.dirname(latest)}/.{LATEST}.{secrets.token_hex(8)}"
-    # Created as any new file is (0666 less the umask): mkstemp's 0600 would hide LATEST from other users.
+    # Written aside, then renamed over: truncating the file in place would let a reader find it empty.
+    folder, name = os.path.split(path)
+    os.makedirs(folder, exist_ok=True)
+    temporary = f"{folder}/.{name}.{secrets.token_hex(8)}"
+    # Created as any new file is (0666 less the umask): mkstemp's 0600 would hide it from other users.
     descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(descriptor, "wb") as file:
-            file.write(version.encode())
-        os.replace(temporary, latest)
+            file.write(data)
+        os.replace(temporary, path)
     except BaseException:
         os.unlink(temporary)
         raise
+
+
+def write_file(filesystem: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
+    """A new file, which nothing reads before the version is promoted."""
+    make_parent(filesystem, path)
+    filesystem.pipe_file(path, data)
+
+
+def make_parent(filesystem: fsspec.AbstractFileSystem, path: str) -> None:
+    if is_local(filesystem):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
 
 
 def resolve_bundle(uri: str) -> str:

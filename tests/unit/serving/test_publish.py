@@ -20,11 +20,18 @@ from tasks.core.data.encoding import batch_stats
 from tasks.core.data.files import DatasetError
 from tasks.core.data.prepare import PreparedTable
 from tasks.core.data.scaling import ScalerStats
-from tasks.core.models.plugins import build, input_spec_for, mlp_spec
+from tasks.core.models.plugins import ModelSpec, build, input_spec_for, mlp_spec
 from tasks.core.serving import bundle as bundle_module
-from tasks.core.serving.bundle import MANIFEST, BundleError, BundleRecord, load_bundle, write_bundle
+from tasks.core.serving.bundle import (
+    MANIFEST,
+    WEIGHTS,
+    BundleError,
+    BundleRecord,
+    load_bundle,
+    write_bundle,
+)
 from tasks.core.serving.exports import ExportResult
-from tasks.core.serving.publish import LATEST, new_version, publish_bundle, resolve_bundle
+from tasks.core.serving.publish import LATEST, PUBLISHED, publish_bundle, readable_id, resolve_bundle
 from tasks.core.training.records import Hardware, TrainingRun
 from tests.conftest import blobs_frame
 
@@ -32,27 +39,25 @@ FEATURES = ["f0", "f1", "f2", "f3"]
 CLASSES = ["setosa", "versicolor", "virginica"]
 
 
-def write_test_bundle(folder: Path, seed: int = 0, table: PreparedTable | None = None) -> str:
+def write_test_bundle(
+    folder: Path, seed: int = 0, table: PreparedTable | None = None, framework: str = "pytorch"
+) -> str:
     """An untrained MLP as a bundle, for the blobs' features and classes or for what `table` holds:
-    seeded, so that two seeds give two models that score differently."""
-    import torch
-
-    from tasks.core.models.torch_models import save_torch_artifact
-
+    seeded, so that two seeds give two models that score differently; a torch one, or a Keras one
+    (whose exports add a SavedModel)."""
     spec = mlp_spec([16])
-    torch.manual_seed(seed)
     n_features = len(table.feature_names) if table else len(FEATURES)
-    model = build(spec, n_features, len(CLASSES), "pytorch")
     folder.mkdir(parents=True, exist_ok=True)
-    artifact = folder.parent / f"{folder.name}-model.pt"
-    save_torch_artifact(model, spec, input_spec_for(spec, n_features, len(CLASSES)), str(artifact))
-    run = TrainingRun("pytorch", "cpu", 1, "gloo", "fp32", "single-process", [], 0.0, 0.0, model=spec)
+    artifact = folder.parent / f"{folder.name}-{WEIGHTS[framework]}"
+    save_untrained(spec, n_features, framework, seed, str(artifact))
+    backend = "gloo" if framework == "pytorch" else "default"
+    run = TrainingRun(framework, "cpu", 1, backend, "fp32", "single-process", [], 0.0, 0.0, model=spec)
     if table:
         record = BundleRecord.of(table, run, Hardware("cpu", 1), data_fingerprint="0" * 32)
         return write_bundle(str(folder), str(artifact), record)
     features = blobs_frame(n_rows=400)[FEATURES]
     record = BundleRecord(
-        framework="pytorch",
+        framework=framework,
         feature_names=FEATURES,
         scaler=ScalerStats(features.mean().tolist(), features.std().tolist()),
         class_labels=CLASSES,
@@ -64,6 +69,24 @@ def write_test_bundle(folder: Path, seed: int = 0, table: PreparedTable | None =
         billed=Hardware("cpu", 1),
     )
     return write_bundle(str(folder), str(artifact), record)
+
+
+def save_untrained(spec: ModelSpec, n_features: int, framework: str, seed: int, path: str) -> None:
+    input_spec = input_spec_for(spec, n_features, len(CLASSES))
+    if framework == "pytorch":
+        import torch
+
+        from tasks.core.models.torch_models import save_torch_artifact
+
+        torch.manual_seed(seed)
+        save_torch_artifact(build(spec, n_features, len(CLASSES), framework), spec, input_spec, path)
+        return
+    import keras
+
+    from tasks.core.models.keras_models import save_keras_artifact
+
+    keras.utils.set_random_seed(seed)
+    save_keras_artifact(build(spec, n_features, len(CLASSES), framework), spec, input_spec, path)
 
 
 @contextmanager
@@ -144,6 +167,13 @@ def files_of(folder: str) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
 
 
+def bundle_files_of(version: str) -> dict[str, bytes]:
+    """A published version's files less the record publishing adds beside the bundle's own."""
+    files = files_of(version)
+    assert json.loads(files.pop(PUBLISHED))["version"] == int(Path(version).name)
+    return files
+
+
 @pytest.mark.slow
 def test_publishing_twice_keeps_both_versions_and_latest_names_the_second(two_bundles, tmp_path):
     first, second = two_bundles
@@ -151,19 +181,19 @@ def test_publishing_twice_keeps_both_versions_and_latest_names_the_second(two_bu
     first_uri = publish_bundle(first, prefix)
     second_uri = publish_bundle(second, prefix)
     assert first_uri != second_uri
-    assert files_of(first_uri) == files_of(first) and files_of(second_uri) == files_of(second)
+    assert bundle_files_of(first_uri) == files_of(first) and bundle_files_of(second_uri) == files_of(second)
     assert (Path(prefix) / LATEST).read_text() == Path(second_uri).name
     assert resolve_bundle(prefix) == second_uri
     assert resolve_bundle(first_uri) == first_uri, "a bundle folder resolves to itself"
     assert load_bundle(resolve_bundle(prefix)).manifest == load_bundle(second).manifest
 
 
-def test_versions_sort_by_publication_time_and_differ_by_content(two_bundles):
+def test_readable_ids_sort_by_publication_time_and_differ_by_content(two_bundles):
     first, second = two_bundles
     earlier, later = datetime(2025, 3, 1, 2, 4, 12, tzinfo=UTC), datetime(2025, 3, 1, 2, 4, 13, tzinfo=UTC)
-    assert new_version(second, earlier) < new_version(first, later)
-    assert new_version(first, earlier) != new_version(second, earlier)
-    assert new_version(first, earlier).startswith("20250301T020412Z-")
+    assert readable_id(second, earlier) < readable_id(first, later)
+    assert readable_id(first, earlier) != readable_id(second, earlier)
+    assert readable_id(first, earlier).startswith("20250301T020412Z-")
 
 
 def test_a_prefix_under_any_fsspec_uri_resolves_to_a_loadable_bundle(two_bundles):
@@ -241,7 +271,7 @@ def test_the_publish_task_returns_the_version_uri_and_skips_an_empty_prefix(two_
     first, _ = two_bundles
     uri = publish_model(bundle=FlyteDirectory(first), prefix=str(tmp_path / "models"))
     assert resolve_bundle(str(tmp_path / "models")) == uri
-    assert files_of(uri) == files_of(first)
+    assert bundle_files_of(uri) == files_of(first)
     assert publish_model(bundle=FlyteDirectory(first), prefix="") == ""
 
 

@@ -19,6 +19,7 @@ from flytekit import FlyteContextManager
 from flytekit.core.type_engine import TypeEngine
 from flytekit.models.literals import Literal
 
+from tasks.core.serving.promotion import PromotionPolicy
 from tests.dependencies import REPO
 from tests.flyte_package import SCHEDULES
 from workflows.launch_plans import SCHEDULED
@@ -161,6 +162,14 @@ def load_text(tmp_path: Path, text: str):
          "'launch_plans.nightly_retrain.hyperparameters.epochs' = 0: must be at least 1"),
         ("launch_plans: {weekly_hardware_comparison: {hyperparameters: {epoch: 3}}}",
          "'launch_plans.weekly_hardware_comparison.hyperparameters.epoch': unknown field; did you mean 'epochs'?"),
+        ("launch_plans: {nightly_retrain: {promotion: {mode: strict}}}",
+         "'launch_plans.nightly_retrain.promotion.mode' = 'strict': not one of gate, always"),
+        ("launch_plans: {nightly_retrain: {promotion: {tolerance: 2}}}",
+         "'launch_plans.nightly_retrain.promotion.tolerance' = 2.0: must be a number from 0 to 1"),
+        ("launch_plans: {nightly_retrain: {promotion: {tolerence: 0.01}}}",
+         "'launch_plans.nightly_retrain.promotion.tolerence': unknown field; did you mean 'tolerance'?"),
+        ("launch_plans: {nightly_retrain: {promotion: gate}}",
+         "'launch_plans.nightly_retrain.promotion' = 'gate': expected an object, e.g. {\"mode\": \"gate\""),
         ("launch_plans: {weekly_hardware_comparison: {prices: {cpu: -1}}}",
          "'launch_plans.weekly_hardware_comparison.prices' = {'cpu': -1.0}: every price must be a finite number >= 0"),
         ("launch_plans: {weekly_hardware_comparison: {prices: {CPU: 1}}}",
@@ -212,6 +221,23 @@ def test_required_inputs_left_empty_or_unset_are_missing_and_the_rest_are_kept(t
 def test_the_shipped_file_is_valid_and_names_no_data():
     schedules = load_schedules(specs(), DEFAULT_PATH)
     assert all(plan.missing for plan in schedules.plans.values())
+
+
+def test_the_nightly_retraining_gates_promotion_where_a_run_by_hand_promotes_always(tmp_path):
+    """The shipped file names the gate; a file that leaves `promotion` out gets the workflow's default,
+    the gate too; any policy a file gives defaults to the gate; training_pipeline alone promotes always."""
+    from workflows.pipeline import training_pipeline
+
+    shipped = load_schedules(specs(), DEFAULT_PATH).plans["nightly_retrain"].inputs["promotion"]
+    assert shipped == PromotionPolicy(mode="gate", metric="macro_f1", tolerance=0.0)
+    assert (
+        SCHEDULED["nightly_retrain"].workflow.python_interface.default_inputs_as_kwargs["promotion"]
+        == shipped
+    )
+    assert training_pipeline.python_interface.default_inputs_as_kwargs["promotion"].mode == "always"
+    text = "launch_plans: {nightly_retrain: {promotion: {metric: accuracy, tolerance: 0.01}}}"
+    given = load_text(tmp_path, text).plans["nightly_retrain"].inputs["promotion"]
+    assert given == PromotionPolicy(mode="gate", metric="accuracy", tolerance=0.01)
 
 
 @pytest.mark.slow

@@ -1,0 +1,233 @@
+"""The promotion gate: whether a newly published version becomes its prefix's LATEST.
+
+Publishing always writes the new version. With the gate, `LATEST` moves to it only when it is not worse
+than the version `LATEST` names now, measured on the same rows: the new run's raw test split, scored by
+both bundles through `split_metrics`, as evaluation scored it. Otherwise the version stays published
+beside the others, and the decision's reason gives both figures.
+
+What the gate decides where it cannot measure:
+- nothing published under the prefix yet: the new version is promoted (there is nothing to protect);
+- the current version cannot score these rows (it reads other columns, reads one as another kind, or
+  knows other classes): promoted, and the reason says so. The data changed under the model: the current
+  one could not score the new partitions either, so keeping it live protects nothing;
+- the current version cannot be loaded (unreadable, a mismatch with its manifest, a builder this run
+  does not trust): not promoted, and the reason names the error. Nothing says the new one is better,
+  and a person should look at what is live.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+
+import pyarrow.dataset as ds
+
+from tasks.core.data.files import DatasetError, filesystem_for, parquet_format, remote_errors
+from tasks.core.messages import one_line, preview, raise_for
+from tasks.core.report.metrics import ClassificationMetrics
+from tasks.core.serving.bundle import Bundle, BundleError, load_bundle
+from tasks.core.serving.publish import LATEST, join, resolve_bundle
+from tasks.core.serving.scoring import split_metrics
+from tasks.core.strict_json import instantiate, shape_problems
+
+# "gate": LATEST moves only to a version not worse than the current one; "always": to every version.
+MODES = ("gate", "always")
+# The metrics a version is judged by, as the evaluation report names them. Macro-F1 by default: a model
+# that drops a small class loses little accuracy but much macro-F1.
+METRICS = {"macro_f1": "macro-F1", "accuracy": "accuracy"}
+# A difference this small is rounding, not a worse model: 0.9 against 0.91 passes a tolerance of 0.01.
+ROUNDING = 1e-12
+EXAMPLE = '{"mode": "gate", "metric": "macro_f1", "tolerance": 0.01}'
+
+
+@dataclass
+class PromotionPolicy:
+    """Whether a published version becomes LATEST: "always", or by the "gate": when its `metric` on the
+    run's test rows is at least the current LATEST's less `tolerance` (in the metric's units: 0.01 lets
+    it be one point lower). Any policy given defaults to the gate; training_pipeline's default is
+    `ALWAYS`, the scheduled retraining's the gate."""
+
+    mode: str = "gate"
+    metric: str = "macro_f1"
+    tolerance: float = 0.0
+
+    @classmethod
+    def from_json(cls, text: str) -> PromotionPolicy:
+        """The policy from `--promotion` JSON, checked strictly (pyflyte run's parser calls this)."""
+        return parse_promotion(json.loads(text))
+
+    def problems(self) -> dict[str, str]:
+        """What is wrong, by field name; empty when the policy can be applied."""
+        rules = [
+            ("mode", self.mode in MODES, f"not one of {', '.join(MODES)}"),
+            ("metric", self.metric in METRICS, f"not one of {', '.join(METRICS)}"),
+            ("tolerance", math.isfinite(self.tolerance) and 0 <= self.tolerance <= 1,
+             "must be a number from 0 to 1, in the metric's units"),
+        ]  # fmt: skip
+        return {name: rule for name, ok, rule in rules if not ok}
+
+    def figure(self, metrics: ClassificationMetrics) -> float:
+        return getattr(metrics, self.metric)
+
+
+ALWAYS = PromotionPolicy(mode="always")
+
+
+def promotion_problems(policy: PromotionPolicy) -> list[str]:
+    return [
+        f"input 'promotion.{name}' = {getattr(policy, name)!r}: {rule}; pass e.g. --promotion '{EXAMPLE}'"
+        for name, rule in policy.problems().items()
+    ]
+
+
+def parse_promotion(raw: object) -> PromotionPolicy:
+    """The policy from its JSON form: an unknown field, a value of the wrong type or one its rules
+    refuse is an InputError naming it."""
+    raise_for(shape_problems(raw, PromotionPolicy, "promotion", {PromotionPolicy: EXAMPLE}))
+    policy = instantiate(PromotionPolicy, raw)
+    raise_for(promotion_problems(policy))
+    return policy
+
+
+@dataclass
+class CurrentVersion:
+    """The version a prefix's LATEST names: its bundle, or why it could not be loaded."""
+
+    uri: str
+    bundle: Bundle | None = None
+    problem: str = ""
+
+
+@dataclass
+class PromotionDecision:
+    promote: bool
+    reason: str
+    new: float | None = None  # the new version's figure on the policy's metric, where measured
+    current: float | None = None  # the current LATEST's, on the same rows
+
+
+def promotion_of(
+    bundle_dir: str,
+    prefix: str,
+    test_split: str,
+    label_column: str,
+    class_labels: list[str],
+    policy: PromotionPolicy,
+) -> PromotionDecision:
+    """`decide` for the run's bundle in the local folder `bundle_dir`, about to be published under
+    `prefix`: the bundles are loaded only where the gate compares them. The run's own bundle rebuilds
+    the model with the builder this run trained with; the current LATEST is trusted with that one."""
+    if policy.mode == "always":
+        return promoted_always()
+    if not test_split:
+        raise ValueError(
+            "the promotion gate compares the bundles on the run's test split, and none was given"
+        )
+    new_bundle = load_bundle(bundle_dir, allow_user_code=True)
+    current = current_version(prefix, [new_bundle.manifest.model["model"]["builder"]])
+    return decide(new_bundle, current, test_split, label_column, class_labels, policy)
+
+
+def promoted_always() -> PromotionDecision:
+    return PromotionDecision(True, "promoted: the promotion policy is 'always'")
+
+
+def current_version(prefix: str, trusted_builders: list[str]) -> CurrentVersion | None:
+    """The version `<prefix>/LATEST` names, loaded; None where nothing was published there yet."""
+    filesystem, path = filesystem_for(prefix)
+    with remote_errors(prefix):
+        published = filesystem.isfile(join(path, LATEST))
+    if not published:
+        return None
+    try:
+        uri = resolve_bundle(prefix)
+    except ValueError as error:  # LATEST names no bundle
+        return CurrentVersion(join(prefix, LATEST), problem=one_line(error))
+    try:
+        return CurrentVersion(uri, load_bundle(uri, trusted_builders=trusted_builders))
+    except ValueError as error:  # BundleError, DatasetError, ModelError: unreadable, mismatched, untrusted
+        return CurrentVersion(uri, problem=one_line(error))
+
+
+def decide(
+    new_bundle: Bundle,
+    current: CurrentVersion | None,
+    test_split: str,
+    label_column: str,
+    class_labels: list[str],
+    policy: PromotionPolicy,
+) -> PromotionDecision:
+    """Whether the new version becomes LATEST, by `policy`, measured on the prepared raw test split
+    `test_split` (class codes of `class_labels` in `label_column`) where the gate needs figures."""
+    if policy.mode == "always":
+        return promoted_always()
+    if current is None:
+        return PromotionDecision(True, "promoted: the first version published under this prefix")
+    if current.bundle is None:
+        return PromotionDecision(
+            False,
+            f"not promoted: the current LATEST ({current.uri}) could not be loaded to compare with "
+            f"({current.problem}); LATEST is unchanged: look at it, and promote the new version by hand if it should serve",
+        )
+    new = split_metrics(new_bundle, test_split, label_column, class_labels)
+    try:
+        old = comparable_metrics(current.bundle, test_split, label_column, class_labels)
+    except Incomparable as error:
+        return PromotionDecision(
+            True,
+            f"promoted without a comparison: the current LATEST ({current.uri}) cannot score this run's test "
+            f"rows ({error}), so it could not score the new data either; the new version's "
+            f"{METRICS[policy.metric]} is {policy.figure(new):.4f}",
+            new=policy.figure(new),
+        )
+    return compare(new, old, current.uri, policy)
+
+
+class Incomparable(ValueError):
+    """The current version cannot score the new run's test rows; the message says why."""
+
+
+def comparable_metrics(
+    bundle: Bundle, test_split: str, label_column: str, class_labels: list[str]
+) -> ClassificationMetrics:
+    """The current bundle's metrics on the split; Incomparable where it cannot score it as the new run
+    does: other classes (the split's class codes would mean other labels), or columns it cannot read."""
+    known = [str(label) for label in bundle.manifest.record.class_labels]
+    if known != [str(label) for label in class_labels]:
+        raise Incomparable(f"it knows the classes {preview(known)}, this run {preview(class_labels)}")
+    try:
+        bundle.check_columns(ds.dataset(test_split, format=parquet_format()).schema, "the test split")
+        return split_metrics(bundle, test_split, label_column, class_labels)
+    except (BundleError, DatasetError) as error:  # a missing column, another kind, a value it cannot read
+        raise Incomparable(one_line(error)) from error
+
+
+def compare(
+    new: ClassificationMetrics, old: ClassificationMetrics, current_uri: str, policy: PromotionPolicy
+) -> PromotionDecision:
+    name, ours, theirs = METRICS[policy.metric], policy.figure(new), policy.figure(old)
+    rows = new.n_test + new.non_finite_rows
+    figures = (
+        f"{name} {ours:.4f} against {theirs:.4f} for the current LATEST ({current_uri}) on the {rows:,} rows "
+        f"of this run's test split"
+    )
+    if new.non_finite_rows > old.non_finite_rows:
+        return PromotionDecision(
+            False,
+            f"not promoted: {figures}, but the new model has no answer (non-finite outputs) for "
+            f"{new.non_finite_rows:,} of them, the current one for {old.non_finite_rows:,}; LATEST is unchanged",
+            ours,
+            theirs,
+        )
+    if ours < theirs - policy.tolerance - ROUNDING:
+        return PromotionDecision(
+            False,
+            f"not promoted: {figures}: {theirs - ours:.4f} lower, more than the tolerance "
+            f"{policy.tolerance:g}; LATEST is unchanged",
+            ours,
+            theirs,
+        )
+    return PromotionDecision(
+        True, f"promoted: {figures}: not worse by more than the tolerance {policy.tolerance:g}", ours, theirs
+    )
