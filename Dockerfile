@@ -43,7 +43,7 @@ USER mixedml
 FROM base AS ml-cpu
 RUN TORCH=$(sed -n 's/^torch==//p' constraints.txt) \
     && pip install --no-deps --index-url https://download.pytorch.org/whl/cpu "torch==${TORCH:?}+cpu" \
-    && pip install -c constraints.txt ".[torch,tf-cpu]"
+    && pip install -c constraints.txt ".[torch,tf-cpu,serving]"
 COPY tasks ./tasks
 COPY workflows ./workflows
 COPY examples ./examples

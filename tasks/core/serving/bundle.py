@@ -66,7 +66,8 @@ from tasks.core.models.plugins import (
     input_spec_for,
 )
 from tasks.core.report.metrics import ClassificationMetrics
-from tasks.core.serving.exports import export_model
+from tasks.core.serving.exports import ExportDescription, export_model
+from tasks.core.serving.mlflow_model import MLFLOW_FOLDER, write_mlflow_model
 from tasks.core.training.records import Hardware, TrainingRun
 
 FORMAT_VERSION = 2
@@ -135,6 +136,7 @@ class Manifest:
     model: dict[str, Any]  # models.artifact_record: the builder, its options, the input's shape
     files: dict[str, str]  # "weights" and each export -> its path in the bundle folder
     export_notes: list[str] = field(default_factory=list)  # the exports left out, and why
+    export_checks: dict[str, dict[str, Any]] = field(default_factory=dict)  # export -> its parity check
     packages: dict[str, str] = field(default_factory=dict)  # python and distributions -> versions
     created: str = ""  # when the bundle was written, ISO 8601 in UTC
     # Each of `files`' paths -> its sha256 (`content_digest`); empty in bundles written before digests.
@@ -302,13 +304,27 @@ def write_bundle(directory: str, artifact: str, record: BundleRecord) -> str:
     n_features, n_classes = len(record.feature_names), len(record.class_labels)
     check_logits(spec, model, n_features, n_classes, record.framework)
     encoding = record_encoding(record, directory)
-    exported = export_model(model, record.framework, record.scaler, directory, encoding)
+    description = ExportDescription(
+        feature_names=record.feature_names,
+        label_column=record.label_column,
+        class_labels=record.class_labels,
+        format_version=FORMAT_VERSION,
+    )
+    exported = export_model(
+        model, record.framework, record.scaler, directory, encoding, description=description
+    )
     files = {"weights": weights, **exported.files}
+    mlflow_note = write_mlflow_model(
+        directory, str(folder / MLFLOW_FOLDER), Manifest(record=record, model={}, files=files).to_json()
+    )
+    if mlflow_note is None:
+        files["mlflow"] = MLFLOW_FOLDER
     manifest = Manifest(
         record=record,
         model=artifact_record(spec, input_spec_for(spec, n_features, n_classes)),
         files=files,
-        export_notes=exported.notes,
+        export_notes=[*exported.notes, *([mlflow_note] if mlflow_note else [])],
+        export_checks=exported.checks,
         packages=package_versions(record.framework),
         created=datetime.now(UTC).isoformat(timespec="seconds"),
         digests={path: content_digest(folder / path) for path in files.values()},

@@ -1,7 +1,12 @@
 """Serving exports of a trained model, written into its bundle: ONNX, and a SavedModel for Keras.
 
 Every export returns "logits" and "probabilities" (the softmax), both float32 `[rows, n_classes]`; the
-batch dimension, "rows", is dynamic. Its inputs are the RAW rows, in one of two forms:
+batch dimension, "rows", is dynamic. Given an `ExportDescription` (the manifest's feature names, label
+column, class labels and format version), it also returns "label", string `[rows]`, the class label of
+the largest probability, and describes itself (`ExportPlan.metadata`: the description, the input rules
+and the outputs): in the ONNX file's metadata_props (text as it is, the rest as JSON), and in the
+SavedModel's assets.extra/metadata.json, a folder TF Serving leaves alone. Its inputs are the RAW rows,
+in one of two forms:
 
 - Where the bundle's encoding is its numeric columns as they are (or it has none): one input,
   "features", float32 `[rows, n_features]` in the manifest's feature order; a NaN takes the encoding's
@@ -33,6 +38,14 @@ categories) and put in front of the numeric export, from the torch exporter or t
 "features" are then float64; the SavedModel encodes with TensorFlow ops under a signature of named
 inputs. test_raw_row_exports.py holds the three to the bundle's answers.
 
+The ONNX files are stamped IR 8 with opset 18 (ai.onnx.ml 3 at most), ONNX 1.13's, for a floor of
+onnxruntime 1.15 (1.15.0 loads them and agrees within 3e-7; 1.14, built on ONNX 1.13, should too,
+untested). onnxruntime refuses a file whose IR version is above its ONNX's (IR 10 needs 1.18, IR 9
+1.15), and the torch exporter stamps IR 10 while using nothing added since IR 8.
+Each ONNX file is run in onnxruntime as it is written, on PARITY_ROWS rows with every kind of value and
+a gap (`parity_inputs`), against the live model: the largest difference and onnxruntime's version go
+in the result's `checks`, and a file beyond PARITY_TOLERANCE is left out with a note.
+
 A user's model may use what an exporter cannot express (data-dependent control flow, an op without
 an ONNX conversion, a batch size fixed in its forward). Its weights still load through the bundle,
 so such an export is left out and the result's notes say why, rather than failing the run.
@@ -43,6 +56,7 @@ module is imported where only one framework is installed.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -52,44 +66,127 @@ import warnings
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
 
 from tasks.core.data.column_kinds import NUMERIC
 from tasks.core.data.encoding import FittedEncoding
 from tasks.core.data.scaling import ScalerStats
-from tasks.core.serving.raw_inputs import tf_encoded, tf_input_signature, with_raw_inputs
+from tasks.core.serving.raw_inputs import (
+    input_rules,
+    raw_feeds,
+    sample_table,
+    tf_encoded,
+    tf_input_signature,
+    with_raw_inputs,
+)
 
 INPUT = "features"
 OUTPUTS = ("logits", "probabilities")
+LABEL = "label"
 ROWS = "rows"
 ONNX_FILE = "model.onnx"
 SAVED_MODEL_DIR = "saved_model"
+# TF Serving's folder for files beside a SavedModel that it does not load (its warm-up requests).
+SAVED_MODEL_METADATA = os.path.join("assets.extra", "metadata.json")
 SERVING_ENDPOINT = "serve"
+# ONNX 1.13's IR version and opsets; onnxruntime 1.15 (ONNX 1.14: IR 9, opset 19) loads them.
 ONNX_OPSET = 18
+ONNX_IR_VERSION = 8
+ML_OPSET_FLOOR = 3
+ONNXRUNTIME_FLOOR = "1.15"
+PARITY_ROWS = 8
+PARITY_TOLERANCE = 1e-4  # the largest difference in a logit or a probability an export may show
+OUTPUT_RULES = {
+    "logits": "float32 [rows, classes], classes in the order of class_labels",
+    "probabilities": "float32 [rows, classes], the softmax of the logits",
+    LABEL: "string [rows], the class label of the largest probability (the first where tied)",
+}
 
 logger = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class ExportDescription:
+    """What the exports say of the model they serve, as the bundle's manifest records it."""
+
+    feature_names: list[str]  # the model's features, in order (the encoded ones where columns are raw)
+    label_column: str
+    class_labels: list[str]  # text, in class order: what the "label" output returns
+    format_version: int  # the bundle's format
+    problem_type: str = "classification"
+
+
 @dataclass
 class ExportResult:
-    """What was exported (export name -> path relative to the bundle folder) and what was not, and why."""
+    """What was exported (export name -> path relative to the bundle folder) and what was not, and why;
+    `checks`: export name -> what its check at export time found (onnxruntime against the model)."""
 
     files: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    checks: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ExportPlan:
+    """What every export of one model shares: the scaler; `fill` (the encoding's value for a missing
+    number, by feature) where the input is "features"; `encoding` where the inputs are the raw
+    columns; the description, where given."""
+
+    scaler: ScalerStats
+    fill: list[float] | None = None
+    encoding: FittedEncoding | None = None
+    description: ExportDescription | None = None
+
+    def metadata(self) -> dict[str, Any] | None:
+        """The description and the input rules, as the exports carry them; None without a description."""
+        described = self.description
+        if described is None:
+            return None
+        inputs = input_rules(self.encoding) if self.encoding is not None else [self.features_rule()]
+        return {
+            "problem_type": described.problem_type,
+            "label_column": described.label_column,
+            "class_labels": list(described.class_labels),
+            "feature_names": list(described.feature_names),
+            "bundle_format_version": described.format_version,
+            "inputs": inputs,
+            "outputs": OUTPUT_RULES,
+        }
+
+    def features_rule(self) -> dict[str, Any]:
+        rule = {
+            "name": INPUT,
+            "dtype": "float32",
+            "shape": [ROWS, len(self.scaler.mean)],
+            "order": "feature_names",
+        }
+        return {**rule, "missing": "NaN"} if self.fill is not None else rule
 
 
 def export_model(
-    model, framework: str, scaler: ScalerStats, directory: str, encoding: FittedEncoding | None = None
+    model,
+    framework: str,
+    scaler: ScalerStats,
+    directory: str,
+    encoding: FittedEncoding | None = None,
+    *,
+    description: ExportDescription | None = None,
 ) -> ExportResult:
     """Write the serving exports of `model` (a torch module in eval mode on CPU, or a Keras model)
     into `directory`: taking "features" where `encoding` is the identity (or None), else the raw
-    columns it reads, encoded in the graph."""
+    columns it reads, encoded in the graph. With `description`, each export also returns "label" and
+    carries the description."""
     exporters = {"pytorch": export_torch, "tensorflow": export_keras}
     if framework not in exporters:
         raise ValueError(f"cannot export a model of framework {framework!r}: not one of {tuple(exporters)}")
     if encoded_columns(encoding):
-        return exporters[framework](model, scaler, directory, encoding=encoding)
-    fill = [column.encoder.fill for column in encoding.columns] if encoding else None
-    return exporters[framework](model, scaler, directory, fill)
+        plan = ExportPlan(scaler, encoding=encoding, description=description)
+    else:
+        fill = [column.encoder.fill for column in encoding.columns] if encoding else None
+        plan = ExportPlan(scaler, fill=fill, description=description)
+    return exporters[framework](model, plan, directory)
 
 
 def encoded_columns(encoding: FittedEncoding | None) -> list[str]:
@@ -105,21 +202,22 @@ def encoded_columns(encoding: FittedEncoding | None) -> list[str]:
     ]
 
 
-def export_torch(
-    model,
-    scaler: ScalerStats,
-    directory: str,
-    fill: list[float] | None = None,
-    encoding: FittedEncoding | None = None,
-) -> ExportResult:
-    """ONNX of `model` behind the scaler: from "features", or with `encoding`, from the raw columns."""
+def export_torch(model, plan: ExportPlan, directory: str) -> ExportResult:
+    """ONNX of `model` behind the scaler: from "features", or with an encoding, from the raw columns."""
     result = ExportResult()
-    serving = torch_serving_module(model, scaler, fill)
+    serving = torch_serving_module(model, plan.scaler, plan.fill)
 
-    def write(path: str) -> None:
-        write_torch_onnx(serving, len(scaler.mean), path, exact=encoding is not None)
-        if encoding is not None:
-            with_raw_inputs(path, encoding)
+    def live(features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        import torch
+
+        with torch.no_grad():
+            logits, probabilities = serving(torch.from_numpy(features))
+        return logits.numpy(), probabilities.numpy()
+
+    def write(path: str) -> dict[str, Any]:
+        write_torch_onnx(serving, len(plan.scaler.mean), path, exact=plan.encoding is not None)
+        finish_onnx(path, plan)
+        return check_parity(path, live, plan)
 
     attempt(result, "onnx", ONNX_FILE, directory, write)
     return result
@@ -188,31 +286,30 @@ def quiet_exporter():
         registration.setLevel(level)
 
 
-def export_keras(
-    model,
-    scaler: ScalerStats,
-    directory: str,
-    fill: list[float] | None = None,
-    encoding: FittedEncoding | None = None,
-) -> ExportResult:
-    """A SavedModel and ONNX of `model` behind the scaler: from "features", or with `encoding`, from
+def export_keras(model, plan: ExportPlan, directory: str) -> ExportResult:
+    """A SavedModel and ONNX of `model` behind the scaler: from "features", or with an encoding, from
     the raw columns (the SavedModel encodes with TensorFlow ops, the ONNX file with ONNX ones)."""
     result = ExportResult()
-    serve = keras_serving_function(model, scaler, fill, exact=encoding is not None)
-    endpoint = serve if encoding is None else keras_raw_row_function(serve, encoding)
+    serve = keras_serving_function(model, plan.scaler, plan.fill, exact=plan.encoding is not None)
+    endpoint = serve if plan.encoding is None else keras_raw_row_function(serve, plan.encoding)
+    if plan.description is not None:
+        endpoint = keras_labelled_function(endpoint, plan.description.class_labels)
 
-    def write_onnx(path: str) -> None:
+    def live(features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        outputs = serve(features)
+        return outputs["logits"].numpy(), outputs["probabilities"].numpy()
+
+    def write_onnx(path: str) -> dict[str, Any]:
         write_keras_onnx(serve, path)
-        if encoding is not None:
-            with_raw_inputs(path, encoding)
+        finish_onnx(path, plan)
+        return check_parity(path, live, plan)
 
-    attempt(
-        result,
-        "saved_model",
-        SAVED_MODEL_DIR,
-        directory,
-        lambda path: write_saved_model(model, endpoint, path),
-    )
+    def write_saved_model_with_metadata(path: str) -> None:
+        write_saved_model(model, endpoint, path)
+        if plan.description is not None:
+            write_json(os.path.join(path, SAVED_MODEL_METADATA), plan.metadata())
+
+    attempt(result, "saved_model", SAVED_MODEL_DIR, directory, write_saved_model_with_metadata)
     attempt(result, "onnx", ONNX_FILE, directory, write_onnx)
     return result
 
@@ -248,6 +345,25 @@ def keras_raw_row_function(serve, encoding: FittedEncoding):
         return serve(tf_encoded(columns, encoding))
 
     return tf.function(serve_raw, input_signature=[tf_input_signature(encoding)], autograph=False)
+
+
+def keras_labelled_function(endpoint, class_labels: list[str]):
+    """`endpoint` with one more output, "label": the class label of each row's largest probability."""
+    import tensorflow as tf
+
+    def serve_labelled(*inputs):
+        outputs = endpoint(*inputs)
+        labels = tf.constant(class_labels, tf.string)
+        return {**outputs, LABEL: tf.gather(labels, tf.argmax(outputs["probabilities"], axis=1))}
+
+    return tf.function(serve_labelled, input_signature=endpoint.input_signature, autograph=False)
+
+
+def write_json(path: str, content: dict[str, Any]) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as file:
+        json.dump(content, file, indent=2, ensure_ascii=False)
+        file.write("\n")
 
 
 def write_saved_model(model, serve, path: str) -> None:
@@ -306,18 +422,135 @@ def check_dynamic_rows(path: str) -> None:
     onnx.save(exported, path)
 
 
-def attempt(result: ExportResult, name: str, relative: str, directory: str, write: Callable[[str], None]):
-    """Run one export into `directory/relative`: recorded in `result.files` if it succeeds, else in
-    `result.notes`, with nothing left behind."""
+def finish_onnx(path: str, plan: ExportPlan) -> None:
+    """Make the ONNX file at `path`, which takes "features", what serving reads: the raw columns as its
+    inputs where the plan has an encoding; the "label" output and the metadata where it has a
+    description; the IR version of the onnxruntime floor."""
+    import onnx
+
+    if plan.encoding is not None:
+        with_raw_inputs(path, plan.encoding)
+    exported = onnx.load(path)
+    metadata = plan.metadata()
+    if metadata is not None:
+        add_label_output(exported, metadata["class_labels"])
+        onnx.helper.set_model_props(exported, onnx_metadata(metadata))
+    for_onnxruntime_floor(exported)
+    onnx.checker.check_model(exported, full_check=True)
+    onnx.save(exported, path)
+
+
+def add_label_output(exported, class_labels: list[str]) -> None:
+    """A "label" output, string `[rows]`: the class label at the argmax of "probabilities"."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = exported.graph
+    clashes = [value.name for value in graph.input if value.name == LABEL]
+    if clashes:
+        raise ValueError(f"the columns {clashes} have the names of the export's outputs")
+    labels = numpy_helper.from_array(np.asarray(class_labels, dtype=object), "serving/class_labels")
+    graph.initializer.append(labels)
+    graph.node.extend([
+        helper.make_node("ArgMax", ["probabilities"], ["serving/class"], "serving/argmax", axis=1, keepdims=0),
+        helper.make_node("Gather", [labels.name, "serving/class"], [LABEL], "serving/label", axis=0),
+    ])  # fmt: skip
+    graph.output.append(helper.make_tensor_value_info(LABEL, TensorProto.STRING, [ROWS]))
+
+
+def onnx_metadata(metadata: dict[str, Any]) -> dict[str, str]:
+    """ONNX's metadata_props: text as it is, anything else as JSON; and the onnxruntime floor."""
+    props = {key: value if isinstance(value, str) else json.dumps(value) for key, value in metadata.items()}
+    return {**props, "onnxruntime_floor": ONNXRUNTIME_FLOOR}
+
+
+def for_onnxruntime_floor(exported) -> None:
+    """Stamp the IR version of the onnxruntime floor, or refuse an opset above it. The torch exporter
+    stamps IR 10 with opset 18 but uses nothing IR 10 added (4-bit types, function overloads) except
+    the nodes' metadata_props, its source lines, which are dropped: they name the exporting machine's
+    paths and no runtime reads them."""
+    opsets = {opset.domain or "ai.onnx": opset.version for opset in exported.opset_import}
+    floors = {"ai.onnx": ONNX_OPSET, "ai.onnx.ml": ML_OPSET_FLOOR}
+    above = {domain: version for domain, version in opsets.items() if version > floors.get(domain, version)}
+    if above:
+        raise ValueError(f"the export uses opsets {above}, above onnxruntime {ONNXRUNTIME_FLOOR}'s {floors}")
+    for graph in [exported.graph, *exported.functions]:
+        for node in all_nodes(graph):
+            del node.metadata_props[:]
+    exported.ir_version = min(exported.ir_version, ONNX_IR_VERSION)
+
+
+def all_nodes(graph):
+    """The nodes of a graph or function, and those of their subgraphs (an If's branches, a Loop's body)."""
+    for node in graph.node:
+        yield node
+        for attribute in node.attribute:
+            for subgraph in [attribute.g, *attribute.graphs] if attribute.HasField("g") else attribute.graphs:
+                yield from all_nodes(subgraph)
+
+
+def check_parity(path: str, live: Callable, plan: ExportPlan) -> dict[str, Any]:
+    """onnxruntime's logits and probabilities for PARITY_ROWS rows against the live model's (`live`:
+    its input features -> (logits, probabilities)); refused over PARITY_TOLERANCE."""
+    try:
+        import onnxruntime
+    except ImportError:
+        return {"not_run": "onnxruntime is not installed where the bundle was written"}
+    feeds, features = parity_inputs(plan)
+    expected = dict(zip(OUTPUTS, live(features), strict=True))
+    got = onnx_session(path).run(list(OUTPUTS), feeds)
+    difference = max(
+        float(np.max(np.abs(value - expected[name]))) for name, value in zip(OUTPUTS, got, strict=True)
+    )
+    if not difference <= PARITY_TOLERANCE:  # NaN too
+        raise ValueError(
+            f"onnxruntime {onnxruntime.__version__}'s answers differ from the model's by {difference:.3g}, "
+            f"more than {PARITY_TOLERANCE:g}"
+        )
+    return {
+        "max_abs_difference": difference,
+        "tolerance": PARITY_TOLERANCE,
+        "onnxruntime": onnxruntime.__version__,
+        "rows": len(features),
+    }
+
+
+def parity_inputs(plan: ExportPlan) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """The ONNX file's feeds for the check's rows, and the features the live model takes for them:
+    with an encoding, raw rows of every kind of value (`sample_table`) and their encoded features;
+    else rows about the scaler's mean, with a NaN where the export fills one."""
+    if plan.encoding is not None:
+        table = sample_table(plan.encoding, plan.scaler.mean, plan.scaler.scale, PARITY_ROWS)
+        return raw_feeds(table, plan.encoding), plan.encoding.transform(table)
+    rng = np.random.default_rng(0)
+    mean, scale = np.asarray(plan.scaler.mean), np.asarray(plan.scaler.scale)
+    rows = (mean + scale * rng.normal(size=(PARITY_ROWS, len(mean)))).astype(np.float32)
+    if plan.fill is not None:
+        rows[0, 0] = np.nan
+    return {INPUT: rows}, rows
+
+
+def onnx_session(path: str):
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = 1
+    return onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+
+
+def attempt(result: ExportResult, name: str, relative: str, directory: str, write: Callable[[str], Any]):
+    """Run one export into `directory/relative`: recorded in `result.files` (and what `write` returns,
+    its check, in `result.checks`) if it succeeds, else in `result.notes`, with nothing left behind."""
     path = os.path.join(directory, relative)
     try:
-        write(path)
+        check = write(path)
     except Exception as error:
         logger.warning("%s export left out", name, exc_info=True)
         result.notes.append(f"{name} not exported: {summary(error)}")
         discard(path)
     else:
         result.files[name] = relative
+        if check is not None:
+            result.checks[name] = check
 
 
 def summary(error: BaseException) -> str:

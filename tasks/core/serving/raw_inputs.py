@@ -19,7 +19,9 @@ then <missing>; a date as days since the train origin, month (1-12) and weekday 
 onnxruntime runs) and `with_raw_inputs` puts it in front of an export that takes "features";
 `tf_encoded` does the same with TensorFlow ops, for the SavedModel's named-input signature.
 The ONNX inputs are named as the columns; the SavedModel's by `signature_names` (TensorFlow refuses
-some characters in a name). `raw_feeds` gives a table's columns as the ONNX inputs take them.
+some characters in a name). `raw_feeds` gives a table's columns as the ONNX inputs take them, and
+`input_rules` the conventions above, input by input, as the exports' metadata states them;
+`sample_table` makes rows of every kind of value the inputs take, for the check at export time.
 
 Imports onnx and tensorflow only inside the functions that use them.
 """
@@ -31,7 +33,7 @@ import re
 import numpy as np
 import pyarrow as pa
 
-from tasks.core.data.column_kinds import CATEGORICAL, DATE, MISSING_INSTANT, Place, canonical
+from tasks.core.data.column_kinds import BOOLEAN, CATEGORICAL, DATE, MISSING_INSTANT, Place, canonical
 from tasks.core.data.encoding import CategoryEncoding, ColumnEncoding, DateEncoding, FittedEncoding
 
 ROWS = "rows"
@@ -45,6 +47,7 @@ ML_DOMAIN, ML_OPSET = "ai.onnx.ml", 3  # the ai.onnx.ml version that ONNX opset 
 # count (Howard Hinnant's days_from_civil, inverted), in integer operations only.
 EPOCH_SHIFT, DAYS_PER_ERA = 719_468, 146_097
 TF_NAME_CHARACTER = re.compile(r"[^A-Za-z0-9_.\-]")
+UNIX_SECONDS = "seconds since 1970-01-01T00:00:00Z"
 
 
 def is_categorical(column: ColumnEncoding) -> bool:
@@ -84,6 +87,60 @@ def signature_names(encoding: FittedEncoding) -> dict[str, str]:
             unique = f"{name}_{count}"
         names[column.name] = unique
     return names
+
+
+def input_rules(encoding: FittedEncoding) -> list[dict]:
+    """What each input is, in the inputs' order: its ONNX and SavedModel names, the raw column's kind,
+    its type and shape, how a missing value is sent, and a date's unit."""
+    names = signature_names(encoding)
+    return [column_rule(column, names[column.name]) for column in encoding.columns]
+
+
+def column_rule(column: ColumnEncoding, signature_name: str) -> dict:
+    rule = {
+        "name": column.name,
+        "signature_name": signature_name,
+        "kind": column.kind,
+        "dtype": "string" if is_categorical(column) else "float64",
+        "shape": [ROWS, 1],
+        "missing": "" if is_categorical(column) else "NaN",
+    }
+    if is_categorical(column):
+        rule["unseen"] = "<other>"
+    elif column.kind == BOOLEAN:
+        rule["values"] = [0, 1]
+    elif column.kind == DATE:
+        rule["unit"] = UNIX_SECONDS
+    return rule
+
+
+def sample_table(encoding: FittedEncoding, mean: list[float], scale: list[float], rows: int = 8) -> pa.Table:
+    """`rows` rows of the raw columns `encoding` reads, seeded: numbers about their train spread
+    (`mean` and `scale` of the encoded features), both booleans, each category and an unseen one, dates
+    about the train range; each column missing in one row, a different row for the next column."""
+    rng = np.random.default_rng(0)
+    first_features = np.cumsum([0] + [len(column.encoder.names(column.name)) for column in encoding.columns])
+    table = {}
+    for index, column in enumerate(encoding.columns):
+        missing = np.arange(rows) == index % rows
+        first = first_features[index]
+        table[column.name] = sample_column(column, rng, rows, missing, mean[first], scale[first])
+    return pa.table(table)
+
+
+def sample_column(column: ColumnEncoding, rng, rows: int, missing: np.ndarray, mean: float, scale: float):
+    if is_categorical(column):
+        vocabulary = column.encoder.vocabulary
+        unseen = "<unseen>" + "_" * max((len(value) for value in vocabulary), default=0)
+        values = [*vocabulary, unseen]
+        return pa.array([values[row % len(values)] for row in range(rows)], pa.string(), mask=missing)
+    if column.kind == BOOLEAN:
+        return pa.array(np.arange(rows) % 2 == 1, mask=missing)
+    if column.kind == DATE:
+        spread = max(column.encoder.fill - column.encoder.origin, MICROS_PER_SECOND * SECONDS_PER_DAY)
+        micros = column.encoder.fill + (rng.normal(size=rows) * spread).astype(np.int64)
+        return pa.array(micros, pa.timestamp("us", tz="UTC"), mask=missing)
+    return pa.array(mean + scale * rng.normal(size=rows), mask=missing)
 
 
 def date_seconds(micros: int) -> float:

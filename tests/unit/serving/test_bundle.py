@@ -427,9 +427,9 @@ def test_the_manifest_holds_the_raw_columns_and_the_encoding_and_its_raw_row_exp
     assert manifest["encoding"] == messy.encoding.to_dict() == json.loads(messy.prepared.encoding)
     assert manifest["feature_names"] == messy.encoding.encoded_names() == messy.prepared.feature_names
     assert manifest["model"]["input"] == {"n_features": len(messy.prepared.feature_names), "n_classes": 3}
-    assert manifest["files"] == {"weights": "model.pt", "onnx": "model.onnx"}
+    assert manifest["files"] == {"weights": "model.pt", "onnx": "model.onnx", "mlflow": "mlflow"}
     assert manifest["export_notes"] == []
-    assert sorted(os.listdir(messy.folder)) == [bundles.MANIFEST, "model.onnx", "model.pt"]
+    assert sorted(os.listdir(messy.folder)) == [bundles.MANIFEST, "mlflow", "model.onnx", "model.pt"]
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,9 @@
 """The serving exports: ONNX (run by onnxruntime) and the SavedModel's serving signature, given raw
 rows, agree with the framework's model given the standardised rows, for any batch size; where the
 table's encoding is more than its numeric columns as they are, they take the raw columns by name
-(test_raw_row_exports.py checks their answers against the bundle's)."""
+(test_raw_row_exports.py checks their answers against the bundle's). The ONNX files are IR 8 and
+opset 18, for onnxruntime 1.15 and later, and their agreement with the model is checked as they are written
+(test_export_metadata.py: the label output and the metadata)."""
 
 from __future__ import annotations
 
@@ -21,7 +23,14 @@ from tasks.core.data.column_kinds import NUMERIC, propose_kinds
 from tasks.core.data.encoding import FittedEncoding, batch_stats
 from tasks.core.data.scaling import ScalerStats
 from tasks.core.models.plugins import ModelSpec, build
-from tasks.core.serving.exports import ExportResult, encoded_columns, export_model
+from tasks.core.serving.exports import (
+    ONNX_IR_VERSION,
+    ONNX_OPSET,
+    PARITY_TOLERANCE,
+    ExportResult,
+    encoded_columns,
+    export_model,
+)
 
 N_FEATURES, N_CLASSES = 64, 3
 RNG = np.random.default_rng(7)
@@ -60,6 +69,26 @@ def onnx_outputs(path: str, raw: np.ndarray) -> dict[str, np.ndarray]:
     return dict(zip(names, session.run(None, {"features": raw}), strict=True))
 
 
+def assert_exported(result: ExportResult, names: list[str]) -> None:
+    """Exactly `names` exported, none left out; the ONNX file checked in onnxruntime as it was written."""
+    assert result.files == {name: EXPORT_PATHS[name] for name in names}
+    assert result.notes == []
+    assert list(result.checks) == ["onnx"]
+    check = result.checks["onnx"]
+    assert check["onnxruntime"] == onnxruntime.__version__ and check["rows"] == 8
+    assert 0 <= check["max_abs_difference"] <= check["tolerance"] == PARITY_TOLERANCE
+
+
+def assert_loads_in_the_onnxruntime_floor(path: str) -> None:
+    """IR 8 and opset 18 (ai.onnx.ml 3 at most), without the IR 10 nodes' metadata; checked as such."""
+    exported = onnx.load(path)
+    assert exported.ir_version == ONNX_IR_VERSION <= 9
+    opsets = {opset.domain: opset.version for opset in exported.opset_import}
+    assert opsets[""] == ONNX_OPSET == 18 and opsets.get("ai.onnx.ml", 3) <= 3
+    assert not any(node.metadata_props for node in exported.graph.node)
+    onnx.checker.check_model(exported, full_check=True)
+
+
 def assert_agree(outputs: dict[str, np.ndarray], logits: np.ndarray) -> None:
     """The export's logits match the model's; its probabilities are their softmax and sum to 1."""
     assert set(outputs) == {"logits", "probabilities"}
@@ -87,8 +116,13 @@ def torch_export(request, tmp_path_factory):
 @pytest.mark.slow
 def test_a_torch_model_is_exported_to_onnx(torch_export):
     _, directory, result = torch_export
-    assert result == ExportResult(files={"onnx": "model.onnx"}, notes=[])
+    assert_exported(result, ["onnx"])
     assert sorted(os.listdir(directory)) == ["model.onnx"]  # one self-contained file, no external data
+
+
+def test_torch_onnx_loads_in_the_onnxruntime_floor(torch_export):
+    _, directory, _ = torch_export
+    assert_loads_in_the_onnxruntime_floor(str(directory / "model.onnx"))
 
 
 @pytest.mark.parametrize("rows", BATCHES)
@@ -141,8 +175,13 @@ def keras_logits(model, raw: np.ndarray) -> np.ndarray:
 
 def test_a_keras_model_is_exported_to_a_saved_model_and_onnx(keras_export):
     _, directory, result = keras_export
-    assert result == ExportResult(files={"saved_model": "saved_model", "onnx": "model.onnx"}, notes=[])
+    assert_exported(result, ["saved_model", "onnx"])
     assert sorted(os.listdir(directory)) == ["model.onnx", "saved_model"]
+
+
+def test_keras_onnx_loads_in_the_onnxruntime_floor(keras_export):
+    _, directory, _ = keras_export
+    assert_loads_in_the_onnxruntime_floor(str(directory / "model.onnx"))
 
 
 @pytest.mark.parametrize("rows", BATCHES)
@@ -198,7 +237,8 @@ def test_where_a_column_is_encoded_the_exports_take_the_raw_columns_by_name(fram
     model = model.eval() if framework == "pytorch" else model
     scaler = ScalerStats([0.0] * len(encoding.encoded_names()), [1.0] * len(encoding.encoded_names()))
     result = export_model(model, framework, scaler, str(tmp_path), encoding)
-    assert result == ExportResult(files={name: EXPORT_PATHS[name] for name in names}, notes=[])
+    assert_exported(result, names)
+    assert_loads_in_the_onnxruntime_floor(str(tmp_path / "model.onnx"))
     session = onnxruntime.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
     text = {"city", "code"}
     assert [(value.name, value.type, value.shape) for value in session.get_inputs()] == [
@@ -237,7 +277,7 @@ def test_an_identity_encoding_exports_as_a_bundle_without_one(tmp_path, rows):
     torch.manual_seed(0)
     model = build(SPECS["mlp"], N_FEATURES, N_CLASSES, "pytorch").eval()
     result = export(model, "pytorch", tmp_path, fitted(pa.table(NUMBERS)))
-    assert result == ExportResult(files={"onnx": "model.onnx"}, notes=[])
+    assert_exported(result, ["onnx"])
     raw = raw_rows(rows)
     with torch.no_grad():
         logits = model(torch.from_numpy(standardised(raw))).numpy()

@@ -1,6 +1,7 @@
 """Raw-row exports: for a table of text, booleans, dates and missing values, the bundle, its ONNX file
 (onnxruntime) and its SavedModel give the same rows the same probabilities and classes, from one named
-input per raw column as a client sends them; also where flytekit cannot be imported."""
+input per raw column as a client sends them, and, described, the bundle's class as their "label";
+also where flytekit cannot be imported."""
 
 from __future__ import annotations
 
@@ -24,8 +25,8 @@ from tasks.core.data.encoding import FittedEncoding, batch_stats
 from tasks.core.data.prepare import PreparedTable
 from tasks.core.data.scaling import ScalerStats
 from tasks.core.models.plugins import build, input_spec_for, mlp_spec
-from tasks.core.serving.bundle import BundleRecord, load_bundle, write_bundle
-from tasks.core.serving.exports import ExportResult, export_model
+from tasks.core.serving.bundle import FORMAT_VERSION, BundleRecord, load_bundle, load_model, write_bundle
+from tasks.core.serving.exports import ExportDescription, ExportResult, export_model
 from tasks.core.serving.raw_inputs import onnx_encoding, raw_feeds, signature_names, tf_encoded
 from tasks.core.training.records import Hardware, TrainingRun
 
@@ -259,7 +260,7 @@ def test_the_exports_take_one_named_input_per_raw_column(bundles, prepared):
         manifest = json.loads((Path(folder) / "bundle.json").read_text())
         expected = {"onnx": "model.onnx"} if framework == "pytorch" else {
             "saved_model": "saved_model", "onnx": "model.onnx"}  # fmt: skip
-        assert manifest["files"] == {"weights": WEIGHTS[framework], **expected}
+        assert manifest["files"] == {"weights": WEIGHTS[framework], **expected, "mlflow": "mlflow"}
         assert manifest["export_notes"] == []
         session = onnx_session(os.path.join(folder, "model.onnx"))
         inputs = [(value.name, value.type, value.shape) for value in session.get_inputs()]
@@ -271,7 +272,10 @@ def test_the_exports_take_one_named_input_per_raw_column(bundles, prepared):
             ("last_seen", "tensor(double)", ["rows", 1]),
         ]
         outputs = [(value.name, value.type, value.shape) for value in session.get_outputs()]
-        assert outputs == [(name, "tensor(float)", ["rows", 3]) for name in ("logits", "probabilities")]
+        assert outputs == [
+            *((name, "tensor(float)", ["rows", 3]) for name in ("logits", "probabilities")),
+            ("label", "tensor(string)", ["rows"]),  # the bundle describes its exports: class names
+        ]
     serving = tf.saved_model.load(os.path.join(bundles["tensorflow"], "saved_model")).signatures["serve"]
     _, named = serving.structured_input_signature
     assert {name: (spec.dtype, spec.shape.as_list()) for name, spec in named.items()} == {
@@ -306,6 +310,30 @@ def test_the_bundle_onnx_and_saved_model_give_raw_rows_the_same_answers(bundles,
         )
     one_row = {name: values[-2:-1] for name, values in feeds.items()}  # the batch size is free
     assert_same_answers(expected[-2:-1], onnx_probabilities(os.path.join(folder, "model.onnx"), one_row))
+
+
+@pytest.mark.parametrize("framework", list(WEIGHTS))
+def test_described_exports_label_raw_rows_with_the_bundle_s_classes(bundles, prepared, framework, tmp_path):
+    """The bundle's model exported with its description: "label" is the bundle's class of each row."""
+    folder = bundles[framework]
+    model, _ = load_model(framework, os.path.join(folder, WEIGHTS[framework]))
+    model = model.eval() if framework == "pytorch" else model
+    described = ExportDescription(prepared.feature_names, "label", CLASSES, FORMAT_VERSION)
+    encoding = prepared.fitted_encoding()
+    result = export_model(model, framework, prepared.scaler, str(tmp_path), encoding, description=described)
+    assert result.notes == [] and result.checks["onnx"]["max_abs_difference"] <= 1e-4
+    rows = scoring_rows()
+    expected = [CLASSES[index] for index in load_bundle(folder).predict_proba(rows).argmax(axis=1)]
+    feeds = client_feeds(rows)
+    (labels,) = onnx_session(str(tmp_path / "model.onnx")).run(["label"], feeds)
+    assert labels.tolist() == expected
+    if framework == "tensorflow":
+        import tensorflow as tf
+
+        serving = tf.saved_model.load(str(tmp_path / "saved_model")).signatures["serving_default"]
+        names = signature_names(encoding)
+        labels = serving(**{names[column]: tf.constant(values) for column, values in feeds.items()})["label"]
+        assert labels.numpy().astype(str).tolist() == expected
 
 
 def test_a_column_named_as_an_output_leaves_the_onnx_export_out_with_a_note(tmp_path):
