@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-EXTRAS ?= torch,tf-cpu,gpu,dev
+EXTRAS ?= torch,tf-cpu,gpu,serving,dev
 
 # Images: the demo cluster (`flytectl demo start`) serves a registry on localhost:30000.
 REGISTRY ?= localhost:30000
@@ -27,7 +27,7 @@ PACKAGE := dist/mixedml-flyte-package.tgz
 SCHEDULES ?= deploy/schedules.yaml
 SCHEDULES_ENV = MIXEDML_SCHEDULES=$(abspath $(SCHEDULES))
 
-.PHONY: install run test test-fast lint format clean images images-check push package register browser bench gpu-check
+.PHONY: install run test test-fast lint format clean images images-check push package register browser bench gpu-check serving-check
 
 install: $(STAMP)
 
@@ -70,6 +70,15 @@ bench: install
 # for small sizes). No install step: it needs only torch, numpy, pandas, pyarrow and scikit-learn.
 gpu-check:
 	$(if $(wildcard $(BIN)/python),$(BIN)/python,python3) -m benchmarks.gpu_check $(GPU_CHECK_ARGS)
+
+# A bundle's MLflow model served by a real `mlflow models serve` on 127.0.0.1, checked against the bundle and
+# timed against onnxruntime in-process (SERVING_CHECK_ARGS="--smoke" for few requests). mlflow installs
+# into an environment of its own, from deploy/serving-constraints.txt: not the project's, nor `make test`'s.
+serving-check: install
+	test -x .venv-serving/bin/python || $(BIN)/python -m venv .venv-serving
+	$(BIN)/uv pip install --quiet --python .venv-serving/bin/python $(addprefix --find-links ,$(FIND_LINKS)) \
+		-c deploy/serving-constraints.txt mlflow onnxruntime
+	$(BIN)/python -m benchmarks.serving_check --serving-venv .venv-serving $(SERVING_CHECK_ARGS)
 
 # Headless Chromium for the Deck rendering test; without it that one test is skipped, saying why.
 browser:
