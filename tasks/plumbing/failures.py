@@ -71,6 +71,11 @@ FAILURES = (
         "a rank failed to read its shard or build the model",
     ),
     Failure(
+        "tasks.core.training.torch_training.OutOfMemoryOnFastPath",
+        True,
+        "a DDP worker ran out of memory on the fast path; the retry replays the step guarded",
+    ),
+    Failure(
         "tasks.core.training.launch.WorkerFailed",
         False,
         "a DDP worker raised an error (bad data on its shard, a bug), named with its rank",

@@ -8,8 +8,11 @@ or streamed from the files are not resident: `tasks.core.planning.planner.estima
 mixed precision, the autocast copies of the weights; and the largest of three things that are never
 live together: the activations autograd saves per sample times the micro-batch (forward and
 backward), the optimizer step's temporaries (after the backward has freed the activations), and
-under DDP the flat bucket the loop all-reduces gradients in (between the two). DDP's wrapper views
-the gradients in its buckets (`gradient_as_bucket_view`), so they are held once. On top of that,
+under DDP the flat bucket the loop's guarded path all-reduces gradients in (between the two) and the
+gradient copy of DDP's one rebuild of its buckets (at the first forward of the fast path, before
+the activations; `tasks.core.training.torch_training`). DDP's wrapper views the gradients in its
+buckets (`gradient_as_bucket_view`), so on either path they are held once: the fast path's
+overlapped all-reduce reduces the buckets in place and needs no second gradient copy. On top of that,
 `overhead_bytes` covers what the framework holds outside tensors (CUDA context, allocator slack) and
 `communication_bytes` NCCL's buffers; neither is part of what `torch.cuda.max_memory_allocated`
 reports.
@@ -31,8 +34,13 @@ ESTIMATE_LOW, ESTIMATE_HIGH = 0.90, 1.35
 CUDA_CONTEXT_BYTES = 600 * 2**20
 ALLOCATOR_SLACK = 0.10
 TF_RUNTIME_BYTES = 1024 * 2**20
-# Under DDP the torch loop all-reduces gradients itself, in flat buckets of at most this size.
+# Under DDP the torch loop's guarded path all-reduces gradients itself, in flat buckets of at most this size.
 GRADIENT_REDUCE_BUCKET_BYTES = 25 * 2**20
+# DDP's buckets on the fast path (`ddp_bucket_cap_mb`): the gradient in about DDP_BUCKETS buckets, so
+# that all but the last one's all-reduce overlaps the backward, none smaller than DDP_BUCKET_MIN_MIB
+# (below about 1 MiB an all-reduce's fixed latency, tens of microseconds, outweighs its bytes on
+# NVLink or a 100+ Gb/s network) nor larger than DDP's own default of 25 MiB.
+DDP_BUCKETS, DDP_BUCKET_MIN_MIB, DDP_BUCKET_MAX_MIB = 8, 1.0, 25.0
 # NCCL's device memory per rank, which it allocates itself (outside torch's allocator). Per channel
 # and peer NCCL keeps one buffer per protocol: Simple (NCCL_BUFFSIZE, 4 MiB by default), LL128 (120
 # elements x 640 threads x 8 steps x 8 bytes) and LL (8 lines x 512 threads x 8 steps x 16 bytes)
@@ -56,13 +64,16 @@ class MemoryEstimate:
     data: int
     autocast_weights: int
     overhead_bytes: int
-    gradient_reduce_bucket: int = 0  # DDP only
+    gradient_reduce_bucket: int = 0  # DDP only: the guarded path's flat bucket
+    bucket_rebuild: int = 0  # DDP only: the gradient copy while DDP rebuilds its buckets, once
     communication_bytes: int = 0  # NCCL's buffers, with more than one rank on CUDA
 
     @property
     def tensor_bytes(self) -> int:
         """Comparable with the allocator's own peak (e.g. `torch.cuda.max_memory_allocated`)."""
-        transient = max(self.activations, self.optimizer_temporaries, self.gradient_reduce_bucket)
+        transient = max(
+            self.activations, self.optimizer_temporaries, self.gradient_reduce_bucket, self.bucket_rebuild
+        )
         return (
             self.parameters + self.gradients + self.optimizer_state + transient + self.data
             + self.autocast_weights
@@ -117,7 +128,13 @@ class ModelFootprint:
             autocast_weights=self.trainable_count * precision.value_bytes if precision.mixed else 0,
             overhead_bytes=overhead,
             gradient_reduce_bucket=min(GRADIENT_REDUCE_BUCKET_BYTES, self.trainable_bytes) if ddp else 0,
+            bucket_rebuild=self.trainable_bytes if ddp else 0,
             communication_bytes=NCCL_BYTES if ddp and on_accelerator else 0,
         )
         estimate.overhead_bytes += int(ALLOCATOR_SLACK * estimate.tensor_bytes) if on_accelerator else 0
         return estimate
+
+
+def ddp_bucket_cap_mb(gradient_bytes: int) -> float:
+    """DDP's `bucket_cap_mb` for a model with `gradient_bytes` of gradients (DDP_BUCKETS says why)."""
+    return min(max(gradient_bytes / 2**20 / DDP_BUCKETS, DDP_BUCKET_MIN_MIB), DDP_BUCKET_MAX_MIB)

@@ -4,7 +4,18 @@ Run under torchrun / torch elastic (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR se
 process group: NCCL on CUDA, gloo on CPU (`tasks.core.training.devices`). Run as a plain process it trains alone.
 """
 
-# One optimizer step, in order (`LoopState.train_epoch`, the votes in `tasks.core.training.votes`):
+# Under DDP a step runs on one of two paths (`LoopState.on_fast_path`). The fast path is DDP's own:
+# the step's last backward is synced, and DDP all-reduces each gradient bucket as soon as its
+# gradients are ready, overlapping the rest of the backward; the optimizer steps; the vote on the
+# previous step's loss is launched asynchronously and read a step later. It cannot drop a step
+# that ran out of memory on one rank (its peers are inside DDP's all-reduces), so that rank fails
+# the attempt (`OutOfMemoryOnFastPath`). The guarded path, below, runs for the first GUARDED_STEPS
+# steps of every attempt, for GUARDED_STEPS steps after every out-of-memory halving, and, in an
+# attempt resumed from a checkpoint, until its first save: a retry replays guarded the steps in
+# which the last attempt ran out of memory. docs/reliability.md has the reasons and the bounds.
+#
+# One optimizer step on the guarded path, in order (`LoopState.train_epoch`, the votes in
+# `tasks.core.training.votes`):
 #   1. the learning rate of the step, by the schedule;
 #   2. forward and backward over the step's batch in micro-batches, no gradient exchanged yet
 #      (`LoopState.accumulate_gradients`);
@@ -39,6 +50,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from tasks.core.data.splits import SplitPaths
 from tasks.core.messages import one_line
+from tasks.core.models.memory import ddp_bucket_cap_mb
 from tasks.core.models.plugins import TrainingDiverged, build, input_spec_for
 from tasks.core.models.torch_models import save_torch_artifact
 from tasks.core.training.checkpoint import TrainingCheckpoint
@@ -54,6 +66,10 @@ from tasks.core.training.votes import Divergence, StepVotes, average_gradients
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+# Optimizer steps on the guarded path at the start of each attempt and after each out-of-memory
+# halving. The planner's micro-batch is measured, and a step's memory peaks from the second step on
+# (AdamW allocates its moments in the first), so an out-of-memory error after these is rare.
+GUARDED_STEPS = 8
 
 
 def train(
@@ -260,6 +276,10 @@ class LoopState:
     carried: tuple[float, int] = (0.0, 0)
     # A CPU copy of the best epoch's state dict so far, on rank 0 alone (`copy_if_best`).
     best_weights: dict[str, torch.Tensor] | None = None
+    # The guarded path runs while `optimizer_steps` is below this, or until the first save of an
+    # attempt resumed from a checkpoint (`on_fast_path`).
+    guarded_until: int = GUARDED_STEPS
+    guarded_until_save: bool = False
 
     @property
     def choice(self) -> EpochChoice:
@@ -269,7 +289,7 @@ class LoopState:
     def start(cls, config, ctx, model, training_rows, checkpoint, preemption) -> LoopState:
         """A fresh run of `model` on `training_rows`, resumed from `checkpoint`'s saved state, if any."""
         micro = config.micro_batch_size(ctx.world_size)
-        ddp_model = wrap_in_ddp(model) if ctx.is_distributed else model
+        ddp_model = wrap_in_ddp(model, ctx.device) if ctx.is_distributed else model
         optimizer = build_optimizer(model, config, ctx.device)
         dtype = autocast_dtype(ctx.device, config.precision)
         state = cls(
@@ -283,8 +303,20 @@ class LoopState:
             checkpoint=checkpoint,
         )  # fmt: skip
         if checkpoint is not None:
-            state.load_state_dict(checkpoint.load())
+            saved = checkpoint.load()
+            state.load_state_dict(saved)
+            state.guarded_until_save = saved is not None
+        state.guarded_until = state.optimizer_steps + GUARDED_STEPS
         return state
+
+    def on_fast_path(self) -> bool:
+        """Whether this step runs DDP's synced, overlapped backward; the same answer on every rank,
+        from the step count and the saves, which all share."""
+        return (
+            self.ctx.is_distributed
+            and not self.guarded_until_save
+            and self.optimizer_steps >= self.guarded_until
+        )
 
     def train_epoch(self, epoch: int) -> tuple[float, float, int]:
         """One pass over this rank's shard, from `progress.step` on (non-zero when resuming mid-epoch).
@@ -302,8 +334,9 @@ class LoopState:
             for step, batch in enumerate(batches, start=progress.step):
                 for group in self.optimizer.param_groups:
                     group["lr"] = config.learning_rate_at(epoch * steps + step, config.epochs * steps)
+                synced = self.on_fast_path()
                 done = self.step(batch, step)
-                self.votes.record_loss(epoch, step, done.loss_sum, per_step)
+                self.raise_if_diverged(self.votes.record_loss(epoch, step, done.loss_sum, per_step, synced))
                 totals.add_totals(done)
                 progress.step, self.optimizer_steps = step + 1, self.optimizer_steps + 1
                 self.reporter.step(epoch, progress.step, steps, mean_loss)
@@ -322,10 +355,31 @@ class LoopState:
                 return self.optimizer_step(batch)
             except StepOutOfMemory as dropped:
                 self.micro.halve(dropped.error, step, len(batch[1]))
+                self.guarded_until = self.optimizer_steps + GUARDED_STEPS
 
     def optimizer_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> Totals:
-        """One optimizer step over `batch` (x, y), in micro-batches of `micro.size`; returns its loss and
-        accuracy sums as device tensors (no host sync per step).
+        """One optimizer step over `batch` (x, y) in micro-batches of `micro.size`, on the fast path
+        or the guarded one; returns its loss and accuracy sums as device tensors (no host sync per step)."""
+        if self.on_fast_path():
+            return self.synced_step(batch)
+        return self.guarded_step(batch)
+
+    def synced_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> Totals:
+        """The fast path: DDP averages the gradients during the step's last backward, and no vote
+        waits before the optimizer steps. An out-of-memory error here fails this rank's attempt."""
+        try:
+            totals = self.accumulate_gradients(batch, self.micro.size)
+        except torch.OutOfMemoryError as caught:
+            error = caught.with_traceback(None)  # its frames hold the attempt's activations
+            raise OutOfMemoryOnFastPath(self.optimizer_steps, self.micro.size) from error
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.zero_gradients()
+        return totals
+
+    def guarded_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> Totals:
+        """The guarded path: the step's gradients summed on each rank with no communication, then
+        the ranks' vote.
 
         Every rank votes on whether any of them ran out of memory (and, in the same vote, whether the
         previous step's loss was finite). If one did, every rank drops the step (gradients zeroed) and
@@ -355,8 +409,10 @@ class LoopState:
         """Forward and backward over `batch` (x, y) in micro-batches of `micro`, gradients summed on
         this rank.
 
-        Under DDP no backward communicates (`no_sync`): a rank that runs out of memory mid-step would
-        leave the bucket all-reduces it had started unmatched on its peers.
+        Under DDP on the guarded path no backward communicates (`no_sync`): a rank that runs out of
+        memory mid-step would leave the bucket all-reduces it had started unmatched on its peers. On
+        the fast path the last micro-batch's backward is synced: DDP all-reduces the summed gradients
+        bucket by bucket as the backward produces them.
         """
         model, dtype = self.ddp_model, self.dtype
         chunks = list(zip(*(column.split(micro) for column in batch), strict=True))
@@ -364,15 +420,17 @@ class LoopState:
         # Per-step Python and small-op overhead shows on fast devices: no autocast context or loss
         # rescaling unless they do something.
         autocast = torch.autocast(self.ctx.device.type, dtype=dtype) if dtype is not None else nullcontext()
-        local = model.no_sync() if isinstance(model, DistributedDataParallel) else nullcontext()
-        with local:
-            for x, y in chunks:
+        ddp = isinstance(model, DistributedDataParallel)
+        last_synced = ddp and self.on_fast_path()
+        for index, (x, y) in enumerate(chunks):
+            synced = last_synced and index == len(chunks) - 1
+            with model.no_sync() if ddp and not synced else nullcontext():
                 with autocast:
                     logits = model(x)
                     loss = F.cross_entropy(logits.float(), y)
                 share = loss if len(chunks) == 1 else loss * (len(y) / len(batch[1]))
                 self.scaler.scale(share).backward()
-                totals.add(loss.detach() * len(y), logits, y)
+            totals.add(loss.detach() * len(y), logits, y)
         return totals
 
     def zero_gradients(self) -> None:
@@ -405,6 +463,7 @@ class LoopState:
         saved = self.state_dict(totals)
         if saved is not None:
             self.checkpoint.save(saved)
+        self.guarded_until_save = False
 
     def state_dict(self, totals: Totals | None = None) -> dict | None:
         """Collective: every rank contributes its RNG state and running sums; rank 0 gets the state."""
@@ -502,20 +561,31 @@ class LoopState:
         )
 
 
-def wrap_in_ddp(model: nn.Module) -> DistributedDataParallel:
-    """DDP for its start-up broadcast of parameters and buffers and its flat gradient buckets; the
-    loop reduces the gradients itself (`LoopState.optimizer_step`), so DDP never communicates after that.
+def wrap_in_ddp(model: nn.Module, device: torch.device | None = None) -> DistributedDataParallel:
+    """DDP for its start-up broadcast of parameters and buffers, its flat gradient buckets, and, on
+    the fast path, its overlapped all-reduce of them in a synced backward; on the guarded path the
+    loop reduces the gradients itself (`LoopState.guarded_step`).
 
-    Forward syncs no buffers: a rank that ran out of memory leaves the step at another micro-batch
-    than its peers, and a collective in forward would then go unmatched (`share_rank0_buffers`
-    instead, between epochs).
+    Buckets are sized from the model's gradient (`ddp_bucket_cap_mb`). Forward syncs no buffers: a
+    rank that ran out of memory leaves the step at another micro-batch than its peers, and a
+    collective in forward would then go unmatched (`share_rank0_buffers` instead, between epochs).
+    No `static_graph`: it saves work only for models with unused parameters or reentrant
+    checkpointing, which a user's builder may or may not have, and its first synced step
+    all-reduces after the backward to learn the graph.
     """
     # DDP turns only gradients that exist when it is built into views of its buckets; later ones
-    # become views in a synced backward, which this loop never runs, and would be a second copy.
-    for parameter in model.parameters():
-        if parameter.requires_grad:
-            parameter.grad = torch.zeros_like(parameter)
-    return DistributedDataParallel(model, gradient_as_bucket_view=True, **no_forward_buffer_sync())
+    # would be a second copy until the first synced backward.
+    trainable = [parameter for parameter in model.parameters() if parameter.requires_grad]
+    for parameter in trainable:
+        parameter.grad = torch.zeros_like(parameter)
+    gradient_bytes = sum(p.numel() * p.element_size() for p in trainable)
+    return DistributedDataParallel(
+        model,
+        device_ids=[device] if device is not None and device.type == "cuda" else None,
+        gradient_as_bucket_view=True,
+        bucket_cap_mb=ddp_bucket_cap_mb(gradient_bytes),
+        **no_forward_buffer_sync(),
+    )
 
 
 def no_forward_buffer_sync() -> dict:
@@ -567,6 +637,21 @@ class MicroBatch:
             "(effective batch unchanged); every rank retries the step",
             step, where, before, self.size, -(-per_step // before), -(-per_step // self.size),
         )  # fmt: skip
+
+
+class OutOfMemoryOnFastPath(RuntimeError):
+    """A rank ran out of memory on the fast path, inside or before DDP's synced backward, where its
+    peers cannot drop the step with it: this attempt fails, and a retry resumes from the last
+    checkpoint, replaying guarded the steps after it (docs/reliability.md)."""
+
+    def __init__(self, step: int, micro_batch: int):
+        super().__init__(
+            f"CUDA out of memory at optimizer step {step} with micro-batch {micro_batch}, on the fast path "
+            "(DDP's overlapped all-reduce had begun, so the ranks cannot drop the step together): "
+            "the attempt fails, and a retry resumes from the last checkpoint on the guarded path, "
+            "which halves the micro-batch on every rank if the step runs out of memory again"
+        )
+        self.step, self.micro_batch = step, micro_batch
 
 
 class StepOutOfMemory(Exception):

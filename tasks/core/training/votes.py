@@ -2,7 +2,8 @@
 of their gradients.
 
 The votes run on the context's own gloo group (`DistributedContext.vote_group`): CPU tensors, so a
-vote never waits on a CUDA stream. Each step takes two, in the same order on every rank:
+vote never waits on a CUDA stream. A step on the loop's guarded path takes two, in the same order
+on every rank:
 
 - `StepVotes.after_backward`, synchronous, before the optimizer steps: did any rank run out of
   memory in this step, and was any rank's last recorded loss not finite? It returns both flags; the
@@ -11,6 +12,10 @@ vote never waits on a CUDA stream. Each step takes two, in the same order on eve
   any rank?
 
 Between the two, `average_gradients` averages the gradients over the ranks, bucket by bucket.
+
+A step on the fast path (DDP's synced backward, which averages the gradients as it goes) takes no
+synchronous vote: `StepVotes.record_loss` launches the vote on the previous step's loss
+asynchronously and reads it one step later (`LossVote`), and the preemption vote is as above.
 """
 
 from __future__ import annotations
@@ -46,20 +51,31 @@ class StepVotes:
     def __init__(self, group: dist.ProcessGroup | None, notice: PreemptionNotice | None = None):
         self.group = group
         self.losses = LossWatch()
+        self.loss_vote = LossVote(group)
         self.stop = StopVote(notice, group) if notice is not None else None
 
     @property
     def notice(self) -> PreemptionNotice | None:
         return self.stop.notice if self.stop is not None else None
 
-    def record_loss(self, epoch: int, step: int, loss_sum: torch.Tensor, n_rows: int) -> None:
-        """The mean loss of the step just done, checked at the next `after_backward`."""
+    def record_loss(
+        self, epoch: int, step: int, loss_sum: torch.Tensor, n_rows: int, synced: bool = False
+    ) -> Divergence | None:
+        """The mean loss of the step just done, checked at the next `after_backward`; or, after a
+        `synced` step (the fast path), the previous step's loss voted on asynchronously, and the
+        result of the vote launched one step earlier returned (`LossVote`)."""
+        checked = self.losses.take() if synced else None
         self.losses.record(epoch, step, loss_sum, n_rows)
+        return self.loss_vote.launch(*checked) if checked is not None else None
 
     def after_backward(self, out_of_memory: bool) -> tuple[bool, Divergence | None]:
         """Every rank's vote on the step it runs (out of memory here?) and on its last recorded loss
         (finite?): whether any rank ran out of memory, and, where any rank's loss was not finite,
-        where. Every rank gets the same answer."""
+        where. Every rank gets the same answer. A loss vote still pending from a fast step is read
+        first, and decides alone where it found a divergence."""
+        earlier = self.loss_vote.read()
+        if earlier is not None:
+            return False, earlier
         epoch, step, loss = self.losses.take()
         diverged_here = loss is not None and not math.isfinite(loss)
         out_of_memory, diverged = any_rank((out_of_memory, diverged_here), self.group)
@@ -76,6 +92,7 @@ class StepVotes:
         return self.stop is not None and self.stop.stop_now()
 
     def close(self) -> None:
+        self.loss_vote.read()  # every rank waits for its last vote; the result is the next run's concern
         if self.stop is not None:
             self.stop.close()
 
@@ -109,6 +126,38 @@ class LossWatch:
         if event is not None:
             event.synchronize()
         return epoch, step, loss.item()
+
+
+class LossVote:
+    """The fast path's vote on the previous step's loss: launched asynchronously after a step and
+    read after the next one, so that no step waits on a CPU collective for it. Every rank launches
+    and reads the same votes after the same steps, so all raise at the same step. A divergence is
+    thus acted on two steps after the step whose loss was not finite, before any save
+    (`StepVotes.after_backward` reads a pending vote first)."""
+
+    def __init__(self, group: dist.ProcessGroup | None):
+        self.group = group
+        self.pending: tuple | None = None
+
+    def launch(self, epoch: int, step: int, loss: float | None) -> Divergence | None:
+        decided = self.read()
+        diverged_here = loss is not None and not math.isfinite(loss)
+        vote = torch.tensor([int(diverged_here)], dtype=torch.int32)
+        work = None
+        if self.group is not None:
+            work = dist.all_reduce(vote, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
+        self.pending = (work, vote, Divergence(epoch, step, loss if diverged_here else None))
+        return decided
+
+    def read(self) -> Divergence | None:
+        """The result of the vote pending, if any: where a loss was not finite, on any rank."""
+        if self.pending is None:
+            return None
+        work, vote, where = self.pending
+        self.pending = None
+        if work is not None:
+            work.wait()
+        return where if vote.item() else None
 
 
 class StopVote:
