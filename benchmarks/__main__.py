@@ -251,7 +251,7 @@ def main() -> None:
     parser.add_argument("--json", help="also write the figures to this file")
     parser.add_argument(
         "--only",
-        choices=["orchestration", "preprocess", "loops", "scoring", "scale", "tables"],
+        choices=["orchestration", "preprocess", "loops", "ddp", "scoring", "scale", "tables"],
         help="run one group",
     )
     parser.add_argument("--rows", type=int, help="rows of the orchestration table (default 1,000,000)")
@@ -287,6 +287,9 @@ def main() -> None:
             ),
             "preprocess": lambda: preprocessing(work, sizes["preprocess_rows"]),
             "loops": lambda: training_loops(work, sizes["loop_rows"], sizes["epochs"], sizes["loop_rounds"]),
+            "ddp": lambda: loop_bench.ddp_figures(
+                work, max(sizes["loop_rows"] // 25, 1_024), sizes["epochs"], sizes["loop_rounds"]
+            ),
             "scoring": lambda: scoring(work, sizes["scoring_rows"], sizes["scoring_rounds"]),
             "scale": lambda: scale(work, sizes["scale_rows"]),
             "tables": lambda: tables(
