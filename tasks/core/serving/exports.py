@@ -97,11 +97,12 @@ ONNX_IR_VERSION = 8
 ML_OPSET_FLOOR = 3
 ONNXRUNTIME_FLOOR = "1.15"
 PARITY_ROWS = 8
-PARITY_TOLERANCE = 1e-4  # the largest difference in a logit or a probability an export may show
+PARITY_TOLERANCE = 1e-4  # the largest difference in a probability, or a logit's relative to it above 1
 OUTPUT_RULES = {
     "logits": "float32 [rows, classes], classes in the order of class_labels",
     "probabilities": "float32 [rows, classes], the softmax of the logits",
-    LABEL: "string [rows], the class label of the largest probability (the first where tied)",
+    LABEL: "string [rows], the class label of the largest probability (the first where tied); empty where the "
+    "probabilities are not finite (no answer)",
 }
 
 logger = logging.getLogger(__name__)
@@ -354,7 +355,10 @@ def keras_labelled_function(endpoint, class_labels: list[str]):
     def serve_labelled(*inputs):
         outputs = endpoint(*inputs)
         labels = tf.constant(class_labels, tf.string)
-        return {**outputs, LABEL: tf.gather(labels, tf.argmax(outputs["probabilities"], axis=1))}
+        probabilities = outputs["probabilities"]
+        answered = tf.reduce_all(tf.math.is_finite(probabilities), axis=1)
+        label = tf.where(answered, tf.gather(labels, tf.argmax(probabilities, axis=1)), tf.constant(""))
+        return {**outputs, LABEL: label}
 
     return tf.function(serve_labelled, input_signature=endpoint.input_signature, autograph=False)
 
@@ -441,18 +445,32 @@ def finish_onnx(path: str, plan: ExportPlan) -> None:
 
 
 def add_label_output(exported, class_labels: list[str]) -> None:
-    """A "label" output, string `[rows]`: the class label at the argmax of "probabilities"."""
+    """A "label" output, string `[rows]`: the class label at the argmax of "probabilities", or "" for a
+    row whose probabilities are not all finite (overflowed logits): no answer rather than a confident one."""
     from onnx import TensorProto, helper, numpy_helper
 
     graph = exported.graph
     clashes = [value.name for value in graph.input if value.name == LABEL]
     if clashes:
         raise ValueError(f"the columns {clashes} have the names of the export's outputs")
-    labels = numpy_helper.from_array(np.asarray(class_labels, dtype=object), "serving/class_labels")
-    graph.initializer.append(labels)
+    constants = {
+        "serving/class_labels": np.asarray(class_labels, dtype=object),
+        "serving/no_label": np.asarray("", dtype=object),
+        "serving/class_axis": np.asarray([1], dtype=np.int64),
+        "serving/zero": np.asarray(0.0, dtype=np.float32),
+    }
+    graph.initializer.extend(numpy_helper.from_array(value, name) for name, value in constants.items())
     graph.node.extend([
         helper.make_node("ArgMax", ["probabilities"], ["serving/class"], "serving/argmax", axis=1, keepdims=0),
-        helper.make_node("Gather", [labels.name, "serving/class"], [LABEL], "serving/label", axis=0),
+        helper.make_node("Gather", ["serving/class_labels", "serving/class"], ["serving/class_label"],
+                         "serving/gather", axis=0),
+        # x - x is 0 where x is finite and NaN where it is NaN or infinite; a row's sum tells which.
+        helper.make_node("Sub", ["probabilities", "probabilities"], ["serving/finite_zero"], "serving/sub"),
+        helper.make_node("ReduceSum", ["serving/finite_zero", "serving/class_axis"], ["serving/row_zero"],
+                         "serving/row_sum", keepdims=0),
+        helper.make_node("Equal", ["serving/row_zero", "serving/zero"], ["serving/answered"], "serving/equal"),
+        helper.make_node("Where", ["serving/answered", "serving/class_label", "serving/no_label"], [LABEL],
+                         "serving/label"),
     ])  # fmt: skip
     graph.output.append(helper.make_tensor_value_info(LABEL, TensorProto.STRING, [ROWS]))
 
@@ -497,21 +515,29 @@ def check_parity(path: str, live: Callable, plan: ExportPlan) -> dict[str, Any]:
         return {"not_run": "onnxruntime is not installed where the bundle was written"}
     feeds, features = parity_inputs(plan)
     expected = dict(zip(OUTPUTS, live(features), strict=True))
-    got = onnx_session(path).run(list(OUTPUTS), feeds)
-    difference = max(
-        float(np.max(np.abs(value - expected[name]))) for name, value in zip(OUTPUTS, got, strict=True)
-    )
-    if not difference <= PARITY_TOLERANCE:  # NaN too
+    got = dict(zip(OUTPUTS, onnx_session(path).run(list(OUTPUTS), feeds), strict=True))
+    difference = max(float(np.max(np.abs(got[name] - expected[name]))) for name in OUTPUTS)
+    relative = max(scaled_difference(got[name], expected[name]) for name in OUTPUTS)
+    if not relative <= PARITY_TOLERANCE:  # NaN too
         raise ValueError(
-            f"onnxruntime {onnxruntime.__version__}'s answers differ from the model's by {difference:.3g}, "
-            f"more than {PARITY_TOLERANCE:g}"
+            f"onnxruntime {onnxruntime.__version__}'s answers differ from the model's by {relative:.3g} "
+            f"(relative to values above 1), more than {PARITY_TOLERANCE:g}"
         )
     return {
         "max_abs_difference": difference,
+        "max_scaled_difference": relative,
         "tolerance": PARITY_TOLERANCE,
         "onnxruntime": onnxruntime.__version__,
         "rows": len(features),
     }
+
+
+def scaled_difference(got: np.ndarray, expected: np.ndarray) -> float:
+    """The largest difference, divided by the value where the value is above 1: float32 logits of 1e6
+    differ in their last bits by more than a probability may differ at all. Equal where both are NaN."""
+    both_nan = np.isnan(got) & np.isnan(expected)
+    scale = np.maximum(1.0, np.abs(expected))
+    return float(np.max(np.where(both_nan, 0.0, np.abs(got - expected) / scale), initial=0.0))
 
 
 def parity_inputs(plan: ExportPlan) -> tuple[dict[str, np.ndarray], np.ndarray]:

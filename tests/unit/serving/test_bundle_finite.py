@@ -78,3 +78,38 @@ def test_rows_that_do_not_overflow_are_answered(overflowing):
     table = rows_with_huge_values([])
     assert finite_rows(overflowing.predict_proba(table)).all()
     assert set(overflowing.predict(table)) <= set(CLASSES)
+
+
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
+def test_the_exports_label_is_empty_where_the_outputs_are_not_finite(tmp_path, framework):
+    """As the bundle gives no answer for such a row, the exports' "label" gives none: an empty string."""
+    import onnxruntime
+
+    from tasks.core.serving.exports import ExportDescription, export_model
+
+    model = build(mlp_spec([16]), len(FEATURES), len(CLASSES), framework)
+    if framework == "pytorch":
+        import torch
+
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.mul_(WEIGHT_SCALE)
+    else:
+        model.set_weights([weights * WEIGHT_SCALE for weights in model.get_weights()])
+    description = ExportDescription(FEATURES, "species", CLASSES, 2)
+    scaler = ScalerStats([0.0] * 4, [1.0] * 4)
+    result = export_model(model, framework, scaler, str(tmp_path), description=description)
+    assert "onnx" in result.files, result.notes
+    rows = rows_with_huge_values([1, 3]).to_numpy(np.float32)
+    session = onnxruntime.InferenceSession(str(tmp_path / result.files["onnx"]))
+    labels, probabilities = session.run(["label", "probabilities"], {"features": rows})
+    unanswered = ~np.isfinite(probabilities).all(axis=1)
+    assert unanswered.tolist() == [i in (1, 3) for i in range(len(rows))]
+    assert [str(label) for label in labels[unanswered]] == ["", ""]
+    assert all(str(label) in CLASSES for label in labels[~unanswered])
+    if framework == "tensorflow":
+        import tensorflow as tf
+
+        serve = tf.saved_model.load(str(tmp_path / result.files["saved_model"])).signatures["serve"]
+        saved = serve(tf.constant(rows))["label"].numpy()
+        assert [label.decode() for label in saved[unanswered]] == ["", ""]
