@@ -374,10 +374,10 @@ def train_on_one_rank_group(config: TrainConfig, splits: SplitPaths, backend: st
 
     torch_training.init_distributed = one_rank_group
     try:
-        run = torch_training.train(config, splits).run
+        outcome = torch_training.train(config, splits)
     finally:
         torch_training.shutdown_distributed()
-    return asdict(run)
+    return {**asdict(outcome.run), "optimizer_steps": outcome.optimizer_steps}
 
 
 def launch_workers(entrypoint, *args, nproc: int = 1) -> list:
@@ -395,9 +395,13 @@ def ddp_finding(run: dict, config: TrainConfig, backend: str = "nccl") -> str:
     expect(all(math.isfinite(loss) for loss in losses), f"training losses {losses}")
     accuracy = run["history"][-1]["val_accuracy"]
     expect(accuracy >= MIN_ACCURACY, f"validation accuracy {accuracy:.3f} < {MIN_ACCURACY}")
+    fast = run["optimizer_steps"] - torch_training.GUARDED_STEPS
+    expect(fast > 0, f"{run['optimizer_steps']} optimizer steps: the fast path (after the first "
+                     f"{torch_training.GUARDED_STEPS}, guarded) never ran")  # fmt: skip
     return (
         f"DDP over {backend}, {run['world_size']} rank on {run['device']}: {config.epochs} epochs with "
-        f"{config.grad_accum_steps} accumulation steps, validation accuracy {accuracy:.3f}"
+        f"{config.grad_accum_steps} accumulation steps, {fast} of {run['optimizer_steps']} optimizer steps "
+        f"on DDP's overlapped fast path, validation accuracy {accuracy:.3f}"
     )
 
 

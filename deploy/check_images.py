@@ -51,7 +51,9 @@ class Image:
 
 INSTALLS = {
     "cpu": Image(),
-    "ml-cpu": Image(extras=("torch", "tf-cpu", "serving"), framework="torch=={torch}+cpu", index=PYTORCH_CPU_INDEX),
+    "ml-cpu": Image(
+        extras=("torch", "tf-cpu", "serving"), framework="torch=={torch}+cpu", index=PYTORCH_CPU_INDEX
+    ),
     "torch-gpu": Image(extras=("torch", "gpu")),
     "tf-gpu": Image(extras=("gpu",), framework="tensorflow[and-cuda]=={tensorflow_cpu}"),
     # tensorflow-tpu 2.20.0 asks `libtpu~=0.0.14`, which any later 0.0.x satisfies.

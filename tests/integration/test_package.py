@@ -129,7 +129,8 @@ def test_training_pipeline_wires_plan_preprocess_train_evaluate_publish(package)
     assert depends_on(prepare) == set()
     assert depends_on(train) == {prepare.id}
     assert depends_on(evaluate) == {prepare.id, train.id}
-    assert depends_on(publish) == {prepare.id, evaluate.id}  # the bundle evaluate wrote; the test split the gate scores
+    # The bundle evaluate wrote, and the test split the promotion gate scores.
+    assert depends_on(publish) == {prepare.id, evaluate.id}
 
 
 def test_planning_tasks_ask_for_no_accelerator(package):

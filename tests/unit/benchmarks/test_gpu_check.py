@@ -219,9 +219,15 @@ def test_the_guard_check_fails_what_the_guard_must_not_do(micro, accum, steps, l
         gpu.guard_finding(outcome(micro, accum, steps, loss), TrainConfig(epochs=1, batch_size=4096), 8)
 
 
-def ddp_run(backend: str, accuracy: float = 1.0) -> dict:
+def ddp_run(backend: str, accuracy: float = 1.0, steps: int = 20) -> dict:
     epoch = {"epoch": 1, "train_loss": 0.1, "train_accuracy": 1.0, "val_loss": 0.1, "val_accuracy": accuracy}
-    return {"backend": backend, "world_size": 1, "device": "H200", "history": [epoch]}
+    return {
+        "backend": backend,
+        "world_size": 1,
+        "device": "H200",
+        "history": [epoch],
+        "optimizer_steps": steps,
+    }
 
 
 def test_the_ddp_check_wants_the_backend_and_a_model_that_learned():
@@ -231,6 +237,11 @@ def test_the_ddp_check_wants_the_backend_and_a_model_that_learned():
         gpu.ddp_finding(ddp_run("none"), config)
     with pytest.raises(gpu.CheckFailed, match="validation accuracy 0.300"):
         gpu.ddp_finding(ddp_run("nccl", accuracy=0.3), config)
+    assert "12 of 20 optimizer steps on DDP's overlapped fast path" in gpu.ddp_finding(
+        ddp_run("nccl"), config
+    )
+    with pytest.raises(gpu.CheckFailed, match="the fast path .* never ran"):
+        gpu.ddp_finding(ddp_run("nccl", steps=8), config)
 
 
 @pytest.mark.slow

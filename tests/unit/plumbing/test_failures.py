@@ -21,6 +21,7 @@ from tests.unit.training.test_launch import TASK_INPUTS, fake_elastic_launch
 ARGUMENTS = {
     "tasks.core.training.preemption.Preempted": (2, 40, 1.5),
     "tasks.core.planning.accelerators.AcceleratorUnavailable": ("1 x nvidia-l4 GPU", "no GPU is visible"),
+    "tasks.core.training.torch_training.OutOfMemoryOnFastPath": (12, 64),
 }
 
 
