@@ -122,4 +122,4 @@ register: install
 		$(EXTRA_OPTIONS_FLAG) --version $(REGISTER_VERSION)
 
 clean:
-	rm -rf $(VENV) dist .pytest_cache
+	rm -rf $(VENV) .venv-serving dist .pytest_cache
