@@ -138,7 +138,8 @@ class EvaluationReport:
             *([f"kept epoch {run.kept_epoch}: {run.kept_reason}"] if run.kept_epoch else []),
             f"billed as: {self.billed.describe()}",
             *self.notes,
-            f"test rows: {metrics.n_test}  accuracy: {metrics.accuracy:.4f}  macro-F1: {metrics.macro_f1:.4f}",
+            f"test rows: {metrics.n_test}  accuracy: {metrics.accuracy:.4f}  balanced accuracy: "
+            f"{metrics.balanced_accuracy:.4f}  macro-F1: {metrics.macro_f1:.4f}",
             f"{'class':>12} {'support':>8} {'predicted':>9} {'precision':>9} {'recall':>7} {'f1':>6}",
         ]
         shown = metrics.per_class

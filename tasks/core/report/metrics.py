@@ -25,14 +25,24 @@ class ClassificationMetrics:
     per_class: list[ClassMetrics]
     n_test: int  # the rows scored: those with finite model outputs
     non_finite_rows: int = 0  # rows left out: the model's outputs were not finite (overflowed logits)
+    balanced_accuracy: float = 0.0  # the mean of the recalls of the classes these rows hold
+    majority_accuracy: float = 0.0  # what always answering the most frequent class of these rows scores
 
     def notes(self) -> list[str]:
-        if not self.non_finite_rows:
-            return []
-        return [
-            f"{self.non_finite_rows:,} rows had non-finite model outputs (overflowed logits): "
-            "they have no prediction and are left out of these metrics"
-        ]
+        found = []
+        if self.non_finite_rows:
+            found.append(
+                f"{self.non_finite_rows:,} rows had non-finite model outputs (overflowed logits): "
+                "they have no prediction and are left out of these metrics"
+            )
+        if self.n_test and self.per_class and self.accuracy <= self.majority_accuracy:
+            majority = max(self.per_class, key=lambda c: c.support).label
+            found.append(
+                f"accuracy {self.accuracy:.4f} is not above {self.majority_accuracy:.4f}, what always "
+                f"answering the most frequent class ({majority!r}) scores on these rows: the model has not "
+                f"learned more than the class balance (balanced accuracy {self.balanced_accuracy:.4f})"
+            )
+        return found
 
 
 def classification_metrics(
@@ -76,10 +86,13 @@ def metrics_from_confusion(confusion: np.ndarray, class_labels: list[str]) -> Cl
         )
     ]
     total = int(confusion.sum())
+    present = support > 0
     return ClassificationMetrics(
         accuracy=float(np.trace(confusion) / total),
         macro_f1=float(f1_score(**pairs, average="macro", zero_division=0)),
         confusion_matrix=confusion.tolist(),
         per_class=per_class,
         n_test=total,
+        balanced_accuracy=float(recall[present].mean()) if present.any() else 0.0,
+        majority_accuracy=float(support.max() / total) if total else 0.0,
     )

@@ -66,3 +66,22 @@ def test_a_small_summary_lists_every_class_in_order():
     report = report_for(10, rows=500)
     labels = [line.split()[0] for line in report.summary().splitlines()[-10:]]
     assert labels == report.class_labels
+
+
+def test_a_model_no_better_than_the_majority_class_is_named_so_beside_its_balanced_accuracy():
+    truth = np.array([0] * 99 + [1])
+    metrics = classification_metrics(truth, np.zeros(100, dtype=int), ["ok", "fraud"])
+    assert (metrics.accuracy, metrics.majority_accuracy, metrics.balanced_accuracy) == (0.99, 0.99, 0.5)
+    (note,) = metrics.notes()
+    assert note.startswith("accuracy 0.9900 is not above 0.9900, what always answering the most frequent")
+    assert "('ok')" in note and "balanced accuracy 0.5000" in note
+
+
+def test_a_model_above_the_majority_class_gets_no_note_and_its_balanced_accuracy_is_the_mean_recall():
+    truth = np.array([0] * 6 + [1] * 3 + [2])
+    predicted = np.array([0] * 5 + [1] + [1] * 3 + [2])
+    metrics = classification_metrics(truth, predicted, ["a", "b", "c"])
+    assert metrics.notes() == [] and metrics.majority_accuracy == 0.6
+    assert metrics.balanced_accuracy == pytest.approx((5 / 6 + 1 + 1) / 3)
+    report = report_for(3, rows=300)
+    assert f"balanced accuracy: {report.metrics.balanced_accuracy:.4f}  macro-F1" in report.summary()
