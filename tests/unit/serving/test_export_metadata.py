@@ -26,6 +26,9 @@ from tasks.core.serving import exports
 from tasks.core.serving.exports import ExportDescription, export_model
 from tasks.core.serving.raw_inputs import raw_feeds, sample_table, signature_names
 
+# Each test here writes a model export (torch.onnx, tf2onnx, a SavedModel): seconds, so not in make test-fast.
+pytestmark = pytest.mark.slow
+
 CLASSES = ["setosa", "versicolor", "virginica"]
 N_FEATURES = 6
 SCALER = ScalerStats(mean=[1.0, -2.0, 0.5, 3.0, 0.0, 10.0], scale=[0.5, 2.0, 1.0, 4.0, 1.0, 3.0])

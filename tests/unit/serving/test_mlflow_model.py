@@ -31,6 +31,9 @@ from tests.unit.serving.test_raw_row_exports import (
     write_raw_bundle,
 )
 
+# Each test here writes a model export (torch.onnx, tf2onnx, a SavedModel): seconds, so not in make test-fast.
+pytestmark = pytest.mark.slow
+
 KINDS = {
     "amount": "numeric",
     "home city": "categorical",

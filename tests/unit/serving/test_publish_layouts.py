@@ -41,6 +41,9 @@ from tests.unit.serving.test_publish import (
     write_unexported_bundle,
 )
 
+# Each test here writes a model export (torch.onnx, tf2onnx, a SavedModel): seconds, so not in make test-fast.
+pytestmark = pytest.mark.slow
+
 # ---- the servers' configuration formats: the fields used here, named and typed as their protos do ------
 # Triton: model_config.proto (triton-inference-server/common); TF Serving: model_server_config.proto and
 # file_system_storage_path_source.proto. Text format refuses a field or an enum value the schema lacks.

@@ -30,6 +30,9 @@ from tasks.core.serving.exports import ExportDescription, ExportResult, export_m
 from tasks.core.serving.raw_inputs import onnx_encoding, raw_feeds, signature_names, tf_encoded
 from tasks.core.training.records import Hardware, TrainingRun
 
+# Each test here writes a model export (torch.onnx, tf2onnx, a SavedModel): seconds, so not in make test-fast.
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[3]
 CLASSES = ["low", "mid", "high"]
 COLUMNS = ["amount", "home city", "member", "joined", "last_seen"]
