@@ -193,7 +193,7 @@ class ScoringReport:
         if self.metrics:
             lines.append(
                 f"labelled rows: {self.metrics.n_test:,}  accuracy: {self.metrics.accuracy:.4f}  "
-                f"macro-F1: {self.metrics.macro_f1:.4f}"
+                f"balanced accuracy: {self.metrics.balanced_accuracy:.4f}  macro-F1: {self.metrics.macro_f1:.4f}"
             )
         return "\n".join(lines + [f"note: {note}" for note in self.notes])
 
@@ -830,6 +830,7 @@ def add_report_metrics(
         )
     if confusion.sum():
         report.metrics = metrics_from_confusion(confusion, labels)
+        report.notes += report.metrics.notes()  # a model no better than the majority class, named
 
 
 # ---- CPU or GPU -----------------------------------------------------------------------------------------

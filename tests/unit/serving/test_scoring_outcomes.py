@@ -215,3 +215,14 @@ def test_an_output_folder_holding_other_files_is_still_refused_and_left_as_it_wa
     with pytest.raises(DatasetError, match="predictions: the output folder already holds files"):
         score_dataset(bundle_folder, str(dataset), str(output))
     assert file_bytes(output) == before
+
+
+def test_a_scoring_whose_accuracy_is_no_better_than_the_majority_class_says_so(bundle_folder, tmp_path):
+    frame = users().assign(species=CLASSES[0])  # one class only: always answering it is right
+    source = tmp_path / "users.parquet"
+    frame.to_parquet(source, index=False)
+    report = score_dataset(bundle_folder, str(source), str(tmp_path / "predictions"))
+    assert report.metrics.majority_accuracy == 1.0
+    note = next(note for note in report.notes if "most frequent class" in note)
+    assert f"({CLASSES[0]!r})" in note
+    assert f"balanced accuracy: {report.metrics.balanced_accuracy:.4f}" in report.summary()
