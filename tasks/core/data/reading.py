@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import csv
 import re
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from pathlib import PurePosixPath
 
@@ -123,10 +123,13 @@ def csv_format_and_schema(
     return ds.CsvFileFormat(parse_options=parse, read_options=read, convert_options=convert), schema
 
 
-def open_dataset(uri: str, label_column: str | None = None) -> ds.Dataset:
+def open_dataset(
+    uri: str, label_column: str | None = None, typed_columns: Collection[str] | None = None
+) -> ds.Dataset:
     """Open a local path or fsspec URI (s3://, gs://, ...) as a lazily-read pyarrow dataset.
 
-    `label_column` matters for CSV only: it is read as text (see `csv_format`).
+    For CSV only: `label_column` is read as text (see `csv_format`), and where `typed_columns` is
+    given, every other column too (scoring passes columns the model does not read through as written).
     """
     file_format = detect_format(uri)
     filesystem, path = filesystem_for(uri)
@@ -141,6 +144,11 @@ def open_dataset(uri: str, label_column: str | None = None) -> ds.Dataset:
         try:
             if file_format == "csv":
                 pa_format, schema = csv_format_and_schema(filesystem, source, label_column)
+                if typed_columns is not None:
+                    schema = pa.schema(
+                        [(f.name, f.type if f.name in typed_columns else pa.string()) for f in schema]
+                    )
+                    pa_format = csv_format_of(pa_format.parse_options, schema)
             else:
                 pa_format, schema = parquet_format(remote=remote), None
             whole = ds.dataset(source, filesystem=filesystem, format=pa_format, schema=schema)
@@ -154,6 +162,15 @@ def open_dataset(uri: str, label_column: str | None = None) -> ds.Dataset:
                 raise DatasetError(long_line_message(handler, first, part_name(uri, first))) from err
             raise DatasetError(f"{uri}: cannot be read as {file_format}: {one_line(err)}") from err
     return dataset
+
+
+def csv_format_of(parse: pa_csv.ParseOptions, schema: pa.Schema) -> ds.CsvFileFormat:
+    """CSV options that read every column as `schema` types it: no guessing from a first block."""
+    return ds.CsvFileFormat(
+        parse_options=parse,
+        read_options=pa_csv.ReadOptions(block_size=CSV_BLOCK_BYTES),
+        convert_options=pa_csv.ConvertOptions(column_types={f.name: f.type for f in schema}),
+    )
 
 
 def has_rows(dataset: ds.Dataset, uri: str) -> bool:

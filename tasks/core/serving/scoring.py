@@ -48,24 +48,17 @@ from tasks.core.data.files import (
     filesystem_for,
     is_local,
     parquet_format,
-    part_files,
     remote_errors,
     row_group_fragments,
 )
 from tasks.core.data.reading import (
-    CSV_BLOCK_BYTES,
-    LONG_LINE_ERROR,
-    consistent_parts,
-    csv_format_and_schema,
-    has_rows,
+    csv_format_of,
     header_line,
     iter_batches,
-    long_line_message,
     open_dataset,
-    part_name,
     sniff_delimiter,
 )
-from tasks.core.messages import LINE_CHARS, one_line, preview, shorten
+from tasks.core.messages import LINE_CHARS, preview, shorten
 from tasks.core.planning.planner import CatalogEntry
 from tasks.core.report.metrics import ClassificationMetrics, ConfusionCounts, metrics_from_confusion
 from tasks.core.serving.bundle import Bundle, load_bundle
@@ -504,51 +497,8 @@ def open_scoring_dataset(uri: str, model_columns: list[str]) -> ds.Dataset:
     widened where parts differ)."""
     read = set(model_columns)
     if detect_format(uri) == "csv":
-        return open_csv(uri, read)
+        return open_dataset(uri, typed_columns=read)
     return widened_passthrough(open_dataset(uri), uri, read)
-
-
-def open_csv(uri: str, model_columns: set[str]) -> ds.Dataset:
-    """As `open_dataset` opens a CSV file or folder, with the columns the model does not read as text."""
-    filesystem, path = filesystem_for(uri)
-    with remote_errors(uri):
-        info = filesystem.info(path)
-        is_dir = info.get("type") == "directory"
-        if not is_dir and info.get("size") == 0:
-            raise DatasetError(f"{uri}: the file is empty (0 bytes)")
-        source = part_files(filesystem, path) if is_dir else path
-        first = source[0] if isinstance(source, list) else source
-        try:
-            file_format, schema = scoring_csv_format(filesystem, source, model_columns)
-            dataset = consistent_parts(
-                ds.dataset(source, filesystem=filesystem, format=file_format, schema=schema), uri
-            )
-            if not has_rows(dataset, uri):
-                raise DatasetError(f"{uri}: the dataset has no rows")
-        except pa.ArrowException as error:
-            if LONG_LINE_ERROR in str(error):
-                handler = pa_fs.PyFileSystem(pa_fs.FSSpecHandler(filesystem))
-                raise DatasetError(long_line_message(handler, first, part_name(uri, first))) from error
-            raise DatasetError(f"{uri}: cannot be read as csv: {one_line(error)}") from error
-    return dataset
-
-
-def scoring_csv_format(
-    filesystem: fsspec.AbstractFileSystem, source: str | list[str], model_columns: set[str]
-) -> tuple[ds.CsvFileFormat, pa.Schema]:
-    """Training's CSV options for the model's columns, text for the others."""
-    training, guessed = csv_format_and_schema(filesystem, source, None)
-    schema = pa.schema([(f.name, f.type if f.name in model_columns else pa.string()) for f in guessed])
-    return csv_format_of(training.parse_options, schema), schema
-
-
-def csv_format_of(parse: pa_csv.ParseOptions, schema: pa.Schema) -> ds.CsvFileFormat:
-    """CSV options that read every column as `schema` types it: no guessing from a first block."""
-    return ds.CsvFileFormat(
-        parse_options=parse,
-        read_options=pa_csv.ReadOptions(block_size=CSV_BLOCK_BYTES),
-        convert_options=pa_csv.ConvertOptions(column_types={f.name: f.type for f in schema}),
-    )
 
 
 def widened_passthrough(dataset: ds.Dataset, uri: str, model_columns: set[str]) -> ds.Dataset:
