@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.gpu_figures import GpuFigure, Sizes, require_cuda
+from benchmarks.gpu_figures import GpuFigure, Sizes, require_cuda, require_modules
 from benchmarks.measure import interleave
 from benchmarks.scoring_bench import FEATURES, MODEL, write_bundle_for
 from benchmarks.synthetic import write_table
@@ -87,8 +87,17 @@ def model_figures(work: Path, tables: dict[str, str], hidden: list[int], rounds:
     ]  # fmt: skip
 
 
+# Loading a bundle decodes its manifest with mashumaro: pure Python, installable offline from a wheel.
+BUNDLE_MANIFEST_DECODER = "mashumaro"
+MANIFEST_DECODER_HINT = (
+    "loading a bundle decodes its manifest with it; a pure-Python wheel, installable offline with "
+    "`pip install --no-index --find-links DIR mashumaro`"
+)
+
+
 def scoring_on_gpu(work: Path, sizes: Sizes) -> list[GpuFigure]:
     require_cuda()
+    require_modules((BUNDLE_MANIFEST_DECODER, MANIFEST_DECODER_HINT))
     # A tenth of the rows for the CPU: one core scoring the wide model takes seconds, not minutes.
     tables = {
         "gpu": write_table(str(work / "score-gpu.parquet"), sizes.scoring_rows, FEATURES),

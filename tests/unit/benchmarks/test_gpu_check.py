@@ -315,6 +315,21 @@ def test_the_scoring_figures_run_the_whole_scorer_on_each_side(tmp_path, monkeyp
     assert not list(tmp_path.glob("scored-*"))
 
 
+def test_the_scoring_figures_are_skipped_without_the_manifest_decoder_saying_how_to_install_it(
+    tmp_path, monkeypatch
+):
+    """A GPU machine with torch alone has no mashumaro, which loading a bundle needs: the step says so
+    before it writes a table, instead of failing after."""
+    monkeypatch.setattr(gpu_scoring, "require_cuda", lambda: None)
+    found = gpu.importlib.util.find_spec
+    monkeypatch.setattr(
+        gpu.importlib.util, "find_spec", lambda name: None if name == "mashumaro" else found(name)
+    )
+    with pytest.raises(gpu.Skipped, match=r"mashumaro not installed \(loading a bundle .*--no-index"):
+        gpu_scoring.scoring_on_gpu(tmp_path, gpu.SMOKE)
+    assert not list(tmp_path.iterdir())
+
+
 def test_only_runs_the_steps_named_and_skips_the_others_saying_so(tmp_path, capsys):
     assert gpu_check.main(["--only", "figures,check"], steps=STEPS) == 0
     written = capsys.readouterr().out
