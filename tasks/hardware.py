@@ -32,6 +32,7 @@ from tasks.core.planning.planner import CatalogEntry
 from tasks.core.training.launch import DEFAULT_LOCAL_CPU_WORKERS
 from tasks.core.training.preemption import DEFAULT_GRACE_S
 from tasks.core.training.records import Hardware
+from tasks.gpudirect import with_gpudirect
 from tasks.images import image
 
 # The images (tasks/images.py says what each holds).
@@ -43,6 +44,10 @@ TPU_IMAGE = image("tpu")
 # The torch GPU tasks' environment: NCCL's warnings in the log, and a failed or timed-out collective
 # ends the worker rather than leave it hanging (docs/reliability.md).
 TORCH_DDP_ENVIRONMENT = {"NCCL_DEBUG": "WARN", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}
+# "1" where the cluster's GPU node pools have GKE's GPUDirect networking (deploy/gpudirect/README.md):
+# the multi-node pods on a machine type with GPUDirect then declare it (tasks/gpudirect.py). Read
+# wherever this module is imported: set it for `pyflyte register` / `make package`.
+GPUDIRECT_VARIABLE = "MIXEDML_GPUDIRECT"
 
 
 def guaranteed(profile: CpuProfile | GpuTrainingProfile) -> dict:
@@ -145,6 +150,9 @@ class GpuTrainingProfile:
     # ends the attempt at once and Flyte retries the transient ones (docs/reliability.md).
     max_restarts: int = 0
     attempts: Attempts = Attempts()
+    # The pods use GKE's GPUDirect networking where `machine` has it (tasks/gpudirect.py): only
+    # multi-node pods, which use all of a node's GPUs and NICs, and only where the pools have it.
+    gpudirect: bool = False
 
     @property
     def resources(self) -> Resources:
@@ -162,13 +170,15 @@ class GpuTrainingProfile:
         return Hardware(self.device, gpus)
 
     def pod_template(self) -> PodTemplate:
-        """Only the grace period: resources, accelerator and shared memory come from the task."""
-        return PodTemplate(
+        """The grace period, and GPUDirect networking where the profile uses it: resources,
+        accelerator and shared memory come from the task."""
+        template = PodTemplate(
             primary_container_name="primary",
             pod_spec=V1PodSpec(
                 containers=[], termination_grace_period_seconds=self.attempts.termination_grace_s
             ),
         )
+        return with_gpudirect(template, self.machine.name) if self.gpudirect else template
 
     def task_options(self) -> dict:
         """@task arguments: image, Guaranteed resources, GPU, shared memory, pod template, attempts."""
@@ -220,6 +230,7 @@ TRAIN_GPU_MULTINODE = GpuTrainingProfile(
     # again. A lost node (GPU VMs stop for host maintenance) still fails the job as a user error and
     # spends `retries`, so it gets more of them (docs/reliability.md).
     attempts=Attempts(retries=4, interruptible=False),
+    gpudirect=os.environ.get(GPUDIRECT_VARIABLE, "") == "1",
 )
 
 

@@ -38,6 +38,7 @@ from tasks.core.training.telemetry import UtilisationSampler
 from tasks.core.training.torch_startup import rendezvous_events_named_without_stack_walks
 from tasks.core.validation import batch_problems
 from tasks.ddp_worker import SetUpRefused, train_with_ddp
+from tasks.gpudirect import apply_node_profile
 from tasks.hardware import LAUNCHER_EXIT_MARGIN_S, TRAIN_GPU, TRAIN_GPU_MULTINODE, GpuTrainingProfile
 from tasks.plumbing.decks import DECKS, training_deck
 from tasks.plumbing.failures import retried_as_recoverable
@@ -159,6 +160,9 @@ class MachineFittedElasticTask(PytorchElasticFunctionTask):
     def _launch_fitted(self, **kwargs):
         import torch
 
+        # On GPUDirect nodes the pod names the node's NCCL profile; the workers inherit its settings.
+        if sourced := apply_node_profile(os.environ):
+            log.info("NCCL settings from the node's profile: %s", ", ".join(sorted(sourced)))
         configured = (self.task_config, self.min_nodes, self.max_nodes)
         launch = plan_launch(
             self.min_nodes,
