@@ -18,10 +18,21 @@ from typing import NamedTuple
 from flytekit import current_context, task
 from flytekit.types.directory import FlyteDirectory
 
-from tasks.core.serving.bundle import BundleRecord, add_metrics, load_bundle, write_bundle
+from tasks.core.serving.bundle import (
+    BundleRecord,
+    CodeVersion,
+    Provenance,
+    add_metrics,
+    data_hash,
+    load_bundle,
+    split_settings,
+    write_bundle,
+)
+from tasks.core.serving.model_card import write_model_card
 from tasks.core.serving.scoring import split_metrics
 from tasks.core.training.records import Hardware
 from tasks.hardware import ML_CPU_IMAGE, SMALL_CPU, guaranteed
+from tasks.plumbing.code_version import git_checkout, source_tree_hash
 from tasks.plumbing.decks import DECKS, evaluation_deck
 from tasks.plumbing.process import begin_task, running_locally
 from tasks.plumbing.storage import local_path
@@ -42,6 +53,21 @@ def billed_hardware(trained: TrainedModel, plan: ResourcePlan | None) -> tuple[H
     return Hardware(
         choice.device, choice.devices, choice.partition, choice.price_per_hour / choice.devices
     ), []
+
+
+def run_provenance(prepared: PreparedData, trained: TrainedModel) -> Provenance:
+    """The split, the code and the data's hash. The pipeline splits with the hyperparameters' seed
+    (right_sizing.prepare_data); whether it split by a column is not carried here. In a pod the code has no git checkout: the version its task was
+    registered under names the commit (`make register` names the version after it, with "-dirty-" and
+    a hash where the tree had uncommitted changes)."""
+    config = trained.run.config
+    task_id = None if running_locally() else current_context().task_id
+    registered = task_id.version if task_id else ""
+    return Provenance(
+        split=split_settings(prepared.table, config.seed if config else None),
+        code=CodeVersion.of(source_tree_hash(), git_checkout(), registered),
+        data=data_hash(prepared.table.source),
+    )
 
 
 LOCAL_MODELS = "MIXEDML_LOCAL_MODELS"
@@ -76,11 +102,12 @@ def evaluate(prepared: PreparedData, trained: TrainedModel, plan: ResourcePlan |
     billed, notes = billed_hardware(trained, plan)
     folder = bundle_folder(prepared.fingerprint)
     record = BundleRecord.of(prepared.table, trained.run, billed, prepared.fingerprint)
-    write_bundle(folder, trained.artifact.download(), record)
+    write_bundle(folder, trained.artifact.download(), record, run_provenance(prepared, trained))
     bundle = load_bundle(folder, trusted_builders=[trained.run.model.builder])  # this run's own builder
     test = local_path(prepared.test, "test split")
     metrics = split_metrics(bundle, test, prepared.table.label_column, prepared.table.class_labels)
     add_metrics(folder, metrics)
+    write_model_card(folder)  # once the metrics are in the manifest
     report = EvaluationReport(
         metrics=metrics,
         class_labels=prepared.table.class_labels,

@@ -1,9 +1,11 @@
-"""Which project modules a module imports, read from the source, and a hash of the code a cache depends on."""
+"""Which project modules a module imports, read from the source, and a hash of the code a cache depends on;
+the source hash and git commit of the code running here, for the provenance a model bundle records."""
 
 from __future__ import annotations
 
 import ast
 import hashlib
+import subprocess
 from pathlib import Path
 
 PROJECT_PACKAGES = ("tasks", "workflows")
@@ -54,3 +56,34 @@ def code_version(*modules: str) -> str:
     for module in sorted(modules):
         digest.update(source_path(module).read_bytes())
     return digest.hexdigest()[:16]
+
+
+def source_tree_hash(root: Path = ROOT) -> str:
+    """sha256 of the project's sources, every .py file under tasks/ and workflows/: their names relative
+    to `root` and their contents. It identifies the code wherever it runs, a checkout or an image."""
+    digest = hashlib.sha256()
+    for package in PROJECT_PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+            digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def git_checkout(root: Path = ROOT) -> tuple[str, bool] | None:
+    """The commit the checkout at `root` is at, and whether it has uncommitted changes (tracked, or
+    untracked and not ignored); None where `root` is no git checkout (an image) or git cannot say."""
+    if not (root / ".git").exists():
+        return None
+    try:
+        commit = git(root, "rev-parse", "HEAD")
+        changes = git(root, "status", "--porcelain", "--untracked-files=normal")
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return commit, bool(changes)
+
+
+def git(root: Path, *arguments: str) -> str:
+    done = subprocess.run(
+        ["git", "-C", str(root), *arguments], capture_output=True, text=True, check=True, timeout=30
+    )
+    return done.stdout.strip()

@@ -5,10 +5,13 @@ A bundle is a folder, self-contained and free of pickled code:
     bundle.json   the manifest: format version, framework, the model's builder and options, the
                   input's raw feature columns and the fitted encoding that turns them into the features,
                   the feature names in order, the scaler's statistics, the class labels as the label
-                  column held them, the run, the billed hardware, the data, the metrics, the package
-                  versions, and the sha256 of the weights and of each export
+                  column held them, the run (its hyperparameters among them), the billed hardware, the
+                  data, the metrics, the package versions, the provenance (split, code version, data
+                  hash) and the sha256 of every file listed under "files"
     model.pt      the weights as the training artifact stores them (model.npz for Keras models)
     model.onnx    the serving exports (tasks/core/serving/exports.py), listed under "files" in the manifest
+    mlflow/       the MLflow model (tasks/core/serving/mlflow_model.py)
+    MODEL_CARD.md what the model predicts from what, and how well (tasks/core/serving/model_card.py)
 
 `load_bundle` reads one from a local folder or any fsspec URI without Flyte, importing torch or
 TensorFlow only for the framework the bundle names. Its `predict(table)` takes the raw feature values
@@ -71,6 +74,7 @@ from tasks.core.serving.mlflow_model import MLFLOW_FOLDER, write_mlflow_model
 from tasks.core.training.records import Hardware, TrainingRun
 
 FORMAT_VERSION = 2
+MODEL_CARD = "MODEL_CARD.md"  # written by serving.model_card once the metrics are in
 READ_VERSIONS = (1, 2)  # 1: no raw columns nor encoding; the features are numeric columns
 MANIFEST = "bundle.json"
 # The weights file of each framework, as its training artifact writes it.
@@ -127,6 +131,95 @@ class BundleRecord:
         )  # fmt: skip
 
 
+# How `DataHash.kind` identifies the training data.
+CONTENT_HASH = "content"  # the sha256 of the input's bytes: a local file or folder, read in full
+METADATA_FINGERPRINT = "fingerprint"  # only `data_fingerprint`: sizes and the store's version metadata
+
+
+@dataclass
+class DataHash:
+    """What identifies the data trained on. `data_fingerprint` (data.fingerprint) hashes each file's size
+    and what its store reports of its version (an object store's ETag or generation, a file's mtime):
+    no content. Where the input is local, its bytes are hashed too."""
+
+    kind: str  # CONTENT_HASH or METADATA_FINGERPRINT
+    sha256: str = ""  # of the content (`content_digest`) where kind is CONTENT_HASH, else ""
+
+
+@dataclass
+class SplitSettings:
+    """How the rows were split into train, val and test."""
+
+    seed: int | None  # the random split's seed; None where unknown
+    rows: dict[str, int]  # by split, as split
+    val_fraction: float  # of the rows, as split
+    test_fraction: float
+    # "": a random split stratified by class (data.assignment); a column's name: time-ordered by it;
+    # None: not known where the bundle was written (the prepared table does not record it).
+    split_by: str | None = None
+
+    def describe(self) -> str:
+        method = {None: "method not recorded", "": "stratified by class"}.get(
+            self.split_by, f"time-ordered by {self.split_by!r}"
+        )
+        rows = ", ".join(f"{name} {count:,}" for name, count in self.rows.items())
+        return f"{method}, seed {self.seed}; rows {rows}"
+
+
+@dataclass
+class CodeVersion:
+    """The code that trained and wrote the bundle. The source hash always; the git commit where the
+    code ran from a git checkout, else the version the Flyte task was registered under (which
+    `make register` names after the commit). `identified_by` says which of them identifies it."""
+
+    source_sha256: str  # the project's sources (tasks/, workflows/): names and contents
+    identified_by: str  # "git commit", "registered version" or "source hash"
+    commit: str = ""
+    dirty: bool | None = None  # uncommitted changes in the checkout; None without one
+    registered_version: str = ""
+
+    @classmethod
+    def of(
+        cls, source_sha256: str, checkout: tuple[str, bool] | None, registered_version: str
+    ) -> CodeVersion:
+        """From the sources' hash, the git checkout's (commit, dirty) where there is one, and the
+        version the task was registered under ("" in a local run)."""
+        if checkout:
+            return cls(source_sha256, "git commit", *checkout, registered_version=registered_version)
+        if registered_version:
+            return cls(source_sha256, "registered version", registered_version=registered_version)
+        return cls(source_sha256, "source hash")
+
+
+@dataclass
+class Provenance:
+    """Where the model comes from, beside what the manifest's run (`run.config`: the hyperparameters
+    and seed) and data (`source`, `data_fingerprint`) already say."""
+
+    split: SplitSettings
+    code: CodeVersion
+    data: DataHash
+
+
+def split_settings(table: PreparedTable, seed: int | None, split_by: str | None = None) -> SplitSettings:
+    """The split as the prepared table holds it: the rows of each split, and their shares."""
+    total = sum(table.rows.values()) or 1
+    shares = {name: round(table.rows.get(name, 0) / total, 6) for name in ("val", "test")}
+    return SplitSettings(seed, dict(table.rows), shares["val"], shares["test"], split_by)
+
+
+def data_hash(source: str) -> DataHash:
+    """The content hash of a local input; the fingerprint alone for any other (an object store's, or
+    one no longer where it was)."""
+    try:
+        filesystem, path = filesystem_for(source)
+    except DatasetError:
+        return DataHash(METADATA_FINGERPRINT)
+    if not is_local(filesystem) or not Path(path).exists():
+        return DataHash(METADATA_FINGERPRINT)
+    return DataHash(CONTENT_HASH, content_digest(Path(path)))
+
+
 @dataclass
 class Manifest:
     """bundle.json: the run's record and what the bundle holds. In the file the record's fields sit at
@@ -134,22 +227,21 @@ class Manifest:
 
     record: BundleRecord
     model: dict[str, Any]  # models.artifact_record: the builder, its options, the input's shape
-    files: dict[str, str]  # "weights" and each export -> its path in the bundle folder
+    files: dict[str, str]  # "weights", each export, "mlflow", "model_card" -> its path in the bundle folder
     export_notes: list[str] = field(default_factory=list)  # the exports left out, and why
     export_checks: dict[str, dict[str, Any]] = field(default_factory=dict)  # export -> its parity check
     packages: dict[str, str] = field(default_factory=dict)  # python and distributions -> versions
     created: str = ""  # when the bundle was written, ISO 8601 in UTC
     # Each of `files`' paths -> its sha256 (`content_digest`); empty in bundles written before digests.
     digests: dict[str, str] = field(default_factory=dict)
+    provenance: Provenance | None = None  # None in bundles written before it
     format_version: int = FORMAT_VERSION
 
     def to_json(self) -> dict[str, Any]:
-        record = asdict(self.record)
+        own = asdict(self)
+        record, version = own.pop("record"), own.pop("format_version")
         record["class_labels"] = typed_labels(self.record.class_labels, self.record.label_kind)
-        own = {
-            f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("record", "format_version")
-        }
-        return {"format_version": self.format_version, **record, **own}
+        return {"format_version": version, **record, **own}
 
 
 RECORD_FIELDS = tuple(f.name for f in fields(BundleRecord))
@@ -291,10 +383,12 @@ def record_encoding(record: BundleRecord, where: str) -> FittedEncoding | None:
 # ---- writing ----------------------------------------------------------------------------------------
 
 
-def write_bundle(directory: str, artifact: str, record: BundleRecord) -> str:
+def write_bundle(
+    directory: str, artifact: str, record: BundleRecord, provenance: Provenance | None = None
+) -> str:
     """Write the bundle folder `directory`: the weights copied from the training artifact, the serving
-    exports, and the manifest last. The record is checked against the weights by a forward pass.
-    Returns `directory`."""
+    exports, and the manifest last, with `provenance` where given. The record is checked against the
+    weights by a forward pass. Returns `directory`."""
     check_record(record, directory)
     folder = Path(directory)
     folder.mkdir(parents=True, exist_ok=True)
@@ -328,6 +422,7 @@ def write_bundle(directory: str, artifact: str, record: BundleRecord) -> str:
         packages=package_versions(record.framework),
         created=datetime.now(UTC).isoformat(timespec="seconds"),
         digests={path: content_digest(folder / path) for path in files.values()},
+        provenance=provenance,
     )
     write_manifest(directory, manifest)
     return directory
@@ -378,9 +473,10 @@ def check_digest(expected: str, path: Path, where: str) -> None:
         raise BundleError(f"{where}: missing; the bundle's manifest records its sha256")
     actual = content_digest(path)
     if actual != expected:
+        card = f"; after editing {MODEL_CARD}, record it with write_model_card" * (path.name == MODEL_CARD)
         raise BundleError(
             f"{where} does not match the bundle's manifest: its sha256 is {actual[:16]}..., the manifest "
-            f"records {shorten(str(expected), 19)}; a file from another bundle, or changed since written"
+            f"records {shorten(str(expected), 19)}; a file from another bundle, or changed since written{card}"
         )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tasks.core.models.plugins import ModelSpec
+from tasks.core.training.config import TrainConfig
 
 
 @dataclass
@@ -36,6 +37,9 @@ class TrainingRun:
     # for a run recorded without them.
     kept_epoch: int = 0
     kept_reason: str = ""
+    # The hyperparameters the loop ran with (the planner's accumulation and row placement applied): the
+    # seed among them. None for a run recorded before runs kept them.
+    config: TrainConfig | None = None
 
 
 @dataclass
