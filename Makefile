@@ -78,6 +78,13 @@ serving-check: install
 	test -x .venv-serving/bin/python || $(BIN)/python -m venv .venv-serving
 	$(BIN)/uv pip install --quiet --python .venv-serving/bin/python $(addprefix --find-links ,$(FIND_LINKS)) \
 		-c deploy/serving-constraints.txt mlflow onnxruntime
+# --no-deps: only the wheel's tritonserver and python backend are used (deploy/serving-constraints.txt)
+	$(BIN)/uv pip install --quiet --python .venv-serving/bin/python $(addprefix --find-links ,$(FIND_LINKS)) \
+		-c deploy/serving-constraints.txt --no-deps nvidia-pytriton
+# The python backend's stub needs numpy 1 (benchmarks/triton_check.py): an environment of its own for it
+	test -x .venv-serving/triton-stub/bin/python || $(BIN)/python -m venv .venv-serving/triton-stub
+	$(BIN)/uv pip install --quiet --python .venv-serving/triton-stub/bin/python $(addprefix --find-links ,$(FIND_LINKS)) \
+		--no-deps numpy==1.26.4 onnxruntime==1.32.0 flatbuffers==25.12.19 packaging==26.4 protobuf==7.36.2
 	$(BIN)/python -m benchmarks.serving_check --serving-venv .venv-serving $(SERVING_CHECK_ARGS)
 
 # Headless Chromium for the Deck rendering test; without it that one test is skipped, saying why.

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from benchmarks import loop_bench
+from benchmarks.int8_bench import int8
 from benchmarks.measure import (
     REPO,
     Figure,
@@ -251,7 +252,7 @@ def main() -> None:
     parser.add_argument("--json", help="also write the figures to this file")
     parser.add_argument(
         "--only",
-        choices=["orchestration", "preprocess", "loops", "ddp", "scoring", "scale", "tables"],
+        choices=["orchestration", "preprocess", "loops", "ddp", "scoring", "scale", "tables", "int8"],
         help="run one group",
     )
     parser.add_argument("--rows", type=int, help="rows of the orchestration table (default 1,000,000)")
@@ -298,6 +299,7 @@ def main() -> None:
                 TrainConfig(epochs=sizes["table_epochs"]),
                 sizes["table_preprocess_rows"],
             ),
+            "int8": lambda: int8(work, args.smoke),
         }
         figures = []
         for name, run in groups.items():

@@ -12,6 +12,8 @@ installs it from deploy/serving-constraints.txt); the server runs from it, in a 
 Figures: rows/s of 1-row and 1,024-row requests through the server against onnxruntime running the
 bundle's model.onnx in this process on the same rows (its inputs built beforehand): the server's
 overhead, HTTP, JSON and pandas included. Requests go to 127.0.0.1 only, a bounded number of them.
+Then the bundle is published twice under a prefix (the first version promoted) and the prefix's Triton
+repository is loaded by the tritonserver of the nvidia-pytriton wheel (benchmarks/triton_check.py).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import pandas as pd
 import pyarrow as pa
 
 from benchmarks.measure import Figure, alternating_best_rates
+from benchmarks.triton_check import run_triton_checks
 
 CLASSES = ["low", "mid", "high"]
 COLUMNS = ["amount", "home city", "member", "joined"]
@@ -44,6 +47,7 @@ SIZES = (1, 1024)
 FULL = {"requests": {1: 300, 1024: 20}, "rounds": 3}
 SMOKE = {"requests": {1: 20, 1024: 2}, "rounds": 1}
 START_SECONDS = 180
+TRITON_ROWS = 256
 ATOL = 1e-5  # float32 probabilities: the bundle's torch model against onnxruntime's kernels
 
 
@@ -293,6 +297,7 @@ def run_checks(venv: Path, work: Path, settings: dict) -> int:
         results.append(("server", f"FAILED: {error}"))
     finally:
         server.stop()
+    results.extend(run_triton_checks(venv, work, bundle_dir, bundle, rows.iloc[:TRITON_ROWS], free_port))
     for name, detail in results:
         print(f"{name}: {detail if detail.startswith('FAILED') else 'passed: ' + detail}")
     for figure in figures:

@@ -11,6 +11,7 @@ A bundle is a folder, self-contained and free of pickled code:
     model.pt      the weights as the training artifact stores them (model.npz for Keras models)
     model.onnx    the serving exports (tasks/core/serving/exports.py), listed under "files" in the manifest
     mlflow/       the MLflow model (tasks/core/serving/mlflow_model.py)
+    model.int8.onnx  the optional int8 export (tasks/core/serving/int8.py), listed as "onnx_int8" where kept
     MODEL_CARD.md what the model predicts from what, and how well (tasks/core/serving/model_card.py)
 
 `load_bundle` reads one from a local folder or any fsspec URI without Flyte, importing torch or

@@ -1,0 +1,327 @@
+"""An optional int8 ONNX export: `model.onnx` with its weights quantized, kept only where it pays.
+
+`add_int8_export` runs on a written bundle once the test split's metrics exist, and only where the run
+asked for it (`enabled`). It quantizes the bundle's `model.onnx` with onnxruntime's `quantize_dynamic`:
+the weights of MatMul and Gemm nodes whose weights are constants become int8 (per tensor, in 7 bits:
+`reduce_range`, which keeps x86 CPUs without VNNI from saturating their 16-bit sums, whichever CPU later
+serves the file), the activations are quantized to uint8 as each batch arrives. Only MatMul and Gemm
+are named: left to its defaults, the quantizer also takes Gather, Conv and Transpose, and the raw-row
+graph's Gather picks the class label out of a string constant, which has nothing to quantize; the
+encoding's ai.onnx.ml LabelEncoder and the scaler's float64 arithmetic stay as they are. A CNN's Conv
+layers stay float too: dynamically quantized convolutions ran 2-5x slower on CPU.
+
+The file is then held to the float one on the same raw test rows, both run by onnxruntime on CPU with
+the same session settings (one thread, as exports.py's check runs them):
+
+- the test accuracy, from the argmax of each file's "probabilities" against the split's class codes (a
+  row without finite probabilities counts as wrong); int8's may be at most `tolerance` below fp32's;
+- rows per second on a batch of TIMING_ROWS rows (the test rows, repeated where fewer), the best of
+  TIMING_ROUNDS rounds of each, taken in turn; int8 must be faster.
+
+`model.int8.onnx` is kept only where both hold; otherwise it is deleted and the manifest's export_notes
+say why. Either way the manifest records both figures under export_checks["onnx_int8"]; a kept file is
+listed in `files` as "onnx_int8", with its sha256 in `digests`, so `load_bundle` and `check_files` verify
+it as they verify the other exports. It takes the same inputs and gives the same outputs as `model.onnx`,
+and carries its metadata.
+
+Imports onnx and onnxruntime only inside the functions that use them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as ds
+
+from tasks.core.data.encoding import FittedEncoding
+from tasks.core.data.files import filesystem_for, parquet_format
+from tasks.core.data.scaling import batch_features
+from tasks.core.serving.bundle import Manifest, content_digest, read_manifest, write_manifest
+from tasks.core.serving.exports import INPUT, for_onnxruntime_floor, onnx_session, summary
+from tasks.core.serving.raw_inputs import raw_feeds
+
+EXPORT = "onnx_int8"  # its name in the manifest's files and export_checks
+INT8_FILE = "model.int8.onnx"
+TOLERANCE = 0.005  # test accuracy int8 may lose against fp32, absolute
+QUANTIZED_OPS = ("MatMul", "Gemm")
+METRIC = "accuracy"
+TIMING_ROWS = 1024
+TIMING_ROUNDS = 5
+CALLS_PER_ROUND = 20  # runs of the batch per round: one run of a small MLP is too short to time alone
+SCORING_ROWS = 65_536  # rows scored at once
+THREADS = 1  # onnx_session's
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Int8Figures:
+    """The int8 file against the float one on the same rows."""
+
+    fp32_accuracy: float
+    int8_accuracy: float
+    fp32_rows_per_second: float
+    int8_rows_per_second: float
+    rows: int  # test rows scored
+    agreement: float  # the share of them where both files predict the same class
+
+
+@dataclass(frozen=True)
+class Int8Outcome:
+    """What `add_int8_export` did: whether `model.int8.onnx` is in the bundle, and why (or why not);
+    `check`: what the manifest records under export_checks["onnx_int8"], None where it was not changed."""
+
+    kept: bool
+    why: str
+    check: dict[str, Any] | None = None
+
+
+def add_int8_export(
+    folder: str,
+    test_rows: str | pa.Table,
+    label_column: str,
+    *,
+    enabled: bool = False,
+    tolerance: float = TOLERANCE,
+) -> Int8Outcome:
+    """Quantize the ONNX export of the local bundle folder `folder` to int8 and keep it where its
+    accuracy on `test_rows` (a parquet file or folder, or a table, holding the raw feature columns and
+    the class codes in `label_column`, as the prepared test split does) is within `tolerance` of the
+    float file's and it scores faster on CPU; record the figures in the manifest either way. Without
+    `enabled`, or without an ONNX export or onnxruntime, the bundle is left as it is."""
+    if not enabled:
+        return Int8Outcome(False, "not requested")
+    manifest = read_manifest(*filesystem_for(folder), folder)
+    if "onnx" not in manifest.files:
+        return Int8Outcome(False, "the bundle has no ONNX export to quantize")
+    try:
+        import onnxruntime
+    except ImportError:
+        return Int8Outcome(False, "onnxruntime is not installed")
+    source, target = Path(folder) / manifest.files["onnx"], Path(folder) / INT8_FILE
+    check = {"metric": METRIC, "tolerance": tolerance, "onnxruntime": onnxruntime.__version__}
+    stage = "not quantized"
+    try:
+        check["quantized_weights"] = quantize(source, target)
+        stage = "not compared"
+        figures = compare(source, target, manifest, test_rows, label_column)
+    except Exception as error:  # the quantizer and onnxruntime raise their own
+        logger.warning("%s export left out", EXPORT, exc_info=True)
+        kept, why = False, f"{stage}: {summary(error)}"
+    else:
+        check.update(figure_record(figures))
+        kept, why = decide(figures, tolerance)
+    if not kept and target.exists():
+        target.unlink()
+    check.update(kept=kept, why=why)
+    write_manifest(folder, with_outcome(manifest, check, target))
+    return Int8Outcome(kept, why, check)
+
+
+def decide(figures: Int8Figures, tolerance: float = TOLERANCE) -> tuple[bool, str]:
+    """Whether the int8 file is kept, and why: its accuracy at most `tolerance` below fp32's, and more
+    rows per second."""
+    if figures.rows == 0:
+        return False, "no test rows to compare the two files on"
+    loss = round(figures.fp32_accuracy - figures.int8_accuracy, 12)  # 0.9 - 0.895 is 0.005 here
+    accuracies = f"test accuracy {figures.int8_accuracy:.4f} against fp32's {figures.fp32_accuracy:.4f}"
+    if not loss <= tolerance:
+        return False, f"{accuracies}, {loss:.4f} lower: beyond the tolerance of {tolerance:g}"
+    speed = f"{figures.int8_rows_per_second:,.0f} rows/s against fp32's {figures.fp32_rows_per_second:,.0f}"
+    if not figures.int8_rows_per_second > figures.fp32_rows_per_second:
+        return False, f"not faster on CPU: {speed}"
+    return True, f"{accuracies}, within {tolerance:g}; {speed}"
+
+
+def figure_record(figures: Int8Figures) -> dict[str, Any]:
+    """The figures as the manifest records them; the row count alone where there were no rows."""
+    if figures.rows == 0:
+        return {"rows": 0}
+    return {
+        "fp32": figures.fp32_accuracy,
+        "int8": figures.int8_accuracy,
+        "rows": figures.rows,
+        "agreement": figures.agreement,
+        "fp32_rows_per_second": figures.fp32_rows_per_second,
+        "int8_rows_per_second": figures.int8_rows_per_second,
+        "speedup": figures.int8_rows_per_second / figures.fp32_rows_per_second,
+        "timing": {
+            "rows": TIMING_ROWS,
+            "rounds": TIMING_ROUNDS,
+            "calls": CALLS_PER_ROUND,
+            "threads": THREADS,
+        },
+    }
+
+
+def with_outcome(manifest: Manifest, check: dict[str, Any], target: Path) -> Manifest:
+    """The manifest with `check` recorded, and the int8 file listed where kept, else a note; what an
+    earlier call recorded replaced."""
+    files = {name: path for name, path in manifest.files.items() if name != EXPORT}
+    digests = {path: digest for path, digest in manifest.digests.items() if path != INT8_FILE}
+    notes = [note for note in manifest.export_notes if not note.startswith(f"{EXPORT} ")]
+    if check["kept"]:
+        files[EXPORT] = INT8_FILE
+        digests[INT8_FILE] = content_digest(target)
+    else:
+        notes.append(f"{EXPORT} not kept: {check['why']}")
+    checks = {**manifest.export_checks, EXPORT: check}
+    return replace(manifest, files=files, digests=digests, export_notes=notes, export_checks=checks)
+
+
+# ---- quantizing -------------------------------------------------------------------------------------------
+
+
+def quantize(source: Path, target: Path) -> list[str]:
+    """Write `source` with the weights of its MatMul and Gemm nodes in int8 to `target`; the names of the
+    int8 weights. ValueError where there were none to quantize."""
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    model = onnx.load(source)
+    one_opset_per_domain(model)
+    with quiet_quantizer():
+        quantize_dynamic(
+            model,
+            target,
+            op_types_to_quantize=list(QUANTIZED_OPS),
+            weight_type=QuantType.QInt8,
+            per_channel=False,
+            reduce_range=True,
+            extra_options={"MatMulConstBOnly": True},
+        )
+    quantized = onnx.load(target)
+    weights = int8_weights(quantized)
+    if not weights:
+        raise ValueError(f"the graph has no {' or '.join(QUANTIZED_OPS)} with constant weights to quantize")
+    onnx.helper.set_model_props(quantized, {prop.key: prop.value for prop in model.metadata_props})
+    for_onnxruntime_floor(quantized)
+    onnx.checker.check_model(quantized, full_check=True)
+    onnx.save(quantized, target)
+    return weights
+
+
+def int8_weights(model) -> list[str]:
+    from onnx import TensorProto
+
+    return [
+        tensor.name
+        for tensor in model.graph.initializer
+        if tensor.data_type == TensorProto.INT8 and not tensor.name.endswith("_zero_point")
+    ]
+
+
+def one_opset_per_domain(model) -> None:
+    """Merging the encoding graph in front of the model imports the default domain twice, at one
+    version; onnxruntime runs that, but its quantizer refuses it."""
+    versions: dict[str, int] = {}
+    for opset in model.opset_import:
+        domain = "" if opset.domain == "ai.onnx" else opset.domain
+        versions[domain] = max(versions.get(domain, 0), opset.version)
+    if len(versions) == len(model.opset_import):
+        return
+    from onnx import helper
+
+    del model.opset_import[:]
+    model.opset_import.extend(helper.make_opsetid(domain, version) for domain, version in versions.items())
+
+
+@contextmanager
+def quiet_quantizer():
+    """The quantizer logs on the root logger that the model was not pre-processed (symbolic shape
+    inference and graph fusions, which matter for transformer models, not for these)."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        root.setLevel(level)
+
+
+# ---- comparing --------------------------------------------------------------------------------------------
+
+
+def compare(
+    fp32: Path, int8: Path, manifest: Manifest, test_rows: str | pa.Table, label_column: str
+) -> Int8Figures:
+    """Both files' accuracy on the test rows, and their rows per second on TIMING_ROWS of them."""
+    sessions = onnx_session(str(fp32)), onnx_session(str(int8))
+    columns, feeds_of = feeder(manifest, [value.name for value in sessions[0].get_inputs()])
+    counts, rows, sample = np.zeros(3, np.int64), 0, None
+    for batch in row_batches(test_rows, [*columns, label_column]):
+        feeds = feeds_of(batch)
+        truth = batch.column(label_column).to_numpy(zero_copy_only=False)
+        predicted = [predicted_codes(session, feeds) for session in sessions]
+        counts += [
+            (predicted[0] == truth).sum(),
+            (predicted[1] == truth).sum(),
+            (predicted[0] == predicted[1]).sum(),
+        ]
+        rows += batch.num_rows
+        sample = feeds if sample is None else sample
+    rates = best_rates(sessions, tiled(sample, TIMING_ROWS)) if rows else (0.0, 0.0)
+    share = counts / rows if rows else np.full(3, np.nan)
+    return Int8Figures(float(share[0]), float(share[1]), *rates, rows=rows, agreement=float(share[2]))
+
+
+def feeder(manifest: Manifest, inputs: list[str]) -> tuple[list[str], Callable[[Any], dict[str, np.ndarray]]]:
+    """The columns a file reads, and its feeds from a batch of them: "features" in the manifest's order,
+    or one input per raw column."""
+    record = manifest.record
+    if inputs == [INPUT]:
+        names = record.feature_names
+        return names, lambda batch: {INPUT: batch_features(batch, names, np.float32)}
+    encoding = FittedEncoding.from_dict(record.encoding)
+    return [column.name for column in encoding.columns], lambda batch: raw_feeds(batch, encoding)
+
+
+def row_batches(test_rows: str | pa.Table, columns: list[str]) -> Iterator[pa.RecordBatch]:
+    if isinstance(test_rows, pa.Table):
+        yield from test_rows.select(columns).to_batches(SCORING_ROWS)
+        return
+    filesystem, path = filesystem_for(test_rows)
+    dataset = ds.dataset(path, filesystem=filesystem, format=parquet_format())
+    yield from dataset.to_batches(columns=columns, batch_size=SCORING_ROWS)
+
+
+def predicted_codes(session, feeds: dict[str, np.ndarray]) -> np.ndarray:
+    """The argmax of each row's probabilities; -1 where they are not all finite (no answer)."""
+    (probabilities,) = session.run(["probabilities"], feeds)
+    finite = np.isfinite(probabilities).all(axis=1)
+    return np.where(finite, probabilities.argmax(axis=1), -1)
+
+
+def tiled(feeds: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
+    """`rows` rows of each feed, its own repeated where it has fewer."""
+    return {name: np.take(values, np.arange(rows) % len(values), axis=0) for name, values in feeds.items()}
+
+
+def best_rates(
+    sessions, feeds: dict[str, np.ndarray], rounds: int = TIMING_ROUNDS, calls: int = CALLS_PER_ROUND
+) -> tuple[float, ...]:
+    """Each session's rows per second on `feeds`, every output asked for, as a server asks: the best of
+    `rounds`, taken in turn, so that other work on the machine lands on both; each after a first run."""
+    rows = len(next(iter(feeds.values())))
+    for session in sessions:
+        session.run(None, feeds)
+    best = [float("inf")] * len(sessions)
+    for _ in range(rounds):
+        for index, session in enumerate(sessions):
+            best[index] = min(best[index], timed(session, feeds, calls))
+    return tuple(rows * calls / seconds for seconds in best)
+
+
+def timed(session, feeds: dict[str, np.ndarray], calls: int) -> float:
+    start = time.perf_counter()
+    for _ in range(calls):
+        session.run(None, feeds)
+    return max(time.perf_counter() - start, 1e-9)
