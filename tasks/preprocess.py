@@ -79,11 +79,12 @@ def preprocess(
     seed: int,
     dataset_fingerprint: str = "",
     column_kinds: dict[str, str] | None = None,
+    split_by: str = "",
 ) -> PreparedData:
     begin_task()
     scratch = Path(current_context().working_directory)
     uri = resolve_dataset(dataset, label_column, scratch)
-    split = SplitConfig(val_fraction=val_fraction, test_fraction=test_fraction, seed=seed)
+    split = SplitConfig(val_fraction=val_fraction, test_fraction=test_fraction, seed=seed, split_by=split_by)
     out_dir = scratch / "prepared"
     prepared = prepare_dataset(uri, label_column, str(out_dir), split, column_kinds)
     table = replace(prepared.table, source=dataset or EMBEDDED_SOURCE)
@@ -115,10 +116,12 @@ def assign_piece_splits(
     dataset_fingerprint: str,
     pieces: list[DataPiece],
     column_kinds: dict[str, str] | None = None,
+    split_by: str = "",
 ) -> PieceSplits:
-    """Every row's class and split, from the label column alone, and the folder the pieces write to."""
+    """Every row's class and split, from the label column (and the `split_by` column) alone, and the
+    folder the pieces write to."""
     begin_task()
-    split = SplitConfig(val_fraction=val_fraction, test_fraction=test_fraction, seed=seed)
+    split = SplitConfig(val_fraction=val_fraction, test_fraction=test_fraction, seed=seed, split_by=split_by)
     assignment = str(Path(current_context().working_directory) / "assignment.npy")
     output = FlyteContextManager.current_context().file_access.get_random_remote_directory()
     layout = assign_pieces(dataset, label_column, split, pieces, output, assignment, column_kinds)

@@ -38,6 +38,7 @@ from tasks.core.validation import (
     embedded_label_problems,
     problems,
     publish_problems,
+    split_by_problems,
 )
 from tasks.hardware import (
     CPU_NODE,
@@ -82,6 +83,7 @@ def prepare_data(
     column_kinds: dict[str, str] | None = None,
     publish_to: str = "",
     promotion: PromotionPolicy | None = None,
+    split_by: str = "",
 ) -> tuple[PreparedData, PreprocessPlan]:
     """Check every input, size the preprocessing from the input's metadata, then preprocess: in one
     pod, or in pieces for an input past the planner's PIECE_BYTES or PIECE_ROWS.
@@ -93,6 +95,7 @@ def prepare_data(
         problems(target, hyperparameters, TARGETS, val_fraction, test_fraction)
         + embedded_label_problems(dataset, label_column)
         + column_kind_problems(column_kinds or {})
+        + split_by_problems(split_by, label_column)
         + publish_problems(publish_to)
         + promotion_problems(promotion or ALWAYS)
     )
@@ -114,6 +117,7 @@ def prepare_data(
         seed=hyperparameters.seed,
         dataset_fingerprint=dataset_fingerprint(dataset) if dataset else EMBEDDED_FINGERPRINT,
         column_kinds=column_kinds or {},
+        split_by=split_by,
     )
     if pieces:
         return preprocess_in_pieces(inputs, pieces, plan, plan_resources), plan

@@ -136,6 +136,7 @@ class EvaluationReport:
             f"trained with {run.framework} ({run.strategy}) on {run.device} x{run.world_size} "
             f"({run.samples_per_second:,.0f} samples/s, {run.train_seconds:.1f}s)",
             *([f"kept epoch {run.kept_epoch}: {run.kept_reason}"] if run.kept_epoch else []),
+            *([f"class weights: {run.config.class_weight}"] if weighted(run) else []),
             f"billed as: {self.billed.describe()}",
             *self.notes,
             f"test rows: {metrics.n_test}  accuracy: {metrics.accuracy:.4f}  balanced accuracy: "
@@ -166,3 +167,8 @@ class EvaluationReport:
 from tasks.plumbing.literal_types import register_boundary_types  # noqa: E402 - it builds on the classes above
 
 register_boundary_types(PreparedData, PieceSplits, TrainedModel, ResourcePlan, EvaluationReport)
+
+
+def weighted(run: TrainingRun) -> bool:
+    """Whether the run weighed its classes' losses (`TrainConfig.class_weight`)."""
+    return run.config is not None and run.config.class_weight != "none"

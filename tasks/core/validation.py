@@ -64,6 +64,16 @@ def split_problems(val_fraction: float, test_fraction: float) -> list[str]:
     ]
 
 
+def split_by_problems(split_by: str, label_column: str) -> list[str]:
+    """The column a time-ordered split goes by; its kind and values are checked when the data is read."""
+    if split_by and split_by == label_column:
+        return [
+            f"input 'split_by' = {split_by!r}: is the label column; name a column of dates, times or "
+            "numbers to split by, or leave it empty for a stratified random split"
+        ]
+    return []
+
+
 def embedded_label_problems(dataset: str, label_column: str) -> list[str]:
     """Without a dataset the embedded digits are used, and their label column is fixed."""
     if dataset or label_column == EMBEDDED_DIGITS_LABEL:

@@ -64,13 +64,23 @@ def test_a_local_run_s_bundle_lasts_in_the_local_models_folder_not_in_flytekit_s
 def test_the_cnn_on_the_multinode_target_is_clamped_to_one_node_beats_the_mlp_and_reaches_098(
     default_digits_run,
 ):
-    """The multinode target run locally: one node of two DDP workers, as for the MLP."""
+    """The multinode target run locally: one node of two DDP workers, as for the MLP. The run asks for
+    the int8 export too, which evaluation decides on and records, kept or not."""
     cnn = ModelSpec("cnn", "1x8x8")
-    report = training_pipeline(target="gpu-multinode", hyperparameters=TrainConfig(model=cnn)).report
+    outputs = training_pipeline(
+        target="gpu-multinode", hyperparameters=TrainConfig(model=cnn), int8_export=True
+    )
+    report = outputs.report
     assert (report.training.framework, report.training.world_size) == ("pytorch", 2)
     assert report.metrics.accuracy >= 0.98
     assert report.metrics.accuracy > default_digits_run.report.metrics.accuracy
     assert report.training.model == cnn and "model: cnn 1x8x8" in report.summary()
+    manifest = json.loads((Path(outputs.model.path) / "bundle.json").read_text())
+    check = manifest["export_checks"]["onnx_int8"]
+    assert check["kept"] == ("onnx_int8" in manifest["files"])
+    assert f"int8 ONNX export {'kept' if check['kept'] else 'not kept'}: {check['why']}" in report.notes
+    assert check["fp32"] == pytest.approx(report.metrics.accuracy)  # the same raw test rows
+    assert manifest["files"]["model_card"] == "MODEL_CARD.md" and "MODEL_CARD.md" in manifest["digests"]
 
 
 @pytest.fixture

@@ -6,9 +6,22 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
 
+from tasks.core.data.column_kinds import (
+    all_iso_instants,
+    blank_as_null,
+    instant_micros,
+    is_instant,
+    is_number,
+    is_text,
+    text_instants,
+)
 from tasks.core.data.files import DatasetError
 from tasks.core.data.labels import looks_continuous
+from tasks.core.data.reading import iter_batches
 from tasks.core.messages import preview, shorten
 
 SPLITS = ("train", "val", "test")
@@ -28,6 +41,9 @@ class SplitConfig:
     val_fraction: float = 0.15
     test_fraction: float = 0.15
     seed: int = 0
+    # A column of dates, times or numbers to split by (`time_assignment`): the earliest rows train, the
+    # latest test. Empty: a stratified random split.
+    split_by: str = ""
 
     def __post_init__(self) -> None:
         for name, value in bad_fractions(self.val_fraction, self.test_fraction).items():
@@ -124,3 +140,131 @@ def assign_splits(codes: np.ndarray, split: SplitConfig) -> np.ndarray:
     assignment[val] = 1
     assignment[test] = 2
     return assignment
+
+
+# ---- a time-ordered split: train on the past, validate and test on the future ----------------------
+
+
+@dataclass
+class SplitTimes:
+    """The `split_by` column of every row as values that sort in time order: int64 microseconds of a
+    date or time (`instant_micros`), else the numbers (int64 or float64); `missing` marks the nulls."""
+
+    column: str
+    values: np.ndarray
+    missing: np.ndarray
+    instants: bool
+
+    @classmethod
+    def of(cls, column: pa.ChunkedArray, name: str, uri: str) -> SplitTimes:
+        """The values of `column`, refused naming it unless it holds dates, times or numbers (text
+        only where every value is an ISO date or time, as a feature column is read as dates)."""
+        column = column.combine_chunks()
+        if pa.types.is_dictionary(column.type):
+            column = column.dictionary_decode()
+        kind = column.type
+        if is_text(kind) and all_iso_instants(column):
+            column = text_instants(blank_as_null(column))
+            kind = column.type
+        if is_instant(kind):
+            return cls(name, instant_micros(column), column.is_null().to_numpy(zero_copy_only=False), True)
+        if is_number(kind):
+            exact = pa.int64() if pa.types.is_integer(kind) else pa.float64()
+            values = pc.cast(column, exact, safe=False).to_numpy(zero_copy_only=False)
+            missing = column.is_null().to_numpy(zero_copy_only=False)
+            if exact == pa.float64():
+                missing |= np.isnan(np.where(missing, 0.0, values))
+            return cls(name, np.where(missing, 0, values).astype(exact.to_pandas_dtype()), missing, False)
+        raise DatasetError(
+            f"{uri}: split_by column {name!r} holds {'text' if is_text(kind) else kind}, not dates, times or numbers: a time-ordered "
+            "split needs a column that orders the rows in time; pick another column or leave split_by empty"
+        )
+
+    def labelled(self, missing_label: np.ndarray) -> SplitTimes:
+        keep = ~missing_label
+        return SplitTimes(self.column, self.values[keep], self.missing[keep], self.instants)
+
+    def describe(self, value: float) -> str:
+        if self.instants:
+            return str(np.datetime_as_string(np.datetime64(int(value), "us"), unit="auto"))
+        return f"{value:g}" if self.values.dtype.kind == "f" else str(int(value))
+
+
+def split_times(
+    datasets: list[ds.Dataset], uri: str, split: SplitConfig, label_column: str
+) -> SplitTimes | None:
+    """The `split.split_by` column of every row, read from `datasets` in turn (the whole input, or its
+    pieces in order); None for a random split. Refused naming the column where the data lacks it."""
+    name = split.split_by
+    if not name:
+        return None
+    schema = datasets[0].schema
+    if name == label_column or name not in schema.names:
+        why = "is the label column" if name == label_column else "is not a column of the data"
+        columns = preview([repr(column) for column in schema.names if column != label_column])
+        raise DatasetError(f"{uri}: split_by column {name!r} {why}; the columns to split by: {columns}")
+    chunks = [
+        batch.column(name) for dataset in datasets for batch in iter_batches(dataset, uri, columns=[name])
+    ]
+    return SplitTimes.of(pa.chunked_array(chunks, type=schema.field(name).type), name, uri)
+
+
+def time_assignment(
+    codes: np.ndarray, class_labels: list[str], times: SplitTimes, split: SplitConfig, uri: str
+) -> tuple[np.ndarray, list[str]]:
+    """Every labelled row's split by its time (`times` of the labelled rows), and a note of the cuts.
+    In time order, the first (1 - val_fraction - test_fraction) of the rows train, the next
+    val_fraction validate and the rest test; rows of equal time stay together, in the earlier split
+    (so a cut among equal values moves the shares a little). Refused where a time is missing, a split
+    would be empty, or the train split lacks a class."""
+    name, n_rows = times.column, len(codes)
+    if times.missing.any():
+        raise DatasetError(
+            f"{uri}: split_by column {name!r} is missing in {int(times.missing.sum()):,} labelled rows; "
+            "a time-ordered split needs the time of every row: fill or drop those rows"
+        )
+    ordered = np.sort(times.values)
+    train_end = round((1.0 - split.val_fraction - split.test_fraction) * n_rows)
+    val_end = round((1.0 - split.test_fraction) * n_rows)
+    cuts = ordered[max(train_end - 1, 0)], ordered[max(val_end - 1, 0)]
+    assignment = np.searchsorted(np.array(cuts), times.values, side="left").astype(np.uint8)
+    check_time_splits(codes, class_labels, assignment, times, uri)
+    first, last = (times.describe(value) for value in (ordered[0], ordered[-1]))
+    low, high = (times.describe(value) for value in cuts)
+    note = (
+        f"split by {name!r} (in time order, not at random): train {first}..{low}, "
+        f"val after {low} up to {high}, test after {high} up to {last}"
+    )
+    return assignment, [note, *classes_held_out_of(codes, class_labels, assignment)]
+
+
+def check_time_splits(
+    codes: np.ndarray, class_labels: list[str], assignment: np.ndarray, times: SplitTimes, uri: str
+) -> None:
+    counts = np.bincount(assignment, minlength=len(SPLITS))
+    for index, name in enumerate(SPLITS):
+        if counts[index] == 0:
+            distinct = len(np.unique(times.values))
+            raise DatasetError(
+                f"{uri}: split by {times.column!r} leaves the {name} split empty: the {len(codes):,} rows "
+                f"hold {distinct:,} distinct values of it, and rows of equal value stay in one split; "
+                f"split by a finer column, or change val_fraction and test_fraction"
+            )
+    missing = np.setdiff1d(np.arange(len(class_labels)), codes[assignment == SPLITS.index("train")])
+    if len(missing):  # a model never shown a class cannot predict it
+        raise DatasetError(
+            f"{uri}: split by {times.column!r}, the train split (the earliest rows) has no row of class "
+            f"{preview([repr(class_labels[i]) for i in missing])}; add earlier rows of that class, lower "
+            "val_fraction and test_fraction, or leave split_by empty for a stratified split"
+        )
+
+
+def classes_held_out_of(codes: np.ndarray, class_labels: list[str], assignment: np.ndarray) -> list[str]:
+    """Notes on the held-out splits that lack a class, as a split in time order may."""
+    notes = []
+    for index, name in enumerate(SPLITS[1:], start=1):
+        absent = np.setdiff1d(np.arange(len(class_labels)), codes[assignment == index])
+        if len(absent):
+            classes = preview([repr(class_labels[i]) for i in absent])
+            notes.append(f"the {name} split (split by time) has no row of class {classes}")
+    return notes

@@ -5,7 +5,8 @@ the same way wherever rows are encoded (training, evaluation, scoring of raw row
 2. `batch_stats` gives the statistics of a batch's train rows; `EncodingStats.merge` adds those of the
    batches and pieces up exactly (column_stats.py), so a split run fits what one pass fits.
 3. `EncodingStats.fit` gives the `FittedEncoding`, whose `transform` turns any batch holding the feature
-   columns (in any order, among others) into float64 rows; `to_dict` stores it in a bundle's manifest.
+   columns (in any order, among others) into float64 rows, and `transform_scaled` into the standardised
+   float32 features a prepared split holds; `to_dict` stores it in a bundle's manifest.
 
 The rules:
 - Numbers: a missing value (null or NaN) takes the train mean, and `name<missing>` (1 where missing)
@@ -199,9 +200,16 @@ class NumberEncoding:
     def names(self, name: str) -> list[str]:
         return [name, *missing_name(name, self.indicator)]
 
-    def encode(self, values: np.ndarray) -> np.ndarray:
+    def width(self) -> int:
+        return 1 + self.indicator
+
+    def write(self, values: np.ndarray, out: np.ndarray) -> None:
         missing = np.isnan(values)
-        return with_indicator(np.where(missing, self.fill, values)[:, None], missing, self.indicator)
+        out[:, 0] = np.where(missing, self.fill, values)
+        write_indicator(out, missing, self.indicator)
+
+    def write_scaled(self, values: np.ndarray, mean: np.ndarray, scale: np.ndarray, out: np.ndarray) -> None:
+        write_scaled_block(self, values, mean, scale, out)
 
 
 @dataclass
@@ -216,16 +224,28 @@ class CategoryEncoding:
             + ([f"{name}=<missing>"] if self.indicator else [])
         )
 
-    def encode(self, text: pa.Array) -> np.ndarray:
+    def width(self) -> int:
+        return len(self.vocabulary) + 1 + self.indicator
+
+    def codes(self, text: pa.Array) -> np.ndarray:
+        """Each value's one-hot column: its place in the vocabulary, else <other>, or <missing>."""
         other = len(self.vocabulary)
         found = pc.index_in(text, value_set=pa.array(self.vocabulary, pa.string()))
-        found = found.to_numpy(zero_copy_only=False).astype(np.float64)  # NaN: not in the vocabulary
-        codes = np.where(np.isnan(found), other, found).astype(np.int64)
+        codes = pc.fill_null(found, other).to_numpy(zero_copy_only=False).astype(np.intp)
         if self.indicator:
             codes[text.is_null().to_numpy(zero_copy_only=False)] = other + 1
-        one_hot = np.zeros((len(text), other + 1 + self.indicator))
-        one_hot[np.arange(len(text)), codes] = 1.0
-        return one_hot
+        return codes
+
+    def write(self, text: pa.Array, out: np.ndarray) -> None:
+        """Into `out`, zeros (rows x width()), the ones."""
+        out[np.arange(len(text)), self.codes(text)] = 1.0
+
+    def write_scaled(self, text: pa.Array, mean: np.ndarray, scale: np.ndarray, out: np.ndarray) -> None:
+        """Each one-hot column standardised takes one of two values, computed once for 0 and for 1."""
+        zero, one = ((np.array([[0.0], [1.0]]) - mean) / scale).astype(np.float32)
+        out[:] = zero[:, None]
+        codes = self.codes(text)
+        out[codes, np.arange(len(text))] = one[codes]
 
 
 @dataclass
@@ -237,15 +257,19 @@ class DateEncoding:
     def names(self, name: str) -> list[str]:
         return [f"{name}:days", f"{name}:month", f"{name}:weekday", *missing_name(name, self.indicator)]
 
-    def encode(self, micros: np.ndarray) -> np.ndarray:
+    def width(self) -> int:
+        return 3 + self.indicator
+
+    def write(self, micros: np.ndarray, out: np.ndarray) -> None:
         missing = micros == MISSING_INSTANT
         filled = np.where(missing, self.fill, micros)
-        days = (filled - self.origin) / MICROS_PER_DAY
-        month = filled.astype("datetime64[us]").astype("datetime64[M]").astype(np.int64) % 12 + 1
-        weekday = (filled // MICROS_PER_DAY + 3) % 7  # 1970-01-01 was a Thursday
-        return with_indicator(
-            np.column_stack([days, month, weekday]).astype(np.float64), missing, self.indicator
-        )
+        out[:, 0] = (filled - self.origin) / MICROS_PER_DAY
+        out[:, 1] = filled.astype("datetime64[us]").astype("datetime64[M]").astype(np.int64) % 12 + 1
+        out[:, 2] = (filled // MICROS_PER_DAY + 3) % 7  # 1970-01-01 was a Thursday
+        write_indicator(out, missing, self.indicator)
+
+    def write_scaled(self, micros: np.ndarray, mean: np.ndarray, scale: np.ndarray, out: np.ndarray) -> None:
+        write_scaled_block(self, micros, mean, scale, out)
 
 
 ColumnEncoder = NumberEncoding | CategoryEncoding | DateEncoding
@@ -261,8 +285,26 @@ def missing_name(name: str, indicator: bool) -> list[str]:
     return [f"{name}<missing>"] if indicator else []
 
 
-def with_indicator(block: np.ndarray, missing: np.ndarray, indicator: bool) -> np.ndarray:
-    return np.column_stack([block, missing.astype(np.float64)]) if indicator else block
+def write_indicator(out: np.ndarray, missing: np.ndarray, indicator: bool) -> None:
+    """The missing indicator, where there is one, in the block's last column."""
+    if indicator:
+        out[:, -1] = missing
+
+
+def write_scaled_block(
+    encoder: NumberEncoding | DateEncoding,
+    values: np.ndarray,
+    mean: np.ndarray,
+    scale: np.ndarray,
+    out: np.ndarray,
+) -> None:
+    """The encoder's few columns in float64, standardised as `scaling.standardise` does, into `out`
+    (width x rows, float32): the assignment casts as its `astype` does."""
+    block = np.zeros((len(values), encoder.width()))
+    encoder.write(values, block)
+    block -= mean
+    block /= scale
+    out[:] = block.T
 
 
 @dataclass
@@ -272,8 +314,22 @@ class ColumnEncoding:
     encoder: ColumnEncoder
     missing_share: float = 0.0  # of the train rows: what the data Deck shows, not used to encode
 
-    def encode(self, column: pa.Array | pa.ChunkedArray, first_row: int, source: str) -> np.ndarray:
-        return self.encoder.encode(canonical(self.kind, column, Place(self.name, first_row, source)))
+    def write(self, column: pa.Array | pa.ChunkedArray, out: np.ndarray, first_row: int, source: str) -> None:
+        """The column's encoded features into `out`, zeros (rows x its width)."""
+        self.encoder.write(canonical(self.kind, column, Place(self.name, first_row, source)), out)
+
+    def write_scaled(
+        self,
+        column: pa.Array,
+        mean: np.ndarray,
+        scale: np.ndarray,
+        out: np.ndarray,
+        first_row: int,
+        source: str,
+    ) -> None:
+        """The column's encoded features standardised by `mean` and `scale` into `out` (width x rows)."""
+        values = canonical(self.kind, column, Place(self.name, first_row, source))
+        self.encoder.write_scaled(values, mean, scale, out)
 
     def to_dict(self) -> dict:
         return {
@@ -303,8 +359,30 @@ class FittedEncoding:
         """The batch's rows encoded (rows x len(encoded_names()), float64); other columns are ignored.
         Errors name a bad value's row as `first_row` plus its index in the batch, and `source`."""
         check_columns(batch.schema.names, [column.name for column in self.columns], source)
-        blocks = [column.encode(batch.column(column.name), first_row, source) for column in self.columns]
-        return np.column_stack(blocks)
+        widths = [column.encoder.width() for column in self.columns]
+        out = np.zeros((batch.num_rows, sum(widths)))  # written in place: stacking blocks copied each twice
+        start = 0
+        for column, width in zip(self.columns, widths, strict=True):
+            column.write(batch.column(column.name), out[:, start : start + width], first_row, source)
+            start += width
+        return out
+
+    def transform_scaled(
+        self, batch: pa.RecordBatch, mean: np.ndarray, scale: np.ndarray, first_row: int = 0, source: str = ""
+    ) -> np.ndarray:
+        """`transform`'s rows standardised by `mean` and `scale` (float64, one per encoded feature) as
+        `scaling.standardise` does, bit for bit, laid out by feature: features x rows, float32. One-hot
+        columns are never built in float64; a value beyond float32's range becomes inf."""
+        check_columns(batch.schema.names, [column.name for column in self.columns], source)
+        out = np.empty((len(mean), batch.num_rows), dtype=np.float32)
+        start = 0
+        for column in self.columns:
+            part = slice(start, start + column.encoder.width())
+            column.write_scaled(
+                batch.column(column.name), mean[part], scale[part], out[part], first_row, source
+            )
+            start = part.stop
+        return out
 
     def to_dict(self) -> dict:
         return {

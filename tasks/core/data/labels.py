@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
@@ -141,13 +142,23 @@ def typed_labels(class_labels: list[str], kind: str) -> list:
 def encode_labels(labels: np.ndarray, uri: str, label_column: str) -> tuple[np.ndarray, list[str]]:
     if not len(labels):
         raise DatasetError(f"{uri}: label column '{label_column}' has no value (each is empty, null or NaN)")
-    classes, codes = np.unique(labels, return_inverse=True)
+    classes, codes = sorted_classes(labels)
     if len(classes) < 2:
         raise DatasetError(
             f"{uri}: label column '{label_column}' has a single class ({shorten(repr(classes[0]))}); "
             "classification needs at least 2"
         )
-    return codes.astype(np.int64), [str(c) for c in classes]
+    return codes, [str(c) for c in classes]
+
+
+def sorted_classes(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`np.unique(labels, return_inverse=True)`, from a hash table rather than a sort of every row: the
+    distinct labels, sorted, and each row's place among them."""
+    codes, classes = pd.factorize(labels)
+    order = np.argsort(classes, kind="stable")
+    rank = np.empty(len(order), dtype=np.int64)
+    rank[order] = np.arange(len(order))
+    return np.asarray(classes)[order], np.take(rank, codes, out=codes)
 
 
 def label_case_warnings(class_labels: list[str]) -> list[str]:

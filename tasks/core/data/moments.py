@@ -32,7 +32,8 @@ class FeatureMoments:
         if not len(rows):
             return cls.empty(rows.shape[1])
         mean = rows.mean(axis=0)
-        m2 = ((rows - mean) ** 2).sum(axis=0)
+        deviations = rows - mean
+        m2 = np.square(deviations, out=deviations).sum(axis=0)
         return cls(len(rows), mean, m2, rows.min(axis=0), rows.max(axis=0))
 
     def merge(self, other: FeatureMoments) -> FeatureMoments:

@@ -2,8 +2,8 @@
 
 1. `plan_pieces` cuts the input, from its metadata, into contiguous pieces: runs of its part files, or
    of a parquet file's row groups, of about equal size.
-2. `assign_pieces` reads only the label column, of every piece in turn, and decides every row's class
-   and split exactly as one pod does (`RowSplit`); it saves the split assignment (one byte a row) and
+2. `assign_pieces` reads only the label column (and a time column to split by), of every piece in
+   turn, and decides every row's class and split exactly as one pod does (`RowSplit`); it saves the split assignment (one byte a row) and
    notes where each piece's rows start in it. It proposes the feature columns' kinds from the input's
    first batch, as one pod does.
 3. `piece_stats`: each piece reads its feature values as their kinds (refusing a bad one by its row in
@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from tasks.core.data.assignment import SPLITS, SplitConfig
+from tasks.core.data.assignment import SPLITS, SplitConfig, split_times
 from tasks.core.data.column_kinds import ColumnKind
 from tasks.core.data.columns import feature_columns, non_feature_columns
 from tasks.core.data.encoding import EncodingStats
@@ -144,8 +144,9 @@ def assign_pieces(
     assignment_file: str,
     column_kinds: Mapping[str, str] | None = None,
 ) -> PieceLayout:
-    """Every row's class and split from the label column alone, as `prepare_dataset` decides them; the
-    assignment is saved to `assignment_file` (.npy, one byte a row)."""
+    """Every row's class and split from the label column alone (and the `split.split_by` column, read
+    piece by piece in the input's order: the cuts come from every row's value, as in one pod), as
+    `prepare_dataset` decides them; the assignment is saved to `assignment_file` (.npy, one byte a row)."""
     dataset = open_dataset(uri, label_column)
     left_out = non_feature_columns(dataset, uri, label_column)
     columns = feature_columns(dataset.schema, label_column, uri, left_out)
@@ -154,7 +155,8 @@ def assign_pieces(
     first_rows = np.cumsum([0] + [len(column) for column in labels]).tolist()
     whole = pa.chunked_array([chunk for column in labels for chunk in column.chunks], type=labels[0].type)
     from_csv = isinstance(dataset.format, ds.CsvFileFormat)
-    rows = RowSplit.of(clean_labels(whole, uri, label_column, from_csv), uri, label_column, split)
+    times = split_times([piece_dataset(dataset, piece) for piece in pieces], uri, split, label_column)
+    rows = RowSplit.of(clean_labels(whole, uri, label_column, from_csv), uri, label_column, split, times)
     np.save(assignment_file, rows.assignment)
     table = rows.table(columns, label_column, uri, left_out)
     return PieceLayout(uri, table, pieces, first_rows, output, kinds)

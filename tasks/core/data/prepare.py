@@ -26,8 +26,11 @@ from tasks.core.data.assignment import (
     SPLITS,
     UNLABELLED,
     SplitConfig,
+    SplitTimes,
     check_split_sizes,
     checked_assignment,
+    split_times,
+    time_assignment,
 )
 from tasks.core.data.column_kinds import ColumnKind, is_text, propose_kinds
 from tasks.core.data.columns import feature_columns, non_feature_columns
@@ -44,9 +47,8 @@ from tasks.core.data.labels import (
 from tasks.core.data.reading import iter_batches, open_dataset
 from tasks.core.data.scaling import (
     ScalerStats,
-    check_standardised,
     fitted_scaler,
-    standardise,
+    standardised_features,
     train_moments,
 )
 from tasks.core.data.splits import SplitPaths
@@ -154,16 +156,16 @@ def write_splits(
         for batch in iter_batches(dataset, uri, columns=table.columns):
             rows = slice(offset, offset + batch.num_rows)
             offset += batch.num_rows
-            encoded = encoding.transform(batch, first_row + rows.start, uri)
-            with np.errstate(over="ignore"):  # refused by name below
-                scaled = standardise(encoded, table.scaler)
-            check_standardised(scaled, encoded, features, first_row + rows.start, uri)
+            scaled = standardised_features(
+                encoding, batch, table.scaler, features, first_row + rows.start, uri
+            )
+            scaled_batch = feature_batch(scaled, schemas["train"])
             hashes = row_hashes(batch, hashed, codes[rows])
             for index, name in enumerate(SPLITS):
                 keep = assignment[rows] == index
                 if keep.any():
                     labels = pa.array(codes[rows][keep], pa.int64())
-                    rows_kept = raw_rows(batch, keep) if name == RAW_SPLIT else scaled_rows(scaled, keep)
+                    rows_kept = raw_rows(batch if name == RAW_SPLIT else scaled_batch, keep)
                     part = pa.Table.from_arrays([*rows_kept, labels], schema=schemas[name])
                     writers[name].write_table(part, row_group_size=SPLIT_ROW_GROUP_ROWS)
                     hash_sinks[name].write(hashes[keep].astype("<u8", copy=False).tobytes())
@@ -176,9 +178,10 @@ def raw_rows(batch: pa.RecordBatch, keep: np.ndarray) -> list[pa.Array]:
     return batch.filter(pa.array(keep)).columns
 
 
-def scaled_rows(scaled: np.ndarray, keep: np.ndarray) -> list[pa.Array]:
-    by_column = np.ascontiguousarray(scaled[keep].T)  # one copy; each row is a column
-    return [pa.array(column) for column in by_column]
+def feature_batch(scaled: np.ndarray, schema: pa.Schema) -> pa.RecordBatch:
+    """The standardised features (features x rows) as a batch of the split's feature columns, each a
+    view of its values; Arrow then filters each split's rows in one copy."""
+    return pa.RecordBatch.from_arrays([pa.array(values) for values in scaled], names=schema.names[:-1])
 
 
 def split_writer(path: str, schema: pa.Schema) -> pq.ParquetWriter:
@@ -210,17 +213,30 @@ def row_hashes(batch: pa.RecordBatch, columns: list[str], codes: np.ndarray) -> 
 
 
 def column_hashes(column: pa.Array) -> np.ndarray:
-    """A 64-bit hash of each value: numbers by value (a null float as NaN), anything else by its text."""
+    """A 64-bit hash of each value: numbers by value (a null float as NaN), dates and times by their
+    integer value in the column's type, anything else by its text."""
     if pa.types.is_dictionary(column.type):
         column = column.dictionary_decode()
+    if pa.types.is_temporal(column.type):  # making text of each instant took most of a row's hashing
+        column = column.view(pa.int64() if column.type.bit_width == 64 else pa.int32())
     if pa.types.is_floating(column.type):
         return pd.util.hash_array(pc.cast(column, pa.float64()).to_numpy(zero_copy_only=False))
     if pa.types.is_integer(column.type) or pa.types.is_boolean(column.type):
         values = pc.fill_null(pc.cast(column, pa.int64(), safe=False), 0).to_numpy()
         nulls = column.is_null().to_numpy(zero_copy_only=False)
         return np.where(nulls, NULL_HASH, pd.util.hash_array(values))
-    texts = column if is_text(column.type) else pc.cast(column, pa.string())
-    return pd.util.hash_array(texts.to_numpy(zero_copy_only=False))
+    if is_text(column.type):
+        return text_hashes(column)
+    return pd.util.hash_array(pc.cast(column, pa.string()).to_numpy(zero_copy_only=False))
+
+
+def text_hashes(column: pa.Array) -> np.ndarray:
+    """Each value's hash, as pandas hashes an object array of the texts: each distinct value is made a
+    Python string and hashed once (a null as pandas hashes None)."""
+    encoded = pc.dictionary_encode(column)
+    texts = np.array([*encoded.dictionary.to_pylist(), None], dtype=object)
+    at = encoded.indices.fill_null(len(encoded.dictionary)).to_numpy(zero_copy_only=False)
+    return pd.util.hash_array(texts)[at]
 
 
 def hash_files(out_dir: str, part: int = 0) -> dict[str, str]:
@@ -323,17 +339,24 @@ class RowSplit:
     notes: list[str] = field(default_factory=list)  # the rows left out for want of a label
 
     @classmethod
-    def of(cls, labels: Labels, uri: str, label_column: str, split: SplitConfig) -> RowSplit:
-        """From the cleaned labels of every row (`clean_labels`), refusing a split the rows cannot fill."""
+    def of(
+        cls, labels: Labels, uri: str, label_column: str, split: SplitConfig, times: SplitTimes | None = None
+    ) -> RowSplit:
+        """From the cleaned labels of every row (`clean_labels`), refusing a split the rows cannot fill;
+        with the `times` of every row (`split_times`), in time order rather than at random."""
         codes, class_labels = encode_labels(labels.values, uri, label_column)
-        check_split_sizes(codes, class_labels, split, uri, label_column)
-        assignment = checked_assignment(codes, class_labels, split, uri)
+        if times is None:
+            check_split_sizes(codes, class_labels, split, uri, label_column)
+            assignment, notes = checked_assignment(codes, class_labels, split, uri), []
+        else:
+            labelled = times.labelled(labels.missing)
+            assignment, notes = time_assignment(codes, class_labels, labelled, split, uri)
         return cls(
             every_row(codes, labels.missing, -1),
             class_labels,
             label_kind(labels.values),
             every_row(assignment, labels.missing, UNLABELLED),
-            labels.note(label_column),
+            [*labels.note(label_column), *notes],
         )
 
     def table(
@@ -423,7 +446,7 @@ def prepare_dataset(
     kinds = feature_kinds(dataset, uri, columns, column_kinds)
     from_csv = isinstance(dataset.format, ds.CsvFileFormat)
     labels = clean_labels(scan_labels(dataset, uri, label_column), uri, label_column, from_csv)
-    rows = RowSplit.of(labels, uri, label_column, split)
+    rows = RowSplit.of(labels, uri, label_column, split, split_times([dataset], uri, split, label_column))
     encoding = fit_encoding(train_encoding_stats(dataset, uri, kinds, rows.assignment), uri)
     table = with_encoding(rows.table(columns, label_column, uri, left_out), encoding)
     moments = train_moments(dataset, uri, table.fitted_encoding(), rows.assignment)

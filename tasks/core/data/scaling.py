@@ -34,6 +34,26 @@ def standardise(raw: np.ndarray, scaler: ScalerStats) -> np.ndarray:
         return scaled.astype(np.float32)
 
 
+def standardised_features(
+    encoding: FittedEncoding,
+    batch: pa.RecordBatch,
+    scaler: ScalerStats,
+    features: list[str],
+    first_row: int,
+    uri: str,
+) -> np.ndarray:
+    """The batch's rows encoded and standardised, features x rows (float32): what `standardise` gives
+    of `encoding.transform`, bit for bit, written in one pass (`FittedEncoding.transform_scaled`).
+    A value beyond float32's range is refused as `check_standardised` refuses it."""
+    mean, scale = np.asarray(scaler.mean, dtype=np.float64), np.asarray(scaler.scale, dtype=np.float64)
+    with np.errstate(over="ignore"):  # refused by name below
+        scaled = encoding.transform_scaled(batch, mean, scale, first_row, uri)
+    if not np.isfinite(scaled).all():
+        raw = encoding.transform(batch, first_row, uri)
+        check_standardised(standardise(raw, scaler), raw, features, first_row, uri)
+    return scaled
+
+
 def batch_features(
     batch: pa.RecordBatch | pa.Table, features: list[str], dtype: type = np.float32
 ) -> np.ndarray:

@@ -6,6 +6,8 @@ import json
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from tasks.core.messages import raise_for
 from tasks.core.models.plugins import ModelSpec, spec_problems
 from tasks.core.strict_json import fits, instantiate, shape_problems
@@ -23,6 +25,9 @@ DATA_PLACEMENTS = ("auto", "device", "host", "stream")
 KEEP = ("best", "last")
 # The validation metrics an epoch can be chosen by, and which way is better.
 SELECTION_METRICS = {"val_loss": "lowest", "val_accuracy": "highest"}
+# How each class's rows weigh in the loss: alike ("none"), or "balanced", scikit-learn's
+# n_rows / (n_classes x class rows), counted on the train split (`class_weights`).
+CLASS_WEIGHTS = ("none", "balanced")
 # Each integer field's range: the seed is numpy's; the others fit int64 arithmetic and timedelta with room.
 INT_RANGES = {
     "epochs": (1, 10**6),
@@ -88,6 +93,8 @@ class TrainConfig:
     selection_metric: str = "val_loss"
     # Stop after this many epochs in a row without a better `selection_metric` (0: never stop early).
     patience: int = 0
+    # CLASS_WEIGHTS: "balanced" weighs a rare class's rows up in the train and validation loss.
+    class_weight: str = "none"
 
     @classmethod
     def from_json(cls, text: str) -> TrainConfig:
@@ -111,6 +118,7 @@ class TrainConfig:
             ("keep", self.keep in KEEP, f"not one of {', '.join(KEEP)}"),
             ("selection_metric", self.selection_metric in SELECTION_METRICS,
              f"not one of {', '.join(SELECTION_METRICS)}"),
+            ("class_weight", self.class_weight in CLASS_WEIGHTS, f"not one of {', '.join(CLASS_WEIGHTS)}"),
         ]  # fmt: skip
         found: dict[str, str] = {}
         for name, ok, rule in rules:
@@ -163,6 +171,33 @@ class TrainConfig:
                 f"({micro} x {self.grad_accum_steps}); lower batch_size"
             )
         return rows // (micro * self.grad_accum_steps)
+
+
+def class_weights(scheme: str, train_counts: np.ndarray) -> np.ndarray | None:
+    """Each class's loss weight under `scheme` (CLASS_WEIGHTS) from the train split's rows per class;
+    None for "none". "balanced" is scikit-learn's n_rows / (n_classes x count): over the train rows
+    the weights sum to n_rows, so a weighted loss summed and divided by the rows keeps the unweighted
+    loss's scale. A class absent from the train split (which preprocessing refuses) weighs 0."""
+    if scheme == "none":
+        return None
+    counts = np.asarray(train_counts, dtype=np.float64)
+    with np.errstate(divide="ignore"):
+        weights = counts.sum() / (len(counts) * counts)
+    return np.where(counts > 0, weights, 0.0)
+
+
+def describe_class_weights(weights: np.ndarray | None, class_labels: list[str] | None = None) -> str:
+    """The weighting as a line says it, e.g. "class weights balanced: 0.526 ('a'), 10 ('b')"; classes
+    by their codes where no labels are given (the training loops know the codes alone)."""
+    if weights is None:
+        return "class weights: none"
+    labels = (
+        [repr(label) for label in class_labels]
+        if class_labels
+        else [f"class {c}" for c in range(len(weights))]
+    )
+    shown = [f"{weight:.3g} ({label})" for weight, label in zip(weights, labels, strict=True)]
+    return "class weights balanced: " + ", ".join(shown[:10]) + (", ..." if len(shown) > 10 else "")
 
 
 def scheduled_learning_rate(schedule: str, peak: float, step, total_steps: int, cos=math.cos):

@@ -20,7 +20,12 @@ import tensorflow as tf
 from tasks.core.data.splits import SplitPaths, read_split
 from tasks.core.models.keras_models import save_keras_artifact
 from tasks.core.models.plugins import InputSpec, TrainingDiverged, build, input_spec_for
-from tasks.core.training.config import TrainConfig, scheduled_learning_rate
+from tasks.core.training.config import (
+    TrainConfig,
+    class_weights,
+    describe_class_weights,
+    scheduled_learning_rate,
+)
 from tasks.core.training.precision import for_keras
 from tasks.core.training.preemption import PreemptionNotice
 from tasks.core.training.progress import EpochChoice, TrainingProgress, log_epoch
@@ -60,8 +65,11 @@ class BatchSpec:
     drop_remainder: bool
 
 
-def batches(features, labels, spec: BatchSpec, epoch: int = 0, skip: int = 0) -> tf.data.Dataset:
-    """One epoch of batches gathered from in-memory arrays by row index, from its `skip`-th batch on.
+def batches(
+    features, labels, spec: BatchSpec, epoch: int = 0, skip: int = 0, class_weights=None
+) -> tf.data.Dataset:
+    """One epoch of batches gathered from in-memory arrays by row index, from its `skip`-th batch on;
+    with `class_weights`, each row's class weight as its sample weight, which the loss alone takes.
 
     Shuffling permutes row indices once per epoch rather than passing every row through a
     full-size `shuffle` buffer (per-row host work every epoch). The permutation is a pure function
@@ -77,6 +85,10 @@ def batches(features, labels, spec: BatchSpec, epoch: int = 0, skip: int = 0) ->
         )
         rows = batch_rows(order[skip * spec.size :], spec.size, spec.drop_remainder)
     gather = lambda rows: (tf.gather(features, rows), tf.gather(labels, rows))  # noqa: E731
+    if class_weights is not None:
+        weights = tf.constant(class_weights, tf.float32)
+        unweighted = gather
+        gather = lambda rows: (*unweighted(rows), tf.gather(weights, tf.gather(labels, rows)))  # noqa: E731
     return rows.map(gather, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
 
 
@@ -109,12 +121,17 @@ def read_keras_data(splits: SplitPaths, config: TrainConfig, replicas: int, stat
     `grad_accum_steps` batches each, as in the torch loop (`TrainConfig.steps_per_epoch`)."""
     x, y = read_split(splits.train, splits.feature_names, splits.label_column)
     vx, vy = read_split(splits.val, splits.feature_names, splits.label_column)
+    weights = class_weights(config.class_weight, np.bincount(y, minlength=splits.n_classes))
+    if weights is not None:
+        log.info("%s", describe_class_weights(weights))
     steps = config.steps_per_epoch(len(y)) * config.grad_accum_steps
     batch = config.micro_batch_size(replicas) * replicas
     with tf.device("/cpu:0"):  # copied into tensors once; each epoch's `fit` gathers batches from them
         x, y = tf.constant(x), tf.constant(y)
-    train_epoch = partial(batches, x, y, BatchSpec(batch, config.seed, shuffle=True, drop_remainder=True))
-    val_data = batches(vx, vy, BatchSpec(batch, config.seed, shuffle=False, drop_remainder=static_shapes))
+    train_spec = BatchSpec(batch, config.seed, shuffle=True, drop_remainder=True)
+    train_epoch = partial(batches, x, y, train_spec, class_weights=weights)
+    val_spec = BatchSpec(batch, config.seed, shuffle=False, drop_remainder=static_shapes)
+    val_data = batches(vx, vy, val_spec, class_weights=weights)
     return KerasData(train_epoch, val_data, steps, batch)
 
 
@@ -490,6 +507,7 @@ def train_keras(
     run = TrainingRun(
         framework="tensorflow",
         model=config.model,
+        config=config,
         device=describe_device(kind, env),
         world_size=replicas,
         backend=step_compiler(kind, env.gpu_count),

@@ -42,19 +42,21 @@ from datetime import timedelta
 from typing import TypeVar
 
 import numpy as np
+import pyarrow.dataset as ds
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from tasks.core.data.files import parquet_format
 from tasks.core.data.splits import SplitPaths
 from tasks.core.messages import one_line
 from tasks.core.models.memory import ddp_bucket_cap_mb
 from tasks.core.models.plugins import TrainingDiverged, build, input_spec_for
 from tasks.core.models.torch_models import save_torch_artifact
 from tasks.core.training.checkpoint import TrainingCheckpoint
-from tasks.core.training.config import TrainConfig
+from tasks.core.training.config import TrainConfig, class_weights, describe_class_weights
 from tasks.core.training.devices import DeviceFamily, family_of, local_family
 from tasks.core.training.precision import for_torch
 from tasks.core.training.preemption import PreemptionNotice
@@ -95,6 +97,7 @@ def train(
         torch.use_deterministic_algorithms(True)
     training_rows, model = agreed_set_up(lambda: set_up(config, splits, ctx), ctx)
     state = LoopState.start(config, ctx, model, training_rows, checkpoint, preemption)
+    state.class_weights = loss_weights(config, splits, ctx)
     progress, eval_batch = state.progress, max(config.micro_batch_size(ctx.world_size), 1024)
     board = event_writer(log_dir) if log_dir and ctx.rank == 0 else None
 
@@ -108,7 +111,7 @@ def train(
         training_seconds += time.perf_counter() - epoch_start  # the loop alone: no validation, no saving
         share_rank0_buffers(model, ctx)
         val_loss, val_acc = evaluate_shard(
-            state.ddp_model, training_rows.validation(eval_batch), ctx, state.dtype
+            state.ddp_model, training_rows.validation(eval_batch), ctx, state.dtype, state.class_weights
         )
         samples += seen
         metrics = EpochMetrics(epoch + 1, train_loss, train_acc, val_loss, val_acc)
@@ -280,6 +283,8 @@ class LoopState:
     # attempt resumed from a checkpoint (`on_fast_path`).
     guarded_until: int = GUARDED_STEPS
     guarded_until_save: bool = False
+    # Each class's loss weight on the device (`config.class_weight`); None: every row weighs alike.
+    class_weights: torch.Tensor | None = None
 
     @property
     def choice(self) -> EpochChoice:
@@ -427,7 +432,7 @@ class LoopState:
             with model.no_sync() if ddp and not synced else nullcontext():
                 with autocast:
                     logits = model(x)
-                    loss = F.cross_entropy(logits.float(), y)
+                    loss = mean_loss(logits.float(), y, self.class_weights)
                 share = loss if len(chunks) == 1 else loss * (len(y) / len(batch[1]))
                 self.scaler.scale(share).backward()
             totals.add(loss.detach() * len(y), logits, y)
@@ -536,6 +541,7 @@ class LoopState:
         run = TrainingRun(
             framework="pytorch",
             model=config.model,
+            config=config,
             device=ctx.family.describe(ctx.device),
             world_size=ctx.world_size,
             backend=ctx.backend,
@@ -710,15 +716,39 @@ def share_rank0_buffers(model: nn.Module, ctx: DistributedContext) -> None:
             dist.broadcast(buffer, src=0)
 
 
+def loss_weights(config: TrainConfig, splits: SplitPaths, ctx: DistributedContext) -> torch.Tensor | None:
+    """The class weights `config.class_weight` asks for, from the whole train split's labels (every
+    rank reads them, so all weigh alike); None where no weighting is asked for."""
+    if config.class_weight == "none":
+        return None
+    labels = ds.dataset(splits.train, format=parquet_format()).to_table(columns=[splits.label_column])
+    counts = np.bincount(labels.column(0).to_numpy(), minlength=splits.n_classes)
+    weights = class_weights(config.class_weight, counts)
+    if ctx.rank == 0:
+        log.info("%s", describe_class_weights(weights))
+    return torch.tensor(weights, dtype=torch.float32, device=ctx.device)
+
+
+def mean_loss(logits: torch.Tensor, y: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+    """Cross-entropy averaged over the rows; with class `weights`, each row's weighted and the sum
+    divided by the rows, not by the weights' sum as torch's weighted mean does: a step's loss is then
+    the sum of its micro-batches' shares whatever their split, as out-of-memory halving needs."""
+    if weights is None:
+        return F.cross_entropy(logits, y)
+    return (F.cross_entropy(logits, y, reduction="none") * weights[y]).mean()
+
+
 @torch.no_grad()
-def evaluate_shard(model: nn.Module, batches, ctx, dtype) -> tuple[float, float]:
-    """Mean loss and accuracy over every rank's `batches` of (x, y) on the device."""
+def evaluate_shard(model: nn.Module, batches, ctx, dtype, weights=None) -> tuple[float, float]:
+    """Mean loss and accuracy over every rank's `batches` of (x, y) on the device; with class
+    `weights`, the loss weighted as in training (`mean_loss`), so that the two compare."""
     model.eval()
     totals, n_rows = Totals(ctx.device), 0
     for xb, yb in batches:
         with torch.autocast(ctx.device.type, dtype=dtype, enabled=dtype is not None):
             logits = model(xb)
-        totals.add(F.cross_entropy(logits.float(), yb, reduction="sum"), logits, yb)
+        losses = F.cross_entropy(logits.float(), yb, reduction="none" if weights is not None else "sum")
+        totals.add(losses if weights is None else (losses * weights[yb]).sum(), logits, yb)
         n_rows += len(yb)
     loss_sum, correct, count = totals.all_reduced(n_rows, ctx)
     return loss_sum / count, correct / count

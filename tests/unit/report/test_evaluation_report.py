@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from tasks.core.report.metrics import classification_metrics
+from tasks.core.training.config import TrainConfig
 from tasks.core.training.records import Hardware, TrainingRun
 from tasks.plumbing import decks
 from tasks.types import EvaluationReport
@@ -85,3 +88,10 @@ def test_a_model_above_the_majority_class_gets_no_note_and_its_balanced_accuracy
     assert metrics.balanced_accuracy == pytest.approx((5 / 6 + 1 + 1) / 3)
     report = report_for(3, rows=300)
     assert f"balanced accuracy: {report.metrics.balanced_accuracy:.4f}  macro-F1" in report.summary()
+
+
+@pytest.mark.parametrize("class_weight, shown", [("balanced", True), ("none", False)])
+def test_the_summary_names_a_class_weighting_only_where_one_was_used(class_weight, shown):
+    report = report_for(3, rows=90)
+    report.training = replace(report.training, config=TrainConfig(class_weight=class_weight))
+    assert ("class weights: balanced" in report.summary()) is shown
