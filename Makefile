@@ -27,7 +27,7 @@ PACKAGE := dist/mixedml-flyte-package.tgz
 SCHEDULES ?= deploy/schedules.yaml
 SCHEDULES_ENV = MIXEDML_SCHEDULES=$(abspath $(SCHEDULES))
 
-.PHONY: install run test test-fast lint format clean images images-check push package register browser bench gpu-check serving-check
+.PHONY: install run test test-heavy test-all test-fast lint format clean images images-check push package register browser bench gpu-check serving-check
 
 install: $(STAMP)
 
@@ -55,7 +55,16 @@ lint: install
 TEST_WORKERS ?= 2
 PYTEST := $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
 
+# `make test` leaves out the tests marked `heavy` (minutes of CPU each: the README's commands, the
+# benchmark smokes, pods killed and retried); `make test-heavy` runs those, `make test-all` both. CI
+# runs `make test`, then `make test-heavy`.
 test: lint browser
+	$(PYTEST) -m "not heavy"
+
+test-heavy: install
+	$(PYTEST) -m heavy
+
+test-all: lint browser
 	$(PYTEST)
 
 # The unit folder only, without the tests marked `slow` there (those that train a model for seconds).

@@ -5,6 +5,7 @@ import os
 import shutil
 import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 # Two test workers share the cores with the processes they start (pipelines, DDP workers, pods): one
 # OpenMP thread per process keeps their thread pools from spinning against each other, which cost
@@ -112,9 +113,31 @@ LONGEST_FIRST = ["readme", "pods", "test_smoke_orchestration_prints_every_figure
                  "test_mirrored_strategy_with_two_logical_cpu_devices", "scheduled", "ddp"]  # fmt: skip
 
 
+# Modules whose tests take minutes of CPU between them: `make test-heavy` (and CI, after `make test`)
+# runs them, so that `make test` stays a loop of a few minutes. The paths are from the tests folder.
+HEAVY_MODULES = {
+    "integration/test_readme_commands.py",  # every README command, a real hardware_comparison among them
+    "integration/test_benchmarks.py",  # the benchmark groups at smoke sizes
+    "integration/test_retries.py",  # pods killed mid-epoch and retried from their checkpoints
+    "integration/test_pod_execution.py",  # preprocess, train and evaluate as pods of the package
+    "integration/test_tf_accelerator_guard.py",  # TensorFlow pods on nodes without their accelerator
+    "integration/test_streaming_ddp.py",  # two DDP ranks streaming against device-resident rows
+    "unit/benchmarks/test_gpu_check.py",  # the GPU check's harness, run on CPU in processes of its own
+}
+TESTS = Path(__file__).parent
+
+
+def is_heavy(item: pytest.Item) -> bool:
+    path = Path(str(item.fspath))
+    return path.is_relative_to(TESTS) and path.relative_to(TESTS).as_posix() in HEAVY_MODULES
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks (test_parallel_groups)
 def pytest_collection_modifyitems(items):
     for item in items:
+        if is_heavy(item):
+            item.add_marker(pytest.mark.heavy)
+            item.add_marker(pytest.mark.slow)
         groups = [group for fixture, group in SHARED_RUNS.items() if fixture in item.fixturenames]
         if groups:
             item.add_marker(pytest.mark.xdist_group(groups[0]))
