@@ -18,6 +18,8 @@ from typing import NamedTuple
 from flytekit import current_context, task
 from flytekit.types.directory import FlyteDirectory
 
+from tasks.core.data.prepare import PreparedTable
+from tasks.core.report.metrics import ClassificationMetrics, RegressionMetrics
 from tasks.core.serving.bundle import (
     BundleRecord,
     CodeVersion,
@@ -30,7 +32,7 @@ from tasks.core.serving.bundle import (
 )
 from tasks.core.serving.int8 import add_int8_export
 from tasks.core.serving.model_card import write_model_card
-from tasks.core.serving.scoring import split_metrics
+from tasks.core.serving.scoring import regression_split_metrics, split_metrics
 from tasks.core.training.records import Hardware
 from tasks.hardware import ML_CPU_IMAGE, SMALL_CPU, guaranteed
 from tasks.plumbing.code_version import git_checkout, source_tree_hash
@@ -86,6 +88,13 @@ def bundle_folder(fingerprint: str) -> str:
     return str(root / f"{stamp}-{fingerprint[:8]}")
 
 
+def test_metrics(bundle, test: str, table: PreparedTable) -> ClassificationMetrics | RegressionMetrics:
+    """The test split's figures as the bundle scores its raw rows."""
+    if table.target.regression:
+        return regression_split_metrics(bundle, test, table.label_column)
+    return split_metrics(bundle, test, table.label_column, table.class_labels)
+
+
 # A run's outputs: the report, and the model bundle (tasks/core/serving/bundle.py). The functional form keeps the
 # field types real classes, as flytekit reads them, under postponed annotations.
 Evaluated = NamedTuple("Evaluated", [("report", EvaluationReport), ("model", FlyteDirectory)])  # noqa: UP014
@@ -109,14 +118,17 @@ def evaluate(
     write_bundle(folder, trained.artifact.download(), record, run_provenance(prepared, trained))
     bundle = load_bundle(folder, trusted_builders=[trained.run.model.builder])  # this run's own builder
     test = local_path(prepared.test, "test split")
-    metrics = split_metrics(bundle, test, prepared.table.label_column, prepared.table.class_labels)
+    metrics = test_metrics(bundle, test, prepared.table)
     add_metrics(folder, metrics)
-    int8 = add_int8_export(folder, test, prepared.table.label_column, enabled=int8_export)
+    regression = isinstance(metrics, RegressionMetrics)
+    int8 = add_int8_export(folder, test, prepared.table.label_column, enabled=int8_export and not regression)
     if int8.check is not None:
         notes.append(f"int8 ONNX export {'kept' if int8.kept else 'not kept'}: {int8.why}")
     write_model_card(folder)  # once the metrics and the exports are in the manifest
     report = EvaluationReport(
-        metrics=metrics,
+        metrics=None if regression else metrics,
+        regression=metrics if regression else None,
+        target=prepared.table.target,
         class_labels=prepared.table.class_labels,
         training=trained.run,
         billed=billed,

@@ -167,6 +167,9 @@ def billed_section(report) -> str:
 
 
 def evaluation_deck(report) -> None:
+    if report.regression is not None:
+        regression_deck(report)
+        return
     metrics, run = report.metrics, report.training
     per_class = [[c.label, c.precision, c.recall, c.f1, c.support, c.predicted] for c in metrics.per_class]
     content = section(
@@ -186,6 +189,19 @@ def evaluation_deck(report) -> None:
                                 "per-class metrics", "class", "score"), "per-class"),
         table(["class", "precision", "recall", "F1", "support", "predicted"], per_class),
     )  # fmt: skip
+    Deck("Evaluation", content)
+
+
+def regression_deck(report) -> None:
+    metrics, run = report.regression, report.training
+    content = section(
+        "Test metrics (regression)",
+        table(["", "RMSE", "MAE", "R²", "test rows"],
+              [["model", metrics.rmse, metrics.mae, metrics.r2, metrics.n_test],
+               ["train mean", metrics.baseline_rmse, metrics.baseline_mae, metrics.baseline_r2, metrics.n_test]]),
+        table(["trained with", "on"], [[run.framework, run.device]]),
+        "".join(f"<p>{html.escape(note)}</p>" for note in [report.target.describe(), *report.notes]),
+    ) + billed_section(report)  # fmt: skip
     Deck("Evaluation", content)
 
 

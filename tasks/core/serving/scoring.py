@@ -60,7 +60,13 @@ from tasks.core.data.reading import (
 )
 from tasks.core.messages import LINE_CHARS, preview, shorten
 from tasks.core.planning.planner import CatalogEntry
-from tasks.core.report.metrics import ClassificationMetrics, ConfusionCounts, metrics_from_confusion
+from tasks.core.report.metrics import (
+    ClassificationMetrics,
+    ConfusionCounts,
+    RegressionMetrics,
+    metrics_from_confusion,
+    regression_metrics,
+)
 from tasks.core.serving.bundle import Bundle, load_bundle
 from tasks.core.serving.publish import join, resolve_bundle
 
@@ -712,6 +718,24 @@ def split_metrics(
         non_finite += int((~finite).sum())
         confusion.add(batch.column(label_column).to_numpy()[finite], probabilities[finite].argmax(axis=1))
     return replace(metrics_from_confusion(confusion.counts, class_labels), non_finite_rows=non_finite)
+
+
+def regression_split_metrics(bundle: Bundle, path: str, label_column: str) -> RegressionMetrics:
+    """A regression's figures on a prepared split (the raw feature columns and the label as read), as
+    the bundle predicts its rows, one record batch at a time; rows whose output is not finite are
+    counted and left out."""
+    split = ds.dataset(path, format=parquet_format())
+    actual, predicted, rows = [], [], 0
+    for batch in iter_batches(split, path):
+        numbers = bundle.predict_numbers(batch, path, rows)
+        actual.append(batch.column(label_column).to_numpy(zero_copy_only=False).astype(np.float64))
+        predicted.append(numbers)
+        rows += batch.num_rows
+    actual_all, predicted_all = np.concatenate(actual), np.concatenate(predicted)
+    finite = np.isfinite(predicted_all)
+    return regression_metrics(
+        actual_all[finite], predicted_all[finite], bundle.target.mean, int((~finite).sum())
+    )
 
 
 # ---- the report -----------------------------------------------------------------------------------------
