@@ -49,7 +49,7 @@ def test_auto_trains_a_regression_that_beats_the_train_mean(diabetes_run):
 def test_the_bundle_predicts_numbers_in_the_label_s_units_and_refuses_probabilities(diabetes_run, diabetes):
     folder = Path(diabetes_run.model.path)
     manifest = json.loads((folder / "bundle.json").read_text())
-    assert manifest["target"]["problem_type"] == "regression"
+    assert manifest["target"]["problem_type"] == "regression" and manifest["files"]["onnx"] == "model.onnx"
     assert manifest["regression_metrics"]["r2"] == pytest.approx(diabetes_run.report.regression.r2)
     bundle = load_bundle(str(folder))
     rows = pd.read_parquet(diabetes)
@@ -63,5 +63,7 @@ def test_the_bundle_predicts_numbers_in_the_label_s_units_and_refuses_probabilit
 def test_a_regression_with_val_accuracy_is_refused_before_training(diabetes):
     with pytest.raises(InputError, match="a regression has no accuracy"):
         training_pipeline(
-            dataset=diabetes, label_column="target", hyperparameters=TrainConfig(selection_metric="val_accuracy")
+            dataset=diabetes,
+            label_column="target",
+            hyperparameters=TrainConfig(selection_metric="val_accuracy"),
         )

@@ -429,20 +429,26 @@ def serving_exports(
     model, record: BundleRecord, directory: str, files: dict[str, str]
 ) -> tuple[dict[str, str], list[str], dict[str, dict[str, Any]]]:
     """The ONNX, SavedModel and MLflow exports beside `files`, the notes on those left out, and their
-    parity checks. A regression's exports are not written yet: its bundle serves through `predict`."""
-    if record.target.regression:
-        return files, ["serving exports (ONNX, SavedModel, MLflow) are not written for a regression yet"], {}
+    parity checks. A regression's ONNX file answers a "prediction"; its MLflow model is not written yet."""
+    target = record.target
+    if target.regression and record.framework != "pytorch":
+        return files, ["serving exports are not written for a TensorFlow regression yet"], {}
     description = ExportDescription(
         feature_names=record.feature_names,
         label_column=record.label_column,
         class_labels=record.class_labels,
         format_version=FORMAT_VERSION,
+        problem_type=target.problem_type,
+        target_mean=target.mean,
+        target_std=target.std,
     )
     encoding = record_encoding(record, directory)
     exported = export_model(
         model, record.framework, record.scaler, directory, encoding, description=description
     )
     files = {**files, **exported.files}
+    if target.regression:
+        return files, [*exported.notes, "MLflow model not written for a regression yet"], exported.checks
     mlflow_note = write_mlflow_model(
         directory,
         str(Path(directory) / MLFLOW_FOLDER),

@@ -1,0 +1,89 @@
+"""A regression bundle on raw rows: `predict` answers in the label's units and type, `predict_proba` is
+refused, and the ONNX file's "prediction" agrees with the bundle."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tasks.core.data.target import REGRESSION, Target
+from tasks.core.models.plugins import InputSpec, build, input_spec_for, mlp_spec
+from tasks.core.serving.bundle import BundleError, BundleRecord, load_bundle, write_bundle
+from tasks.core.training.records import Hardware, TrainingRun
+from tests.unit.serving.test_raw_row_exports import (
+    client_feeds,
+    onnx_session,
+    prepared_table,
+    scoring_rows,
+    train_table,
+)
+
+pytestmark = pytest.mark.slow  # writes an ONNX export: seconds
+
+TARGET = Target(REGRESSION, "problem_type='regression' was asked for", mean=250_000.0, std=40_000.0)
+
+
+def regression_bundle(folder: Path, label_kind: str) -> str:
+    table = replace(prepared_table(train_table()), class_labels=[], class_counts={}, target=TARGET)
+    table = replace(table, label_kind=label_kind)
+    spec = mlp_spec([16])
+    n_features = len(table.feature_names)
+    artifact = str(folder.parent / f"{folder.name}-model.pt")
+    import torch
+
+    from tasks.core.models.torch_models import save_torch_artifact
+
+    torch.manual_seed(3)
+    save_torch_artifact(
+        build(spec, n_features, 1, "pytorch"), spec, input_spec_for(spec, n_features, 1), artifact
+    )
+    run = TrainingRun("pytorch", "cpu", 1, "gloo", "fp32", "single-process", [], 0.0, 0.0, model=spec)
+    return write_bundle(str(folder), artifact, BundleRecord.of(table, run, Hardware("cpu", 1), "0" * 32))
+
+
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("regression-bundles")
+    return {kind: regression_bundle(root / kind, kind) for kind in ("float", "integer")}
+
+
+def test_a_single_output_is_a_regression_to_a_builder():
+    assert InputSpec(4, 1).regression and InputSpec(4, 1).n_outputs == 1 and not InputSpec(4, 3).regression
+
+
+def test_predict_answers_in_the_label_s_units_and_type(bundles):
+    rows = scoring_rows()
+    floats = load_bundle(bundles["float"]).predict(rows)
+    assert floats.dtype == np.float64 and len(floats) == rows.num_rows
+    # An untrained net's outputs are about a standard deviation: in the label's units, about the mean.
+    assert np.all(np.abs(floats - TARGET.mean) < 10 * TARGET.std) and floats.std() > 1.0
+    whole = load_bundle(bundles["integer"]).predict(rows)
+    assert whole.dtype == np.int64
+    np.testing.assert_array_equal(whole, np.rint(floats))
+
+
+def test_predict_proba_is_refused_saying_why(bundles):
+    bundle = load_bundle(bundles["float"])
+    with pytest.raises(BundleError, match="predicts a number.*no class probabilities; use predict"):
+        bundle.predict_proba(scoring_rows())
+
+
+def test_the_onnx_prediction_is_the_bundle_s_on_raw_rows(bundles):
+    folder = Path(bundles["float"])
+    manifest = json.loads((folder / "bundle.json").read_text())
+    assert manifest["files"]["onnx"] == "model.onnx" and manifest["target"]["problem_type"] == "regression"
+    assert manifest["export_checks"]["onnx"]["max_scaled_difference"] <= 1e-4
+    rows = scoring_rows()
+    session = onnx_session(str(folder / "model.onnx"))
+    assert [output.name for output in session.get_outputs()] == ["prediction"]
+    (prediction,) = session.run(["prediction"], client_feeds(rows))
+    assert prediction.dtype == np.float64 and prediction.shape == (rows.num_rows,)
+    np.testing.assert_allclose(prediction, load_bundle(str(folder)).predict(rows), rtol=1e-6)
+    metadata = {
+        prop.key: prop.value for prop in __import__("onnx").load(str(folder / "model.onnx")).metadata_props
+    }
+    assert metadata["problem_type"] == "regression" and "prediction" in json.loads(metadata["outputs"])
