@@ -177,7 +177,7 @@ def train_on_target(
     # The batch against the prepared rows, before any accelerator; the launcher checks the worker split.
     raise_for(
         batch_problems(hyperparameters, 1, prepared.table.rows["train"])
-        + (regression_problems(hyperparameters, target) if prepared.table.target.regression else [])
+        + (regression_problems(hyperparameters) if prepared.table.target.regression else [])
     )
     report = plan_report(target, workload(prepared, target, hyperparameters), preprocess_plan, plan_resources)
     if report.applied and not on_flyte_cluster():

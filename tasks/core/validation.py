@@ -135,19 +135,10 @@ def problem_type_input_problems(problem_type: str) -> list[str]:
     return [f"input 'problem_type' = {problem_type!r}: {problem}"] if problem else []
 
 
-# The targets whose training loop learns a number; the TensorFlow loop learns classes only, so far.
-REGRESSION_TARGETS = ("gpu", "gpu-multinode")
-
-
-def regression_problems(config: TrainConfig, target: str) -> list[str]:
-    """Hyperparameters (and a target) a regression cannot honour, checked once the prepared data says
-    what is predicted and before any accelerator is requested."""
+def regression_problems(config: TrainConfig) -> list[str]:
+    """Hyperparameters a regression cannot honour, checked once the prepared data says what is
+    predicted and before any accelerator is requested."""
     found = []
-    if target not in REGRESSION_TARGETS:
-        found.append(
-            f"input 'target' = {target!r}: a regression trains on the PyTorch targets "
-            f"({', '.join(REGRESSION_TARGETS)}) so far; pick one of those"
-        )
     if config.selection_metric == "val_accuracy":
         found.append(
             "input 'hyperparameters.selection_metric' = 'val_accuracy': a regression has no accuracy; "

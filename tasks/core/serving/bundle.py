@@ -431,8 +431,6 @@ def serving_exports(
     """The ONNX, SavedModel and MLflow exports beside `files`, the notes on those left out, and their
     parity checks. A regression's ONNX file answers a "prediction"; its MLflow model is not written yet."""
     target = record.target
-    if target.regression and record.framework != "pytorch":
-        return files, ["serving exports are not written for a TensorFlow regression yet"], {}
     description = ExportDescription(
         feature_names=record.feature_names,
         label_column=record.label_column,

@@ -328,14 +328,15 @@ def export_keras(model, plan: ExportPlan, directory: str) -> ExportResult:
     """A SavedModel and ONNX of `model` behind the scaler: from "features", or with an encoding, from
     the raw columns (the SavedModel encodes with TensorFlow ops, the ONNX file with ONNX ones)."""
     result = ExportResult()
-    serve = keras_serving_function(model, plan.scaler, plan.fill, exact=plan.encoding is not None)
+    exact = plan.encoding is not None
+    serve = keras_serving_function(model, plan.scaler, plan.fill, exact, plan.label_units())
     endpoint = serve if plan.encoding is None else keras_raw_row_function(serve, plan.encoding)
-    if plan.description is not None:
+    if plan.description is not None and not plan.regression:
         endpoint = keras_labelled_function(endpoint, plan.description.class_labels)
 
-    def live(features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def live(features: np.ndarray) -> tuple[np.ndarray, ...]:
         outputs = serve(features)
-        return outputs["logits"].numpy(), outputs["probabilities"].numpy()
+        return tuple(outputs[name].numpy() for name in plan.outputs)
 
     def write_onnx(path: str) -> dict[str, Any]:
         write_keras_onnx(serve, path)
@@ -352,9 +353,16 @@ def export_keras(model, plan: ExportPlan, directory: str) -> ExportResult:
     return result
 
 
-def keras_serving_function(model, scaler: ScalerStats, fill: list[float] | None = None, exact: bool = False):
+def keras_serving_function(
+    model,
+    scaler: ScalerStats,
+    fill: list[float] | None = None,
+    exact: bool = False,
+    label_units: tuple[float, float] | None = None,
+):
     """A `tf.function` from raw features to {"logits", "probabilities"}, traced on first use; with
-    `fill`, a NaN is filled as the bundle fills it; `exact`: the features are float64, else float32."""
+    `fill`, a NaN is filled as the bundle fills it; `exact`: the features are float64, else float32.
+    With a regression's `label_units` (mean, std): to {"prediction"}, float64 in the label's units."""
     import tensorflow as tf
 
     def serve(features):
@@ -367,6 +375,9 @@ def keras_serving_function(model, scaler: ScalerStats, fill: list[float] | None 
             raw = tf.where(tf.math.is_nan(raw), tf.constant(fill, tf.float64), raw)
         standardised = tf.cast((raw - mean) / scale, tf.float32)
         logits = tf.cast(model(standardised, training=False), tf.float32)
+        if label_units is not None:
+            mean, std = label_units
+            return {PREDICTION: tf.cast(logits[:, 0], tf.float64) * std + mean}
         return {"logits": logits, "probabilities": tf.nn.softmax(logits)}
 
     dtype = tf.float64 if exact else tf.float32

@@ -15,6 +15,7 @@ from tasks.core.models.plugins import InputSpec, build, input_spec_for, mlp_spec
 from tasks.core.serving.bundle import BundleError, BundleRecord, load_bundle, write_bundle
 from tasks.core.training.records import Hardware, TrainingRun
 from tests.unit.serving.test_raw_row_exports import (
+    WEIGHTS,
     client_feeds,
     onnx_session,
     prepared_table,
@@ -27,28 +28,37 @@ pytestmark = pytest.mark.slow  # writes an ONNX export: seconds
 TARGET = Target(REGRESSION, "problem_type='regression' was asked for", mean=250_000.0, std=40_000.0)
 
 
-def regression_bundle(folder: Path, label_kind: str) -> str:
+def regression_bundle(folder: Path, label_kind: str, framework: str = "pytorch") -> str:
+    """An untrained, seeded MLP with one output over the raw-row table's features, as a bundle."""
     table = replace(prepared_table(train_table()), class_labels=[], class_counts={}, target=TARGET)
     table = replace(table, label_kind=label_kind)
     spec = mlp_spec([16])
     n_features = len(table.feature_names)
-    artifact = str(folder.parent / f"{folder.name}-model.pt")
-    import torch
+    artifact = str(folder.parent / f"{folder.name}-{WEIGHTS[framework]}")
+    input_spec = input_spec_for(spec, n_features, 1)
+    if framework == "pytorch":
+        import torch
 
-    from tasks.core.models.torch_models import save_torch_artifact
+        from tasks.core.models.torch_models import save_torch_artifact
 
-    torch.manual_seed(3)
-    save_torch_artifact(
-        build(spec, n_features, 1, "pytorch"), spec, input_spec_for(spec, n_features, 1), artifact
-    )
-    run = TrainingRun("pytorch", "cpu", 1, "gloo", "fp32", "single-process", [], 0.0, 0.0, model=spec)
+        torch.manual_seed(3)
+        save_torch_artifact(build(spec, n_features, 1, framework), spec, input_spec, artifact)
+    else:
+        import keras
+
+        from tasks.core.models.keras_models import save_keras_artifact
+
+        keras.utils.set_random_seed(3)
+        save_keras_artifact(build(spec, n_features, 1, framework), spec, input_spec, artifact)
+    run = TrainingRun(framework, "cpu", 1, "gloo", "fp32", "single-process", [], 0.0, 0.0, model=spec)
     return write_bundle(str(folder), artifact, BundleRecord.of(table, run, Hardware("cpu", 1), "0" * 32))
 
 
 @pytest.fixture(scope="module")
 def bundles(tmp_path_factory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("regression-bundles")
-    return {kind: regression_bundle(root / kind, kind) for kind in ("float", "integer")}
+    made = {kind: regression_bundle(root / kind, kind) for kind in ("float", "integer")}
+    return {**made, "tensorflow": regression_bundle(root / "keras", "float", "tensorflow")}
 
 
 def test_a_single_output_is_a_regression_to_a_builder():
@@ -87,3 +97,28 @@ def test_the_onnx_prediction_is_the_bundle_s_on_raw_rows(bundles):
         prop.key: prop.value for prop in __import__("onnx").load(str(folder / "model.onnx")).metadata_props
     }
     assert metadata["problem_type"] == "regression" and "prediction" in json.loads(metadata["outputs"])
+
+
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
+def test_the_onnx_prediction_is_the_bundle_s_for_either_framework(bundles, framework):
+    folder = bundles["float" if framework == "pytorch" else framework]
+    rows = scoring_rows()
+    (prediction,) = onnx_session(f"{folder}/model.onnx").run(["prediction"], client_feeds(rows))
+    np.testing.assert_allclose(prediction, load_bundle(folder).predict(rows), rtol=1e-5)
+
+
+def test_the_saved_model_serves_the_prediction(bundles):
+    import tensorflow as tf
+
+    from tasks.core.serving.raw_inputs import signature_names
+
+    folder = bundles["tensorflow"]
+    bundle = load_bundle(folder)
+    rows = scoring_rows()
+    serving = tf.saved_model.load(f"{folder}/saved_model").signatures["serving_default"]
+    names = signature_names(bundle.encoding)
+    outputs = serving(**{names[column]: tf.constant(values) for column, values in client_feeds(rows).items()})
+    assert set(outputs) == {"prediction"}
+    prediction = outputs["prediction"].numpy()
+    assert prediction.dtype == np.float64
+    np.testing.assert_allclose(prediction, bundle.predict(rows), rtol=1e-5)
