@@ -60,6 +60,21 @@ def test_the_bundle_predicts_numbers_in_the_label_s_units_and_refuses_probabilit
         bundle.predict_proba(rows)
 
 
+def test_the_tensorflow_target_trains_the_regression_asked_for(diabetes):
+    outputs = training_pipeline(
+        dataset=diabetes,
+        label_column="target",
+        target="gpu-tf",
+        problem_type="regression",
+        hyperparameters=TrainConfig(epochs=40, batch_size=32),
+    )
+    report = outputs.report
+    assert report.training.framework == "tensorflow" and report.target.reason.startswith("problem_type=")
+    assert report.regression.r2 > 0.3
+    manifest = json.loads((Path(outputs.model.path) / "bundle.json").read_text())
+    assert {"onnx", "saved_model"} <= set(manifest["files"])
+
+
 def test_a_regression_with_val_accuracy_is_refused_before_training(diabetes):
     with pytest.raises(InputError, match="a regression has no accuracy"):
         training_pipeline(

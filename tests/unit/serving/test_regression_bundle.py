@@ -122,3 +122,38 @@ def test_the_saved_model_serves_the_prediction(bundles):
     prediction = outputs["prediction"].numpy()
     assert prediction.dtype == np.float64
     np.testing.assert_allclose(prediction, bundle.predict(rows), rtol=1e-5)
+
+
+def test_batch_scoring_writes_the_prediction_and_the_figures_of_every_piece_merged(bundles, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tasks.core.report.metrics import regression_metrics
+    from tasks.core.serving.scoring import score_dataset
+
+    bundle = load_bundle(bundles["float"])
+    rows = scoring_rows()
+    truth = np.random.default_rng(2).normal(TARGET.mean, TARGET.std, rows.num_rows)
+    truth[[4, 9]] = np.nan  # no label: out of the figures
+    labelled = rows.append_column("label", pa.array(truth, mask=np.arange(rows.num_rows) == 9))
+    folder = tmp_path / "input"
+    folder.mkdir()
+    pq.write_table(labelled.slice(0, 30), folder / "part-0.parquet")
+    pq.write_table(labelled.slice(30), folder / "part-1.parquet")
+    report = score_dataset(
+        bundles["float"], str(folder), str(tmp_path / "out"), label_column="label", rows_per_piece=20
+    )
+    assert report.pieces >= 2 and report.probability_columns == {} and report.metrics is None
+    scored = pq.read_table(tmp_path / "out")
+    assert "prediction" in scored.column_names and not any(
+        n.startswith("probability_") for n in scored.column_names
+    )
+    predicted = bundle.predict_numbers(rows)
+    np.testing.assert_allclose(scored.column("prediction").to_numpy(), predicted)
+    keep = np.isfinite(truth)
+    expected = regression_metrics(truth[keep], predicted[keep], TARGET.mean)
+    got = report.regression
+    assert got.n_test == keep.sum() == rows.num_rows - 2
+    for name in ("rmse", "mae", "r2", "baseline_rmse", "baseline_mae", "baseline_r2"):
+        assert getattr(got, name) == pytest.approx(getattr(expected, name), rel=1e-6), name
+    assert "2 rows have no number in 'label'" in " ".join(report.notes) and "RMSE" in report.summary()
