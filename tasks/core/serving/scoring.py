@@ -799,22 +799,22 @@ def split_metrics(
     return replace(metrics_from_confusion(confusion.counts, class_labels), non_finite_rows=non_finite)
 
 
-def regression_split_metrics(bundle: Bundle, path: str, label_column: str) -> RegressionMetrics:
-    """A regression's figures on a prepared split (the raw feature columns and the label as read), as
-    the bundle predicts its rows, one record batch at a time; rows whose output is not finite are
-    counted and left out."""
+def split_numbers(bundle: Bundle, path: str, label_column: str) -> tuple[np.ndarray, np.ndarray]:
+    """A regression's (actual, predicted) on a prepared split (the raw feature columns and the label
+    as read), float64, one record batch at a time; a row whose output is not finite predicts NaN."""
     split = ds.dataset(path, format=parquet_format())
     actual, predicted, rows = [], [], 0
     for batch in iter_batches(split, path):
-        numbers = bundle.predict_numbers(batch, path, rows)
+        predicted.append(bundle.predict_numbers(batch, path, rows))
         actual.append(batch.column(label_column).to_numpy(zero_copy_only=False).astype(np.float64))
-        predicted.append(numbers)
         rows += batch.num_rows
-    actual_all, predicted_all = np.concatenate(actual), np.concatenate(predicted)
-    finite = np.isfinite(predicted_all)
-    return regression_metrics(
-        actual_all[finite], predicted_all[finite], bundle.target.mean, int((~finite).sum())
-    )
+    return np.concatenate(actual), np.concatenate(predicted)
+
+
+def regression_split_metrics(bundle: Bundle, actual: np.ndarray, predicted: np.ndarray) -> RegressionMetrics:
+    """The figures of `split_numbers`' rows; rows whose output is not finite counted and left out."""
+    finite = np.isfinite(predicted)
+    return regression_metrics(actual[finite], predicted[finite], bundle.target.mean, int((~finite).sum()))
 
 
 # ---- the report -----------------------------------------------------------------------------------------

@@ -49,6 +49,13 @@ def test_the_deck_shows_the_model_against_the_train_mean(monkeypatch):
     decks.evaluation_deck(regression_report())
     page = pages["Evaluation"]
     assert "Test metrics (regression)" in page and "train mean" in page and "confusion" not in page
+    assert "<svg" not in page  # no rows, no charts
+    actual = np.random.default_rng(1).normal(size=5_000)
+    predicted = actual + 0.1
+    predicted[3] = np.nan  # no answer: left out of the charts
+    decks.evaluation_deck(regression_report(), (actual, predicted))
+    charted = pages["Evaluation"]
+    assert charted.count("<svg") == 2 and "predicted against actual" in charted and "residuals" in charted
 
 
 def test_a_regression_report_crosses_a_task_boundary():
