@@ -51,6 +51,8 @@ def test_the_bundle_predicts_numbers_in_the_label_s_units_and_refuses_probabilit
     manifest = json.loads((folder / "bundle.json").read_text())
     assert manifest["target"]["problem_type"] == "regression" and manifest["files"]["onnx"] == "model.onnx"
     assert manifest["regression_metrics"]["r2"] == pytest.approx(diabetes_run.report.regression.r2)
+    card = (folder / "MODEL_CARD.md").read_text()
+    assert "A number: column `target`" in card and "always the train mean" in card
     bundle = load_bundle(str(folder))
     rows = pd.read_parquet(diabetes)
     predicted = bundle.predict(rows)

@@ -157,3 +157,11 @@ def test_batch_scoring_writes_the_prediction_and_the_figures_of_every_piece_merg
     for name in ("rmse", "mae", "r2", "baseline_rmse", "baseline_mae", "baseline_r2"):
         assert getattr(got, name) == pytest.approx(getattr(expected, name), rel=1e-6), name
     assert "2 rows have no number in 'label'" in " ".join(report.notes) and "RMSE" in report.summary()
+
+
+def test_the_promotion_gate_leaves_latest_alone_for_a_regression(bundles):
+    from tasks.core.serving.promotion import CurrentVersion, PromotionPolicy, decide
+
+    new, current = load_bundle(bundles["float"]), load_bundle(bundles["integer"])
+    decision = decide(new, CurrentVersion("models/LATEST", current), "unused", "label", [], PromotionPolicy())
+    assert not decision.promote and "a regression has not" in decision.reason
