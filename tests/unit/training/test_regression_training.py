@@ -66,3 +66,23 @@ def test_the_keras_loop_learns_the_number(diabetes_splits, tmp_path):
     r2 = val_r2(diabetes_splits, lambda x: np.asarray(model(x, training=False))[:, 0])
     assert r2 > 0.3
     assert all(epoch.val_accuracy == 0.0 for epoch in outcome.run.history)
+
+
+@pytest.mark.usefixtures("single_process")
+def test_a_streamed_regression_trains_as_one_held_in_memory(diabetes_splits, tmp_path):
+    """Streaming reads the float label from the split's row groups as the in-memory placement does;
+    a checkpointed run resumed after its last epoch hands back the same history."""
+    from dataclasses import replace
+
+    from tasks.core.training.checkpoint import TrainingCheckpoint
+
+    config = replace(CONFIG, epochs=3)
+    held = train(replace(config, data_placement="device"), diabetes_splits).run.history
+    streamed = train(replace(config, data_placement="stream"), diabetes_splits).run.history
+    assert [e.val_loss for e in streamed] == pytest.approx([e.val_loss for e in held], rel=1e-5)
+    checkpoint = TrainingCheckpoint(str(tmp_path / "checkpoint"))
+    first = train(config, diabetes_splits, checkpoint=checkpoint).run.history
+    resumed = train(
+        config, diabetes_splits, checkpoint=TrainingCheckpoint(str(tmp_path / "checkpoint"))
+    ).run.history
+    assert [e.val_loss for e in resumed] == [e.val_loss for e in first]
