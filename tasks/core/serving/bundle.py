@@ -429,7 +429,7 @@ def serving_exports(
     model, record: BundleRecord, directory: str, files: dict[str, str]
 ) -> tuple[dict[str, str], list[str], dict[str, dict[str, Any]]]:
     """The ONNX, SavedModel and MLflow exports beside `files`, the notes on those left out, and their
-    parity checks. A regression's ONNX file answers a "prediction"; its MLflow model is not written yet."""
+    parity checks. A regression's ONNX file and MLflow model answer a "prediction"."""
     target = record.target
     description = ExportDescription(
         feature_names=record.feature_names,
@@ -445,8 +445,6 @@ def serving_exports(
         model, record.framework, record.scaler, directory, encoding, description=description
     )
     files = {**files, **exported.files}
-    if target.regression:
-        return files, [*exported.notes, "MLflow model not written for a regression yet"], exported.checks
     mlflow_note = write_mlflow_model(
         directory,
         str(Path(directory) / MLFLOW_FOLDER),

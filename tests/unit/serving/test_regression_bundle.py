@@ -165,3 +165,19 @@ def test_the_promotion_gate_leaves_latest_alone_for_a_regression(bundles):
     new, current = load_bundle(bundles["float"]), load_bundle(bundles["integer"])
     decision = decide(new, CurrentVersion("models/LATEST", current), "unused", "label", [], PromotionPolicy())
     assert not decision.promote and "a regression has not" in decision.reason
+
+
+def test_the_mlflow_model_answers_the_bundle_s_prediction(bundles):
+    from tasks.core.serving import mlflow_pyfunc
+
+    folder = Path(bundles["float"])
+    manifest = json.loads((folder / "bundle.json").read_text())
+    assert manifest["files"]["mlflow"] == "mlflow"
+    mlmodel = (folder / "mlflow" / "MLmodel").read_text()
+    assert "prediction" in mlmodel and "probability_" not in mlmodel
+    rows = scoring_rows()
+    answer = mlflow_pyfunc.OnnxModel(str(folder / "mlflow" / "model")).predict(rows)
+    assert list(answer.columns) == ["prediction"]
+    np.testing.assert_allclose(
+        answer["prediction"].to_numpy(), load_bundle(str(folder)).predict(rows), rtol=1e-6
+    )
