@@ -86,3 +86,11 @@ def test_a_streamed_regression_trains_as_one_held_in_memory(diabetes_splits, tmp
         config, diabetes_splits, checkpoint=TrainingCheckpoint(str(tmp_path / "checkpoint"))
     ).run.history
     assert [e.val_loss for e in resumed] == [e.val_loss for e in first]
+
+
+def test_the_planner_sizes_a_regression_s_one_output():
+    from tasks.core.models.plugins import measure_footprint
+
+    footprint = measure_footprint(mlp_spec([32]), 10, 1, "pytorch", "fp32")
+    classes = measure_footprint(mlp_spec([32]), 10, 3, "pytorch", "fp32")
+    assert 0 < footprint.state_bytes < classes.state_bytes  # 32 x 1 + 1 output weights, not 32 x 3 + 3
