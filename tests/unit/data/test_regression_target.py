@@ -100,3 +100,30 @@ def test_pieces_give_what_one_pod_gives_for_a_regression(diabetes, tmp_path):
 def test_a_classification_of_the_same_table_is_refused_as_before_but_hints_at_regression(diabetes, tmp_path):
     with pytest.raises(DatasetError, match="problem_type='regression'"):
         prepare_dataset(diabetes, "target", str(tmp_path), SplitConfig(problem_type="classification"))
+
+
+def test_a_csv_regression_split_by_time_gives_the_same_splits_in_pieces(tmp_path):
+    rng = np.random.default_rng(4)
+    rows = 600
+    frame = pd.DataFrame({
+        "day": pd.date_range("2024-01-01", periods=rows, freq="D").strftime("%Y-%m-%d"),
+        "x": rng.normal(size=rows),
+        "price": rng.integers(100, 5_000, rows),  # whole numbers, many distinct: a regression under auto
+    })  # fmt: skip
+    folder = tmp_path / "csv"
+    folder.mkdir()
+    for index, part in enumerate(np.array_split(np.arange(rows), 3)):
+        frame.iloc[part].to_csv(folder / f"part-{index}.csv", index=False)
+    split = SplitConfig(split_by="day")
+    one_pod = prepare_dataset(str(folder), "price", str(tmp_path / "one"), split)
+    pieces = prepare_in_pieces(str(folder), "price", str(tmp_path / "pieces"), split, 3)
+    table = one_pod.table
+    assert table.target.regression and table.label_kind == "integer" and pieces.table.target == table.target
+    assert any("split by 'day'" in note for note in table.notes)
+    test = pd.read_parquet(one_pod.paths["test"])
+    assert sorted(test["price"]) == sorted(frame["price"].iloc[-len(test) :])  # the latest rows test
+    for name in ("train", "val"):
+        expected = read_split(one_pod.paths[name], table.feature_names, "price")[1]
+        np.testing.assert_array_equal(
+            expected, read_split(pieces.paths[name], table.feature_names, "price")[1]
+        )
