@@ -15,9 +15,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import NamedTuple
 
+import numpy as np
 from flytekit import current_context, task
 from flytekit.types.directory import FlyteDirectory
 
+from tasks.core.data.prepare import PreparedTable
+from tasks.core.report.metrics import ClassificationMetrics, RegressionMetrics
 from tasks.core.serving.bundle import (
     BundleRecord,
     CodeVersion,
@@ -30,7 +33,7 @@ from tasks.core.serving.bundle import (
 )
 from tasks.core.serving.int8 import add_int8_export
 from tasks.core.serving.model_card import write_model_card
-from tasks.core.serving.scoring import split_metrics
+from tasks.core.serving.scoring import regression_split_metrics, split_metrics, split_numbers
 from tasks.core.training.records import Hardware
 from tasks.hardware import ML_CPU_IMAGE, SMALL_CPU, guaranteed
 from tasks.plumbing.code_version import git_checkout, source_tree_hash
@@ -86,6 +89,16 @@ def bundle_folder(fingerprint: str) -> str:
     return str(root / f"{stamp}-{fingerprint[:8]}")
 
 
+def test_metrics(
+    bundle, test: str, table: PreparedTable, points: tuple[np.ndarray, np.ndarray] | None
+) -> ClassificationMetrics | RegressionMetrics:
+    """The test split's figures as the bundle scores its raw rows: a regression's from its `points`
+    (`split_numbers`: actual, predicted)."""
+    if points is not None:
+        return regression_split_metrics(bundle, *points)
+    return split_metrics(bundle, test, table.label_column, table.class_labels)
+
+
 # A run's outputs: the report, and the model bundle (tasks/core/serving/bundle.py). The functional form keeps the
 # field types real classes, as flytekit reads them, under postponed annotations.
 Evaluated = NamedTuple("Evaluated", [("report", EvaluationReport), ("model", FlyteDirectory)])  # noqa: UP014
@@ -109,14 +122,20 @@ def evaluate(
     write_bundle(folder, trained.artifact.download(), record, run_provenance(prepared, trained))
     bundle = load_bundle(folder, trusted_builders=[trained.run.model.builder])  # this run's own builder
     test = local_path(prepared.test, "test split")
-    metrics = split_metrics(bundle, test, prepared.table.label_column, prepared.table.class_labels)
+    points = (
+        split_numbers(bundle, test, prepared.table.label_column) if prepared.table.target.regression else None
+    )
+    metrics = test_metrics(bundle, test, prepared.table, points)
     add_metrics(folder, metrics)
-    int8 = add_int8_export(folder, test, prepared.table.label_column, enabled=int8_export)
+    regression = isinstance(metrics, RegressionMetrics)
+    int8 = add_int8_export(folder, test, prepared.table.label_column, enabled=int8_export and not regression)
     if int8.check is not None:
         notes.append(f"int8 ONNX export {'kept' if int8.kept else 'not kept'}: {int8.why}")
     write_model_card(folder)  # once the metrics and the exports are in the manifest
     report = EvaluationReport(
-        metrics=metrics,
+        metrics=None if regression else metrics,
+        regression=metrics if regression else None,
+        target=prepared.table.target,
         class_labels=prepared.table.class_labels,
         training=trained.run,
         billed=billed,
@@ -124,7 +143,7 @@ def evaluate(
         resource_plan=plan,
         notes=notes + prepared.table.notes + metrics.notes(),
     )
-    evaluation_deck(report)
+    evaluation_deck(report, points)
     if not running_locally():  # where pyflyte prints the outputs, the report would appear twice
         print(report.summary(), flush=True)
     return Evaluated(report, FlyteDirectory(folder))

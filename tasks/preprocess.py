@@ -80,11 +80,18 @@ def preprocess(
     dataset_fingerprint: str = "",
     column_kinds: dict[str, str] | None = None,
     split_by: str = "",
+    problem_type: str = "auto",
 ) -> PreparedData:
     begin_task()
     scratch = Path(current_context().working_directory)
     uri = resolve_dataset(dataset, label_column, scratch)
-    split = SplitConfig(val_fraction=val_fraction, test_fraction=test_fraction, seed=seed, split_by=split_by)
+    split = SplitConfig(
+        val_fraction=val_fraction,
+        test_fraction=test_fraction,
+        seed=seed,
+        split_by=split_by,
+        problem_type=problem_type,
+    )
     out_dir = scratch / "prepared"
     prepared = prepare_dataset(uri, label_column, str(out_dir), split, column_kinds)
     table = replace(prepared.table, source=dataset or EMBEDDED_SOURCE)
@@ -95,11 +102,12 @@ def preprocess(
 
 def report_prepared(table: PreparedTable) -> None:
     log.info(
-        "prepared %s: %s rows, %d features, %d classes",
+        "prepared %s: %s rows, %d features, %d classes; %s",
         table.source,
         table.rows,
         len(table.feature_names),
         len(table.class_labels),
+        table.target.describe(),
     )
     for note in table.notes:  # also in the report; logged here as the run goes
         log.warning("%s", note)
@@ -117,11 +125,18 @@ def assign_piece_splits(
     pieces: list[DataPiece],
     column_kinds: dict[str, str] | None = None,
     split_by: str = "",
+    problem_type: str = "auto",
 ) -> PieceSplits:
     """Every row's class and split, from the label column (and the `split_by` column) alone, and the
     folder the pieces write to."""
     begin_task()
-    split = SplitConfig(val_fraction=val_fraction, test_fraction=test_fraction, seed=seed, split_by=split_by)
+    split = SplitConfig(
+        val_fraction=val_fraction,
+        test_fraction=test_fraction,
+        seed=seed,
+        split_by=split_by,
+        problem_type=problem_type,
+    )
     assignment = str(Path(current_context().working_directory) / "assignment.npy")
     output = FlyteContextManager.current_context().file_access.get_random_remote_directory()
     layout = assign_pieces(dataset, label_column, split, pieces, output, assignment, column_kinds)

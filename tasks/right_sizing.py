@@ -36,8 +36,10 @@ from tasks.core.validation import (
     batch_problems,
     column_kind_problems,
     embedded_label_problems,
+    problem_type_input_problems,
     problems,
     publish_problems,
+    regression_problems,
     split_by_problems,
 )
 from tasks.hardware import (
@@ -84,6 +86,7 @@ def prepare_data(
     publish_to: str = "",
     promotion: PromotionPolicy | None = None,
     split_by: str = "",
+    problem_type: str = "auto",
 ) -> tuple[PreparedData, PreprocessPlan]:
     """Check every input, size the preprocessing from the input's metadata, then preprocess: in one
     pod, or in pieces for an input past the planner's PIECE_BYTES or PIECE_ROWS.
@@ -96,6 +99,7 @@ def prepare_data(
         + embedded_label_problems(dataset, label_column)
         + column_kind_problems(column_kinds or {})
         + split_by_problems(split_by, label_column)
+        + problem_type_input_problems(problem_type)
         + publish_problems(publish_to)
         + promotion_problems(promotion or ALWAYS)
     )
@@ -118,6 +122,7 @@ def prepare_data(
         dataset_fingerprint=dataset_fingerprint(dataset) if dataset else EMBEDDED_FINGERPRINT,
         column_kinds=column_kinds or {},
         split_by=split_by,
+        problem_type=problem_type,
     )
     if pieces:
         return preprocess_in_pieces(inputs, pieces, plan, plan_resources), plan
@@ -134,7 +139,7 @@ def workload(prepared: PreparedData, target: str, config: TrainConfig) -> Worklo
     footprint = measure_footprint(
         config.model,
         len(prepared.table.feature_names),
-        len(prepared.table.class_labels),
+        prepared.table.n_outputs,
         framework,
         config.precision,
     )
@@ -170,7 +175,10 @@ def train_on_target(
     and train there."""
     begin_task()
     # The batch against the prepared rows, before any accelerator; the launcher checks the worker split.
-    raise_for(batch_problems(hyperparameters, 1, prepared.table.rows["train"]))
+    raise_for(
+        batch_problems(hyperparameters, 1, prepared.table.rows["train"])
+        + (regression_problems(hyperparameters) if prepared.table.target.regression else [])
+    )
     report = plan_report(target, workload(prepared, target, hyperparameters), preprocess_plan, plan_resources)
     if report.applied and not on_flyte_cluster():
         report.notes.append(

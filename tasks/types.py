@@ -11,9 +11,10 @@ from flytekit.types.structured import StructuredDataset
 from tasks.core.data.pieces import PieceLayout
 from tasks.core.data.prepare import PreparedTable
 from tasks.core.data.splits import SplitPaths
+from tasks.core.data.target import Target
 from tasks.core.models.plugins import describe_spec
 from tasks.core.planning.planner import OptionFit, PreprocessPlan, TrainingPlan
-from tasks.core.report.metrics import ClassificationMetrics
+from tasks.core.report.metrics import ClassificationMetrics, RegressionMetrics
 from tasks.core.training.records import Hardware, TrainingRun
 from tasks.plumbing.storage import local_path, stored_path
 
@@ -120,17 +121,25 @@ CLASSES_SHOWN = 20  # rows of the summary's per-class table
 
 @dataclass(repr=False)
 class EvaluationReport:
-    metrics: ClassificationMetrics
+    """A run's test figures: a classification's `metrics`, or a regression's `regression`."""
+
+    metrics: ClassificationMetrics | None
     class_labels: list[str]
     training: TrainingRun
     billed: Hardware  # the applied plan's hardware, else the task's declared hardware
     dataset: str
     resource_plan: ResourcePlan | None = None
     notes: list[str] = field(default_factory=list)
+    regression: RegressionMetrics | None = None
+    target: Target = field(default_factory=Target)  # what was predicted, and why
 
     def summary(self) -> str:
-        run, metrics = self.training, self.metrics
-        lines = [
+        lines = [*self.run_lines(), *self.metric_lines()]
+        return "\n".join(lines)
+
+    def run_lines(self) -> list[str]:
+        run = self.training
+        return [
             f"dataset: {self.dataset}",
             f"model: {describe_spec(run.model)}",
             f"trained with {run.framework} ({run.strategy}) on {run.device} x{run.world_size} "
@@ -138,7 +147,15 @@ class EvaluationReport:
             *([f"kept epoch {run.kept_epoch}: {run.kept_reason}"] if run.kept_epoch else []),
             *([f"class weights: {run.config.class_weight}"] if weighted(run) else []),
             f"billed as: {self.billed.describe()}",
+            *([self.target.describe()] if self.target.reason else []),
             *self.notes,
+        ]
+
+    def metric_lines(self) -> list[str]:
+        if self.regression is not None:
+            return regression_lines(self.regression)
+        metrics = self.metrics
+        lines = [
             f"test rows: {metrics.n_test}  accuracy: {metrics.accuracy:.4f}  balanced accuracy: "
             f"{metrics.balanced_accuracy:.4f}  macro-F1: {metrics.macro_f1:.4f}",
             f"{'class':>12} {'support':>8} {'predicted':>9} {'precision':>9} {'recall':>7} {'f1':>6}",
@@ -155,7 +172,7 @@ class EvaluationReport:
                 f"(the {len(shown)} classes of lowest F1 of {len(metrics.per_class):,}; every class is in "
                 "report.metrics.per_class and the evaluation Deck)"
             )
-        return "\n".join(lines)
+        return lines
 
     def __repr__(self) -> str:
         """What `pyflyte run` prints of the workflow's outputs: the summary, not every epoch and option."""
@@ -167,6 +184,14 @@ class EvaluationReport:
 from tasks.plumbing.literal_types import register_boundary_types  # noqa: E402 - it builds on the classes above
 
 register_boundary_types(PreparedData, PieceSplits, TrainedModel, ResourcePlan, EvaluationReport)
+
+
+def regression_lines(metrics: RegressionMetrics) -> list[str]:
+    return [
+        f"test rows: {metrics.n_test}  RMSE: {metrics.rmse:.4g}  MAE: {metrics.mae:.4g}  R²: {metrics.r2:.4f}",
+        f"baseline (the train mean): RMSE: {metrics.baseline_rmse:.4g}  MAE: {metrics.baseline_mae:.4g}  "
+        f"R²: {metrics.baseline_r2:.4f}",
+    ]
 
 
 def weighted(run: TrainingRun) -> bool:

@@ -29,6 +29,7 @@ def hardware_comparison(
     plan_resources: bool = True,
     prices: dict[str, float] = DEFAULT_PRICES_PER_HOUR,  # noqa: B006
     column_kinds: dict[str, str] = {},  # noqa: B006 - Flyte needs the literal default
+    problem_type: str = "auto",
 ) -> Compared:
     """Train the PyTorch model on GPU and the TensorFlow model on TPU from the same prepared data.
 
@@ -41,6 +42,8 @@ def hardware_comparison(
         prices: USD per accelerator-hour by accelerator name (GPU, TPU chip, or "cpu" per worker), for
             runs without an applied plan; a planned run is priced at its catalog option's price.
         column_kinds: as training_pipeline's: a column's kind where its type misleads, or 'drop'.
+        problem_type: as training_pipeline's: auto, classification or regression; regression runs
+            compare by RMSE and R² (the best by R²).
     """
     # The prices first, then the pipeline's front door: every input checked before any accelerator is
     # asked for, and the preprocessing cache keyed on the data's fingerprint, so a file rewritten in
@@ -49,6 +52,7 @@ def hardware_comparison(
     prepared, preprocess_plan = prepare_data(
         dataset=dataset, label_column=label_column, val_fraction=0.15, test_fraction=0.15, target="gpu",
         hyperparameters=hyperparameters, plan_resources=plan_resources, column_kinds=column_kinds,
+        problem_type=problem_type,
     )  # fmt: skip
     prices_checked >> prepared
     runs = dict(prepared=prepared, preprocess_plan=preprocess_plan, hyperparameters=hyperparameters,

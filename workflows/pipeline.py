@@ -35,9 +35,10 @@ def training_pipeline(
     promotion: PromotionPolicy = ALWAYS,
     split_by: str = "",
     int8_export: bool = False,
+    problem_type: str = "auto",
 ) -> TrainingOutputs:
-    """Train a classifier on a table; return the model bundle and the test accuracy, macro-F1 and
-    per-class counts it scores.
+    """Train a classifier or a regression on a table; return the model bundle and the test metrics it
+    scores (accuracy, macro-F1 and per-class counts; or RMSE, MAE and R² beside the train mean's).
 
     Args:
         dataset: parquet or CSV file (local path or fsspec URI such as s3://, gs://); empty
@@ -73,11 +74,15 @@ def training_pipeline(
         int8_export: also write model.int8.onnx (dense layers' weights in int8), kept only where its
             test accuracy is within 0.005 of the float file's and it scores faster on CPU
             (docs/serving.md#optional-int8-onnx-export).
+        problem_type: auto (decided from the label: text and booleans are classes, fractional numbers
+            a quantity, whole numbers by how many distinct values they hold; the report says which and
+            why), classification or regression (docs/inputs.md#what-is-predicted).
     """
     prepared, preprocess_plan = prepare_data(
         dataset=dataset, label_column=label_column, val_fraction=val_fraction, test_fraction=test_fraction,
         target=target, hyperparameters=hyperparameters, plan_resources=plan_resources,
         column_kinds=column_kinds, publish_to=publish_to, promotion=promotion, split_by=split_by,
+        problem_type=problem_type,
     )  # fmt: skip
     trained, plan = train_on_target(
         prepared=prepared, preprocess_plan=preprocess_plan, target=target, hyperparameters=hyperparameters,

@@ -11,6 +11,7 @@ from typing import Protocol
 from tasks.core.data.assignment import FRACTION_RULE, bad_fractions
 from tasks.core.data.column_kinds import CATEGORICAL, DROP, KINDS
 from tasks.core.data.prepare import EMBEDDED_DIGITS_LABEL
+from tasks.core.data.target import problem_type_problems
 from tasks.core.serving.prefixes import prefix_problem
 from tasks.core.training.config import TrainConfig, hyperparameter_problems, micro_batch
 
@@ -127,3 +128,25 @@ def unknown_price_key(name: str, known: Collection[str]) -> str:
     close = difflib.get_close_matches(name.strip().lower(), list(known), n=1)
     guess = f"did you mean {close[0]!r}? " if close else ""
     return f"input 'prices' has the key {name!r}, which prices nothing: {guess}known: {', '.join(known)}"
+
+
+def problem_type_input_problems(problem_type: str) -> list[str]:
+    problem = problem_type_problems(problem_type)
+    return [f"input 'problem_type' = {problem_type!r}: {problem}"] if problem else []
+
+
+def regression_problems(config: TrainConfig) -> list[str]:
+    """Hyperparameters a regression cannot honour, checked once the prepared data says what is
+    predicted and before any accelerator is requested."""
+    found = []
+    if config.selection_metric == "val_accuracy":
+        found.append(
+            "input 'hyperparameters.selection_metric' = 'val_accuracy': a regression has no accuracy; "
+            "its epochs are chosen by val_loss (the mean squared error of the standardised label)"
+        )
+    if config.class_weight != "none":
+        found.append(
+            f"input 'hyperparameters.class_weight' = {config.class_weight!r}: a regression has no classes "
+            "to weigh; leave it 'none'"
+        )
+    return found

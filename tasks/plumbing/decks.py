@@ -6,6 +6,7 @@ import html
 import math
 from typing import TYPE_CHECKING
 
+import numpy as np
 from flytekit import Deck
 from flytekit.deck import DeckField
 
@@ -166,7 +167,11 @@ def billed_section(report) -> str:
     )  # fmt: skip
 
 
-def evaluation_deck(report) -> None:
+def evaluation_deck(report, points=None) -> None:
+    """`points`: a regression's test rows (actual, predicted), for its charts."""
+    if report.regression is not None:
+        regression_deck(report, points)
+        return
     metrics, run = report.metrics, report.training
     per_class = [[c.label, c.precision, c.recall, c.f1, c.support, c.predicted] for c in metrics.per_class]
     content = section(
@@ -189,20 +194,44 @@ def evaluation_deck(report) -> None:
     Deck("Evaluation", content)
 
 
+def regression_deck(report, points=None) -> None:
+    metrics, run = report.regression, report.training
+    content = section(
+        "Test metrics (regression)",
+        table(["", "RMSE", "MAE", "R²", "test rows"],
+              [["model", metrics.rmse, metrics.mae, metrics.r2, metrics.n_test],
+               ["train mean", metrics.baseline_rmse, metrics.baseline_mae, metrics.baseline_r2, metrics.n_test]]),
+        table(["trained with", "on"], [[run.framework, run.device]]),
+        "".join(f"<p>{html.escape(note)}</p>" for note in [report.target.describe(), *report.notes]),
+    ) + billed_section(report)  # fmt: skip
+    if points is not None:
+        actual, predicted = points
+        finite = np.isfinite(predicted)
+        content += section(
+            "Predictions",
+            figure(plots.predicted_against_actual(actual[finite], predicted[finite], "label"), "predicted-vs-actual"),
+            figure(plots.residuals(actual[finite], predicted[finite], "label"), "residuals"),
+        )  # fmt: skip
+    Deck("Evaluation", content)
+
+
+def run_quality(run, regression: bool) -> list[float]:
+    return [run.rmse, run.r2] if regression else [run.accuracy, run.macro_f1]
+
+
 def comparison_deck(comparison) -> None:
     names = [row.run.name for row in comparison.rows]
-    rows = [[r.run.name, r.hardware(), r.run.accuracy, r.run.macro_f1, r.run.training.train_seconds,
+    quality = ["RMSE", "R²"] if comparison.regression else ["accuracy", "macro-F1"]
+    rows = [[r.run.name, r.hardware(), *run_quality(r.run, comparison.regression), r.run.training.train_seconds,
              r.run.training.samples_per_second, r.price_per_hour if r.price_per_hour is not None else "n/a",
              r.cost_usd if r.cost_usd is not None else "n/a"]
             for r in comparison.rows]  # fmt: skip
     content = section(
         "GPU against TPU",
-        table(
-            ["run", "hardware", "accuracy", "macro-F1", "train s", "samples/s", "$/h per device", "cost $"],
-            rows,
-        ),
+        table(["run", "hardware", *quality, "train s", "samples/s", "$/h per device", "cost $"], rows),
         figure(
-            plots.bar_chart(names, [r.run.accuracy for r in comparison.rows], "accuracy", "accuracy"),
+            plots.bar_chart(names, [r.run.score for r in comparison.rows], quality[-1 if comparison.regression else 0],
+                            quality[-1 if comparison.regression else 0]),
             "accuracy",
         ),
         figure(
@@ -216,5 +245,5 @@ def comparison_deck(comparison) -> None:
             "cost",
         ),
         "".join(f"<p>{html.escape(note)}</p>" for note in comparison.notes),
-    )
+    )  # fmt: skip
     Deck("Comparison", content)

@@ -30,7 +30,7 @@ GROUP_TOPICS = {
     "preprocess": ("preprocess: throughput", "peak RSS growth"),
     "loops": ("torch loop", "keras loop"),
     "scoring": ("scoring: throughput", "scoring: peak RSS growth", "scoring: peak RSS at"),
-    "tables": ("tables: churn", "tables: loans", "tables: preprocess throughput",
+    "tables": ("tables: churn", "tables: loans", "tables: homes", "tables: diabetes", "tables: preprocess throughput",
                "tables: preprocess rows per CPU second", "tables: preprocess peak RSS growth"),
 }  # fmt: skip
 

@@ -22,6 +22,7 @@ from tasks.core.data.column_kinds import (
 from tasks.core.data.files import DatasetError
 from tasks.core.data.labels import looks_continuous
 from tasks.core.data.reading import iter_batches
+from tasks.core.data.target import problem_type_problems
 from tasks.core.messages import preview, shorten
 
 SPLITS = ("train", "val", "test")
@@ -44,10 +45,15 @@ class SplitConfig:
     # A column of dates, times or numbers to split by (`time_assignment`): the earliest rows train, the
     # latest test. Empty: a stratified random split.
     split_by: str = ""
+    # What is predicted (tasks/core/data/target.py): it decides what the random split stratifies by,
+    # the classes or the label's quantile bins.
+    problem_type: str = "auto"
 
     def __post_init__(self) -> None:
         for name, value in bad_fractions(self.val_fraction, self.test_fraction).items():
             raise DatasetError(f"{name}={value} {FRACTION_RULE}")
+        if problem_type_problems(self.problem_type):
+            raise DatasetError(problem_type_problems(self.problem_type))
 
 
 def check_split_sizes(
@@ -61,7 +67,7 @@ def check_split_sizes(
     if looks_continuous(class_labels):
         hint = (
             f"; label column '{label_column}' looks continuous ({len(class_labels):,} distinct numbers), "
-            "but mixedml trains classifiers: the label must be a column of classes"
+            "so it may be a quantity: set problem_type='regression' to predict it as a number"
         )
     if too_rare:
         raise DatasetError(

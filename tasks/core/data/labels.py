@@ -12,6 +12,7 @@ import pyarrow.dataset as ds
 
 from tasks.core.data.files import DatasetError
 from tasks.core.data.reading import iter_batches
+from tasks.core.data.target import MAX_AUTO_CLASSES
 from tasks.core.messages import preview, shorten
 
 CASE_WARNINGS = 5
@@ -180,9 +181,10 @@ def label_case_warnings(class_labels: list[str]) -> list[str]:
 
 
 def looks_continuous(class_labels: list[str]) -> bool:
-    """Classes that are all numbers, some of them fractional: a regression target, not classes."""
+    """Classes that are all numbers, some of them fractional or more than a few distinct: a
+    regression target, likely, not classes."""
     try:
         values = [float(label) for label in class_labels]
     except ValueError:
         return False
-    return any(not value.is_integer() for value in values)
+    return len(values) > MAX_AUTO_CLASSES or any(not value.is_integer() for value in values)

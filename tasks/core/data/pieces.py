@@ -40,6 +40,7 @@ from tasks.core.data.prepare import (
     PreparedSplits,
     PreparedTable,
     RowSplit,
+    every_row,
     feature_kinds,
     fit_encoding,
     hash_files,
@@ -214,7 +215,10 @@ def write_piece(
 
 def encode_as(labels: Labels, layout: PieceLayout) -> np.ndarray:
     """Some rows' labels as codes into the whole input's classes (`encode_labels` named them by text);
-    -1 where the label is missing, as `RowSplit` has it."""
+    -1 where the label is missing, as `RowSplit` has it. A regression's are its values, NaN where
+    missing."""
+    if layout.table.target.regression:
+        return every_row(labels.values.astype(np.float64), labels.missing, np.nan)
     code_of = {label: code for code, label in enumerate(layout.table.class_labels)}
     classes, inverse = np.unique(labels.values, return_inverse=True)
     codes = np.full(len(labels.missing), -1, dtype=np.int64)

@@ -27,6 +27,7 @@ from tasks.core.data.assignment import (
     UNLABELLED,
     SplitConfig,
     SplitTimes,
+    assign_splits,
     check_split_sizes,
     checked_assignment,
     split_times,
@@ -52,6 +53,13 @@ from tasks.core.data.scaling import (
     train_moments,
 )
 from tasks.core.data.splits import SplitPaths
+from tasks.core.data.target import (
+    Target,
+    decide_problem_type,
+    fitted_target,
+    quantile_bins,
+    regression_values,
+)
 
 # The split kept as raw feature values: evaluation scores it through the model bundle's loader, as a
 # user scores the original rows; the others are standardised for the training loops.
@@ -94,13 +102,22 @@ class PreparedTable:
     # Both empty in a table prepared before encodings existed: its features were numbers, read as they are.
     columns: list[str] = field(default_factory=list)
     encoding: str = ""
+    # What is predicted. A regression has no classes: its train and val splits hold the label
+    # standardised by `target`'s train mean and deviation, float32; its test split the label as read.
+    target: Target = field(default_factory=Target)
 
     def split_paths(self, train: str, val: str) -> SplitPaths:
         """The train and val splits at these paths, as the training loops read them."""
-        return SplitPaths(train, val, self.feature_names, self.label_column, len(self.class_labels))
+        return SplitPaths(
+            train, val, self.feature_names, self.label_column, len(self.class_labels), self.target.regression
+        )
 
     def fitted_encoding(self) -> FittedEncoding:
         return FittedEncoding.from_dict(json.loads(self.encoding))
+
+    @property
+    def n_outputs(self) -> int:
+        return 1 if self.target.regression else len(self.class_labels)
 
 
 def with_encoding(table: PreparedTable, encoding: str) -> PreparedTable:
@@ -124,12 +141,23 @@ class PreparedSplits:
 
 def split_schema(table: PreparedTable, raw: pa.Schema, split: str) -> pa.Schema:
     """Standardised float32 encoded features, or in the raw split the input's feature columns as read
-    (`raw`, the input's schema); then the class codes."""
+    (`raw`, the input's schema); then the class codes, or a regression's label (`split_labels`)."""
     if split == RAW_SPLIT:
         fields = [raw.field(name) for name in table.columns]
     else:
         fields = [pa.field(name, pa.float32()) for name in table.feature_names]
-    return pa.schema([*fields, pa.field(table.label_column, pa.int64())])
+    label_type = pa.int64()
+    if table.target.regression:
+        label_type = pa.float64() if split == RAW_SPLIT else pa.float32()
+    return pa.schema([*fields, pa.field(table.label_column, label_type)])
+
+
+def split_labels(table: PreparedTable, codes: np.ndarray, split: str) -> pa.Array:
+    """A split's label column: class codes; a regression's label as read in the raw split, else
+    standardised as the model learns it."""
+    if not table.target.regression:
+        return pa.array(codes, pa.int64())
+    return pa.array(codes if split == RAW_SPLIT else table.target.standardised(codes))
 
 
 def write_splits(
@@ -164,7 +192,7 @@ def write_splits(
             for index, name in enumerate(SPLITS):
                 keep = assignment[rows] == index
                 if keep.any():
-                    labels = pa.array(codes[rows][keep], pa.int64())
+                    labels = split_labels(table, codes[rows][keep], name)
                     rows_kept = raw_rows(batch if name == RAW_SPLIT else scaled_batch, keep)
                     part = pa.Table.from_arrays([*rows_kept, labels], schema=schemas[name])
                     writers[name].write_table(part, row_group_size=SPLIT_ROW_GROUP_ROWS)
@@ -206,7 +234,7 @@ def row_hashes(batch: pa.RecordBatch, columns: list[str], codes: np.ndarray) -> 
     """A 64-bit hash of each row's values in `columns` and its class code: equal rows hash equal in any
     batch or piece, as each column is hashed by its Arrow type (pandas would convert an integer column
     to floats in a batch with a null only)."""
-    hashes = pd.util.hash_array(codes.astype(np.int64))
+    hashes = pd.util.hash_array(codes if codes.dtype.kind == "f" else codes.astype(np.int64))
     for name in columns:
         hashes = (hashes * HASH_MULTIPLIER) ^ column_hashes(batch.column(name))
     return hashes
@@ -330,13 +358,15 @@ def with_copy_notes(prepared: PreparedSplits, out_dir: str) -> PreparedSplits:
 class RowSplit:
     """Every row's class code and split, decided from the label column of the whole input: the same
     rows land in each split however many pieces then read the features. A row without a label is in
-    no split (`UNLABELLED`, code -1)."""
+    no split (`UNLABELLED`, code -1). A regression's `codes` are the label's values (float64, NaN
+    where missing) and it has no classes."""
 
     codes: np.ndarray
     class_labels: list[str]
     label_kind: str
     assignment: np.ndarray  # one byte per row: its index in SPLITS, or UNLABELLED
     notes: list[str] = field(default_factory=list)  # the rows left out for want of a label
+    target: Target = field(default_factory=Target)
 
     @classmethod
     def of(
@@ -344,6 +374,9 @@ class RowSplit:
     ) -> RowSplit:
         """From the cleaned labels of every row (`clean_labels`), refusing a split the rows cannot fill;
         with the `times` of every row (`split_times`), in time order rather than at random."""
+        target = decide_problem_type(labels.values, split.problem_type, uri, label_column)
+        if target.regression:
+            return cls.of_numbers(labels, uri, label_column, split, times, target)
         codes, class_labels = encode_labels(labels.values, uri, label_column)
         if times is None:
             check_split_sizes(codes, class_labels, split, uri, label_column)
@@ -357,6 +390,40 @@ class RowSplit:
             label_kind(labels.values),
             every_row(assignment, labels.missing, UNLABELLED),
             [*labels.note(label_column), *notes],
+            target,
+        )
+
+    @classmethod
+    def of_numbers(
+        cls,
+        labels: Labels,
+        uri: str,
+        label_column: str,
+        split: SplitConfig,
+        times: SplitTimes | None,
+        target: Target,
+    ) -> RowSplit:
+        """A regression's rows: split at random stratified by the label's quantile bins (or in time
+        order), and the label's train mean and deviation fitted."""
+        values = regression_values(labels.values, uri, label_column)
+        if times is None:
+            assignment = assign_splits(quantile_bins(values), split)
+            notes = [
+                "split at random, stratified by quantile bins of the label (each split covers its range)"
+            ]
+        else:
+            one_class = np.zeros(len(values), dtype=np.int64)
+            assignment, notes = time_assignment(
+                one_class, [label_column], times.labelled(labels.missing), split, uri
+            )
+        target = fitted_target(target, values[assignment == SPLITS.index("train")], uri, label_column)
+        return cls(
+            every_row(values, labels.missing, np.nan),
+            [],
+            label_kind(labels.values),
+            every_row(assignment, labels.missing, UNLABELLED),
+            [*labels.note(label_column), *notes],
+            target,
         )
 
     def table(
@@ -364,7 +431,8 @@ class RowSplit:
     ) -> PreparedTable:
         """What the splits hold, but the encoding and the scaler: fitted afterwards on the train rows
         (`with_encoding`, `fitted_scaler`)."""
-        counts = np.bincount(self.codes[self.codes >= 0], minlength=len(self.class_labels))
+        classes = self.class_labels
+        counts = np.bincount(self.codes[self.codes >= 0], minlength=len(classes)) if classes else []
         return PreparedTable(
             feature_names=[],
             label_column=label_column,
@@ -376,6 +444,7 @@ class RowSplit:
             label_kind=self.label_kind,
             notes=[*left_out.values(), *label_case_warnings(self.class_labels), *self.notes],
             columns=columns,
+            target=self.target,
         )
 
 

@@ -15,7 +15,13 @@ def read_split(path: str, feature_names: list[str], label_column: str) -> tuple[
     the standardised train and val splits the training loops read."""
     table = ds.dataset(path, format=parquet_format()).to_table(columns=[*feature_names, label_column])
     features = np.column_stack([table.column(n).to_numpy() for n in feature_names]).astype(np.float32)
-    return features, table.column(label_column).to_numpy().astype(np.int64)
+    return features, label_array(table.column(label_column).to_numpy())
+
+
+def label_array(values: np.ndarray) -> np.ndarray:
+    """A split's labels as the loops read them: class codes int64, or a regression's standardised
+    label float32."""
+    return values.astype(np.float32 if values.dtype.kind == "f" else np.int64)
 
 
 @dataclass
@@ -24,4 +30,10 @@ class SplitPaths:
     val: str
     feature_names: list[str]
     label_column: str
-    n_classes: int
+    n_classes: int  # 0 for a regression
+    regression: bool = False
+
+    @property
+    def n_outputs(self) -> int:
+        """The model's output width: a logit per class, or the one predicted number."""
+        return 1 if self.regression else self.n_classes

@@ -10,14 +10,15 @@ A builder is a plain function::
   shape `[rows, n_features]`, standardised, in the column order of the prepared data.
 - `spec.input_shape`: `None`, or the shape (e.g. `(1, 8, 8)`) the user said the feature columns form,
   row-major; the model reshapes each flat row itself.
-- `spec.n_classes`: the number of classes.
+- `spec.n_classes`: the model's output width: the number of classes, or 1 for a regression
+  (`spec.regression`, also `spec.n_outputs`), whose single output is the standardised number.
 - `options`: the user's options, by name; values are numbers or strings (numbers arrive as floats, so
   read them with `option_int`, `option_float`, `option_ints`). Refuse options you do not know
   (`check_options`) so a typo is an error rather than a silent default.
 
 It returns, for a PyTorch target, a `torch.nn.Module` and, for a TensorFlow target, a `keras.Model`;
 either maps a batch `[rows, n_features]` to class logits `[rows, n_classes]` (no softmax: the loss
-applies it). Keras models keep their logits layer `dtype="float32"` so mixed precision stays stable.
+applies it), or for a regression to `[rows, 1]` (no activation: the loss is the squared error). Keras models keep their logits layer `dtype="float32"` so mixed precision stays stable.
 
 For a TensorFlow target, the reference `package.module:name` resolves to `name_keras` in the same
 module when that exists, else to `name` itself. A module that serves both frameworks imports each
@@ -121,13 +122,14 @@ class InputSpec:
     """What a builder is given about the data."""
 
     n_features: int
-    n_classes: int
+    n_classes: int  # the output width: 1 for a regression, whose one output is the predicted number
     input_shape: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
-        if self.n_features < 1 or self.n_classes < 2:
+        if self.n_features < 1 or self.n_classes < 1:
             raise ModelError(
-                f"need >= 1 feature and >= 2 classes, got {self.n_features} and {self.n_classes}"
+                f"need >= 1 feature and >= 2 classes (or 1 output for a regression), got "
+                f"{self.n_features} and {self.n_classes}"
             )
         if self.input_shape is not None and math.prod(self.input_shape) != self.n_features:
             shape = "x".join(map(str, self.input_shape))
@@ -135,6 +137,15 @@ class InputSpec:
                 f"input_shape '{shape}' has {math.prod(self.input_shape)} values, "
                 f"the data has {self.n_features} features"
             )
+
+    @property
+    def regression(self) -> bool:
+        """A single output cannot choose among classes: it is a number."""
+        return self.n_classes == 1
+
+    @property
+    def n_outputs(self) -> int:
+        return self.n_classes
 
     @classmethod
     def parse(cls, n_features: int, n_classes: int, input_shape: str = "") -> InputSpec:

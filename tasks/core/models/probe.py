@@ -117,13 +117,18 @@ def step_timeline(model: nn.Module, input_spec: InputSpec, rows: int, precision:
     mixed = named(precision).mixed
     generator = torch.Generator().manual_seed(0)
     features = torch.randn(rows, input_spec.n_features, generator=generator)
-    labels = torch.randint(0, input_spec.n_classes, (rows,), generator=generator)
+    if input_spec.regression:  # the training loops' loss for a number: the squared error
+        labels = torch.randn(rows, generator=generator)
+        step_loss = lambda outputs: F.mse_loss(outputs[:, 0], labels)  # noqa: E731
+    else:
+        labels = torch.randint(0, input_spec.n_classes, (rows,), generator=generator)
+        step_loss = lambda outputs: F.cross_entropy(outputs, labels)  # noqa: E731
     was_training = model.training
     model.train()
     timeline = AllocationTimeline()
     with timeline:
         with autocast(mixed):
-            loss = F.cross_entropy(model(features).float(), labels)
+            loss = step_loss(model(features).float())
         loss.backward()
         del loss
     model.zero_grad(set_to_none=True)

@@ -19,6 +19,18 @@ class RunSummary:
     billed: Hardware  # its price_per_hour, where set, is the applied plan's per device
     accuracy: float
     macro_f1: float
+    # A regression's test RMSE and R² (its accuracy and macro-F1 are 0): runs compare by R².
+    rmse: float | None = None
+    r2: float | None = None
+
+    @property
+    def regression(self) -> bool:
+        return self.r2 is not None
+
+    @property
+    def score(self) -> float:
+        """What "most accurate" ranks by: R² for a regression, else accuracy."""
+        return self.r2 if self.r2 is not None else self.accuracy
 
 
 @dataclass
@@ -39,20 +51,25 @@ class HardwareComparison:
     fastest: str
     cheapest: str
     notes: list[str] = field(default_factory=list)
+    regression: bool = False  # the runs predict a number: compared by RMSE and R², the best by R²
 
     def table(self) -> str:
-        header = f"{'run':<18} {'hardware':<34} {'accuracy':>8} {'macro-F1':>8} {'train s':>8} {'samples/s':>10} {'cost $':>10}"
+        quality = ("RMSE", "R²") if self.regression else ("accuracy", "macro-F1")
+        header = (
+            f"{'run':<18} {'hardware':<34} {quality[0]:>8} {quality[1]:>8} {'train s':>8} {'samples/s':>10} "
+            f"{'cost $':>10}"
+        )
         lines = [header]
         for row in self.rows:
             run, training = row.run, row.run.training
             cost = f"{row.cost_usd:.6f}" if row.cost_usd is not None else "n/a"
+            first, second = (run.rmse, run.r2) if self.regression else (run.accuracy, run.macro_f1)
             lines.append(
-                f"{run.name:<18} {row.hardware():<34} {run.accuracy:>8.4f} {run.macro_f1:>8.4f} "
+                f"{run.name:<18} {row.hardware():<34} {first:>8.4g} {second:>8.4f} "
                 f"{training.train_seconds:>8.1f} {training.samples_per_second:>10.0f} {cost:>10}"
             )
-        lines.append(
-            f"most accurate: {self.most_accurate}; fastest: {self.fastest}; cheapest: {self.cheapest}"
-        )
+        best = "best R²" if self.regression else "most accurate"
+        lines.append(f"{best}: {self.most_accurate}; fastest: {self.fastest}; cheapest: {self.cheapest}")
         return "\n".join(lines + self.notes)
 
     def __repr__(self) -> str:
@@ -92,8 +109,9 @@ def compare_runs(
     notes = [pricing_note(row) for row in rows if row.run.billed.price_per_hour is None]
     return HardwareComparison(
         rows=rows,
-        most_accurate=max(rows, key=lambda r: r.run.accuracy).run.name,
+        most_accurate=max(rows, key=lambda r: r.run.score).run.name,
         fastest=min(rows, key=lambda r: r.run.training.train_seconds).run.name,
         cheapest=min(priced, key=lambda r: r.cost_usd).run.name if priced else "unknown",
         notes=notes,
+        regression=all(run.regression for run in runs),
     )

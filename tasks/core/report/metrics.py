@@ -96,3 +96,91 @@ def metrics_from_confusion(confusion: np.ndarray, class_labels: list[str]) -> Cl
         balanced_accuracy=float(recall[present].mean()) if present.any() else 0.0,
         majority_accuracy=float(support.max() / total) if total else 0.0,
     )
+
+
+@dataclass
+class RegressionMetrics:
+    """A regression's test figures, in the label's units, beside those of the baseline that always
+    answers the train split's mean: a model that learned nothing scores about the baseline's."""
+
+    rmse: float
+    mae: float
+    r2: float
+    baseline_rmse: float
+    baseline_mae: float
+    baseline_r2: float
+    n_test: int  # the rows scored: those with a finite prediction
+    non_finite_rows: int = 0
+
+    def notes(self) -> list[str]:
+        found = []
+        if self.non_finite_rows:
+            found.append(
+                f"{self.non_finite_rows:,} rows had non-finite model outputs: they have no prediction and "
+                "are left out of these metrics"
+            )
+        if self.n_test and self.rmse >= self.baseline_rmse:
+            found.append(
+                f"RMSE {self.rmse:.4g} is not below {self.baseline_rmse:.4g}, what always answering the train "
+                "mean scores on these rows: the model has not learned more than the label's average"
+            )
+        return found
+
+
+def regression_metrics(
+    actual: np.ndarray, predicted: np.ndarray, train_mean: float, non_finite_rows: int = 0
+) -> RegressionMetrics:
+    from sklearn.metrics import mean_absolute_error, mean_squared_error, r2_score
+
+    baseline = np.full(len(actual), train_mean)
+
+    def figures(answers: np.ndarray) -> tuple[float, float, float]:
+        if len(actual) < 2:
+            return 0.0, 0.0, 0.0  # no spread to measure; n_test says so
+        rmse = float(np.sqrt(mean_squared_error(actual, answers)))
+        return rmse, float(mean_absolute_error(actual, answers)), float(r2_score(actual, answers))
+
+    return RegressionMetrics(*figures(predicted), *figures(baseline), len(actual), non_finite_rows)
+
+
+@dataclass
+class RegressionSums:
+    """What `RegressionMetrics` are made of, as sums that pieces of a table add up exactly: rows, the
+    labels' sum and sum of squares, and the squared and absolute errors of the model and of the
+    train-mean baseline."""
+
+    rows: int = 0
+    label_sum: float = 0.0
+    label_squares: float = 0.0
+    squared_errors: float = 0.0
+    absolute_errors: float = 0.0
+    baseline_squared_errors: float = 0.0
+    baseline_absolute_errors: float = 0.0
+
+    @classmethod
+    def of(cls, actual: np.ndarray, predicted: np.ndarray, train_mean: float) -> RegressionSums:
+        errors, baseline = predicted - actual, train_mean - actual
+        return cls(
+            len(actual), float(actual.sum()), float(np.square(actual).sum()),
+            float(np.square(errors).sum()), float(np.abs(errors).sum()),
+            float(np.square(baseline).sum()), float(np.abs(baseline).sum()),
+        )  # fmt: skip
+
+    def merge(self, other: RegressionSums) -> RegressionSums:
+        return RegressionSums(*(a + b for a, b in zip(self.as_tuple(), other.as_tuple(), strict=True)))
+
+    def as_tuple(self) -> tuple:
+        return (self.rows, self.label_sum, self.label_squares, self.squared_errors, self.absolute_errors,
+                self.baseline_squared_errors, self.baseline_absolute_errors)  # fmt: skip
+
+    def metrics(self, non_finite_rows: int = 0) -> RegressionMetrics:
+        n = max(self.rows, 1)
+        spread = self.label_squares - self.label_sum**2 / n  # the total sum of squares about the mean
+
+        def figures(squared: float, absolute: float) -> tuple[float, float, float]:
+            r2 = 1.0 - squared / spread if spread > 0 else 0.0
+            return float(np.sqrt(squared / n)), absolute / n, r2
+
+        model = figures(self.squared_errors, self.absolute_errors)
+        baseline = figures(self.baseline_squared_errors, self.baseline_absolute_errors)
+        return RegressionMetrics(*model, *baseline, self.rows, non_finite_rows)

@@ -234,3 +234,40 @@ def top_confusions(matrix: list[list[int]], labels: list[str], k: int = 10) -> l
     )
     largest = heapq.nlargest(k, cells, key=lambda cell: cell[2])  # stable: ties keep row order
     return [(str(labels[i]), str(labels[j]), int(count)) for i, j, count in largest]
+
+
+SCATTER_POINTS = 2_000  # a regression's charts draw at most this many test rows, as one image
+
+
+def scatter_sample(xs, ys, limit: int = SCATTER_POINTS):
+    """At most `limit` of the (x, y) pairs, evenly spaced: a chart of a million test rows stays small."""
+    import numpy as np
+
+    xs, ys = np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)
+    keep = np.linspace(0, len(xs) - 1, limit).astype(int) if len(xs) > limit else slice(None)
+    return xs[keep], ys[keep]
+
+
+def predicted_against_actual(actual, predicted, label: str) -> str:
+    """A regression's test rows: the prediction against the true value, and the line where they agree."""
+    figure, axes = new_axes((4.8, 4.2))
+    xs, ys = scatter_sample(actual, predicted)
+    axes.scatter(xs, ys, s=8, alpha=0.5, color="#4c72b0", rasterized=len(xs) > RASTER_LIMIT)
+    if len(xs):
+        low, high = float(min(xs.min(), ys.min())), float(max(xs.max(), ys.max()))
+        axes.plot([low, high], [low, high], color="#c44e52", linewidth=1, label="predicted = actual")
+        axes.legend()
+    set_labels(axes, "predicted against actual", f"actual {label}", f"predicted {label}")
+    axes.grid(alpha=0.3)
+    return to_svg(figure)
+
+
+def residuals(actual, predicted, label: str) -> str:
+    """Each test row's error (predicted - actual) against its prediction: a pattern is what the model missed."""
+    figure, axes = new_axes((6, 3.2))
+    xs, ys = scatter_sample(predicted, [p - a for a, p in zip(actual, predicted, strict=True)])
+    axes.scatter(xs, ys, s=8, alpha=0.5, color="#4c72b0", rasterized=len(xs) > RASTER_LIMIT)
+    axes.axhline(0.0, color="#c44e52", linewidth=1)
+    set_labels(axes, "residuals", f"predicted {label}", "predicted - actual")
+    axes.grid(alpha=0.3)
+    return to_svg(figure)

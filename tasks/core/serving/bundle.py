@@ -59,6 +59,7 @@ from tasks.core.data.files import DatasetError, filesystem_for, is_local, remote
 from tasks.core.data.labels import typed_labels
 from tasks.core.data.prepare import PreparedTable
 from tasks.core.data.scaling import ScalerStats, batch_features, check_standardised, standardise
+from tasks.core.data.target import Target
 from tasks.core.messages import one_line, preview, shorten
 from tasks.core.models.plugins import (
     BUILTINS,
@@ -69,7 +70,7 @@ from tasks.core.models.plugins import (
     check_logits,
     input_spec_for,
 )
-from tasks.core.report.metrics import ClassificationMetrics
+from tasks.core.report.metrics import ClassificationMetrics, RegressionMetrics
 from tasks.core.serving.exports import ExportDescription, export_model
 from tasks.core.serving.mlflow_model import MLFLOW_FOLDER, write_mlflow_model
 from tasks.core.training.records import Hardware, TrainingRun
@@ -118,6 +119,14 @@ class BundleRecord:
     # prepared before encodings existed).
     columns: list[str] = field(default_factory=list)
     encoding: dict[str, Any] = field(default_factory=dict)
+    # What the model predicts: a regression answers target.mean + target.std x its one output, and its
+    # test figures are `regression_metrics` (none in `metrics`).
+    target: Target = field(default_factory=Target)
+    regression_metrics: RegressionMetrics | None = None
+
+    @property
+    def n_outputs(self) -> int:
+        return 1 if self.target.regression else len(self.class_labels)
 
     @classmethod
     def of(
@@ -129,6 +138,7 @@ class BundleRecord:
             class_labels=table.class_labels, label_kind=table.label_kind, label_column=table.label_column,
             source=table.source, data_fingerprint=data_fingerprint, run=run, billed=billed,
             columns=table.columns, encoding=json.loads(table.encoding) if table.encoding else {},
+            target=table.target,
         )  # fmt: skip
 
 
@@ -298,7 +308,8 @@ def check_model_record(manifest: Manifest, where: str) -> None:
         "n_classes": ("class labels", record.class_labels),
     }
     for key, (what, names) in listed.items():
-        if built_for.get(key) != len(names):
+        expected = record.n_outputs if key == "n_classes" else len(names)
+        if built_for.get(key) != expected:
             raise BundleError(
                 f"{where}: the manifest lists {len(names)} {what} ({preview(names)}), but its model was "
                 f"built for {built_for.get(key)!r} (model.input.{key})"
@@ -396,30 +407,15 @@ def write_bundle(
     weights = WEIGHTS[record.framework]
     shutil.copyfile(artifact, folder / weights)
     model, spec = load_model(record.framework, str(folder / weights))
-    n_features, n_classes = len(record.feature_names), len(record.class_labels)
+    n_features, n_classes = len(record.feature_names), record.n_outputs
     check_logits(spec, model, n_features, n_classes, record.framework)
-    encoding = record_encoding(record, directory)
-    description = ExportDescription(
-        feature_names=record.feature_names,
-        label_column=record.label_column,
-        class_labels=record.class_labels,
-        format_version=FORMAT_VERSION,
-    )
-    exported = export_model(
-        model, record.framework, record.scaler, directory, encoding, description=description
-    )
-    files = {"weights": weights, **exported.files}
-    mlflow_note = write_mlflow_model(
-        directory, str(folder / MLFLOW_FOLDER), Manifest(record=record, model={}, files=files).to_json()
-    )
-    if mlflow_note is None:
-        files["mlflow"] = MLFLOW_FOLDER
+    files, notes, checks = serving_exports(model, record, directory, {"weights": weights})
     manifest = Manifest(
         record=record,
         model=artifact_record(spec, input_spec_for(spec, n_features, n_classes)),
         files=files,
-        export_notes=[*exported.notes, *([mlflow_note] if mlflow_note else [])],
-        export_checks=exported.checks,
+        export_notes=notes,
+        export_checks=checks,
         packages=package_versions(record.framework),
         created=datetime.now(UTC).isoformat(timespec="seconds"),
         digests={path: content_digest(folder / path) for path in files.values()},
@@ -429,11 +425,42 @@ def write_bundle(
     return directory
 
 
-def add_metrics(directory: str, metrics: ClassificationMetrics) -> None:
+def serving_exports(
+    model, record: BundleRecord, directory: str, files: dict[str, str]
+) -> tuple[dict[str, str], list[str], dict[str, dict[str, Any]]]:
+    """The ONNX, SavedModel and MLflow exports beside `files`, the notes on those left out, and their
+    parity checks. A regression's ONNX file and MLflow model answer a "prediction"."""
+    target = record.target
+    description = ExportDescription(
+        feature_names=record.feature_names,
+        label_column=record.label_column,
+        class_labels=record.class_labels,
+        format_version=FORMAT_VERSION,
+        problem_type=target.problem_type,
+        target_mean=target.mean,
+        target_std=target.std,
+    )
+    encoding = record_encoding(record, directory)
+    exported = export_model(
+        model, record.framework, record.scaler, directory, encoding, description=description
+    )
+    files = {**files, **exported.files}
+    mlflow_note = write_mlflow_model(
+        directory,
+        str(Path(directory) / MLFLOW_FOLDER),
+        Manifest(record=record, model={}, files=files).to_json(),
+    )
+    if mlflow_note is None:
+        files["mlflow"] = MLFLOW_FOLDER
+    return files, [*exported.notes, *([mlflow_note] if mlflow_note else [])], exported.checks
+
+
+def add_metrics(directory: str, metrics: ClassificationMetrics | RegressionMetrics) -> None:
     """Record the evaluation's metrics in the manifest of the local bundle folder `directory`."""
     filesystem, path = filesystem_for(directory)
     manifest = read_manifest(filesystem, path, directory)
-    write_manifest(directory, replace(manifest, record=replace(manifest.record, metrics=metrics)))
+    scored = {"regression_metrics" if isinstance(metrics, RegressionMetrics) else "metrics": metrics}
+    write_manifest(directory, replace(manifest, record=replace(manifest.record, **scored)))
 
 
 def write_manifest(directory: str, manifest: Manifest) -> None:
@@ -567,7 +594,7 @@ def load_weights(manifest: Manifest, path: str, uri: str, trust: BuilderTrust):
         raise BundleError(f"{uri}: cannot load the model from {name}: {one_line(error)}") from error
     record = manifest.record
     try:
-        check_logits(spec, model, len(record.feature_names), len(record.class_labels), record.framework)
+        check_logits(spec, model, len(record.feature_names), record.n_outputs, record.framework)
     except ModelError as error:
         raise BundleError(f"{where} does not fit the bundle's manifest: {error}") from error
     return model
@@ -698,6 +725,7 @@ class Bundle:
 
         A row whose logits are not all finite (the model overflowed on it) has NaN in every column:
         it has no answer. `finite_rows` tells the rows that have one."""
+        self.refuse_regression("predict_proba")
         columns = self.checked(table, source, first_row)
         # Row blocks that stay in the CPU's cache: converting a whole large table at once is slower.
         blocks = [
@@ -709,14 +737,48 @@ class Bundle:
     def predict_codes(self, table: Table, source: str = "table", first_row: int = 0) -> np.ndarray:
         """Class codes, int64: indices into `class_labels`. BundleError naming the rows whose outputs
         are not finite: no class is an answer for them (`predict_proba` gives them NaN)."""
+        self.refuse_regression("predict_codes")
         probabilities = self.predict_proba(table, source, first_row)
         check_answered(probabilities, source, first_row)
         return probabilities.argmax(axis=1).astype(np.int64)
 
     def predict(self, table: Table, source: str = "table", first_row: int = 0) -> np.ndarray:
         """Class labels as the label column held them: text stays text, numbers stay numbers.
-        BundleError naming the rows whose outputs are not finite, as `predict_codes`."""
+        BundleError naming the rows whose outputs are not finite, as `predict_codes`. A regression's
+        numbers in the label's units and type: whole numbers rounded for an integer label."""
+        if self.target.regression:
+            numbers = self.predict_numbers(table, source, first_row)
+            check_answered(numbers[:, None], source, first_row)
+            return (
+                np.rint(numbers).astype(np.int64) if self.manifest.record.label_kind == "integer" else numbers
+            )
         return self.labels(self.predict_codes(table, source, first_row))
+
+    @property
+    def target(self) -> Target:
+        return self.manifest.record.target
+
+    def predict_numbers(self, table: Table, source: str = "table", first_row: int = 0) -> np.ndarray:
+        """A regression's predictions, float64 in the label's units; NaN where the model's output is
+        not finite."""
+        columns = self.checked(table, source, first_row)
+        blocks = [
+            self.numbers(columns.slice(start, PREDICT_BATCH_ROWS), source, first_row + start)
+            for start in range(0, columns.num_rows, PREDICT_BATCH_ROWS)
+        ]
+        return np.concatenate(blocks) if blocks else np.zeros(0)
+
+    def numbers(self, columns: pa.Table | pa.RecordBatch, source: str, first_row: int) -> np.ndarray:
+        outputs = self.logits(self.model_inputs(columns, source, first_row))[:, 0]
+        with np.errstate(invalid="ignore", over="ignore"):
+            return self.target.in_label_units(outputs)
+
+    def refuse_regression(self, method: str) -> None:
+        if self.target.regression:
+            raise BundleError(
+                f"{method}: this bundle predicts a number (a regression of "
+                f"{self.label_column!r}), not classes: it has no class probabilities; use predict"
+            )
 
     def labels(self, codes: np.ndarray) -> np.ndarray:
         return self._label_values[codes]

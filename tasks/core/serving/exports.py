@@ -85,6 +85,9 @@ from tasks.core.serving.raw_inputs import (
 INPUT = "features"
 OUTPUTS = ("logits", "probabilities")
 LABEL = "label"
+# A regression's one output: the number in the label's units, float64 `[rows]`.
+PREDICTION = "prediction"
+REGRESSION_OUTPUTS = (PREDICTION,)
 ROWS = "rows"
 ONNX_FILE = "model.onnx"
 SAVED_MODEL_DIR = "saved_model"
@@ -104,6 +107,10 @@ OUTPUT_RULES = {
     LABEL: "string [rows], the class label of the largest probability (the first where tied); empty where the "
     "probabilities are not finite (no answer)",
 }
+REGRESSION_OUTPUT_RULES = {
+    PREDICTION: "float64 [rows], the predicted number in the label's units; NaN where the model's output "
+    "is not finite (no answer)",
+}
 
 logger = logging.getLogger(__name__)
 
@@ -117,6 +124,13 @@ class ExportDescription:
     class_labels: list[str]  # text, in class order: what the "label" output returns
     format_version: int  # the bundle's format
     problem_type: str = "classification"
+    # A regression's label: mean + std x the model's one output is the prediction.
+    target_mean: float = 0.0
+    target_std: float = 1.0
+
+    @property
+    def regression(self) -> bool:
+        return self.problem_type == "regression"
 
 
 @dataclass
@@ -140,6 +154,18 @@ class ExportPlan:
     encoding: FittedEncoding | None = None
     description: ExportDescription | None = None
 
+    @property
+    def regression(self) -> bool:
+        return self.description is not None and self.description.regression
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        return REGRESSION_OUTPUTS if self.regression else OUTPUTS
+
+    def label_units(self) -> tuple[float, float] | None:
+        """A regression's (mean, std) of the label, which turn the model's output into its units."""
+        return (self.description.target_mean, self.description.target_std) if self.regression else None
+
     def metadata(self) -> dict[str, Any] | None:
         """The description and the input rules, as the exports carry them; None without a description."""
         described = self.description
@@ -153,7 +179,7 @@ class ExportPlan:
             "feature_names": list(described.feature_names),
             "bundle_format_version": described.format_version,
             "inputs": inputs,
-            "outputs": OUTPUT_RULES,
+            "outputs": REGRESSION_OUTPUT_RULES if described.regression else OUTPUT_RULES,
         }
 
     def features_rule(self) -> dict[str, Any]:
@@ -206,17 +232,16 @@ def encoded_columns(encoding: FittedEncoding | None) -> list[str]:
 def export_torch(model, plan: ExportPlan, directory: str) -> ExportResult:
     """ONNX of `model` behind the scaler: from "features", or with an encoding, from the raw columns."""
     result = ExportResult()
-    serving = torch_serving_module(model, plan.scaler, plan.fill)
+    serving = torch_serving_module(model, plan.scaler, plan.fill, plan.label_units())
 
-    def live(features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def live(features: np.ndarray) -> tuple[np.ndarray, ...]:
         import torch
 
         with torch.no_grad():
-            logits, probabilities = serving(torch.from_numpy(features))
-        return logits.numpy(), probabilities.numpy()
+            return tuple(output.numpy() for output in serving(torch.from_numpy(features)))
 
     def write(path: str) -> dict[str, Any]:
-        write_torch_onnx(serving, len(plan.scaler.mean), path, exact=plan.encoding is not None)
+        write_torch_onnx(serving, len(plan.scaler.mean), path, plan.encoding is not None, plan.outputs)
         finish_onnx(path, plan)
         return check_parity(path, live, plan)
 
@@ -224,9 +249,15 @@ def export_torch(model, plan: ExportPlan, directory: str) -> ExportResult:
     return result
 
 
-def torch_serving_module(model, scaler: ScalerStats, fill: list[float] | None = None):
+def torch_serving_module(
+    model,
+    scaler: ScalerStats,
+    fill: list[float] | None = None,
+    label_units: tuple[float, float] | None = None,
+):
     """`model` behind the scaler, returning (logits, probabilities). With `fill` (the encoding's value
-    for a missing number, by feature), a NaN is filled as the bundle fills it."""
+    for a missing number, by feature), a NaN is filled as the bundle fills it. With a regression's
+    `label_units` (mean, std), returning (prediction,): the one output in the label's units, float64."""
     import torch
 
     class Serving(torch.nn.Module):
@@ -238,19 +269,25 @@ def torch_serving_module(model, scaler: ScalerStats, fill: list[float] | None = 
             self.fills = fill is not None
             if self.fills:
                 self.register_buffer("fill", torch.tensor(fill, dtype=torch.float64))
+            self.label_units = label_units
 
-        def forward(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        def forward(self, features: torch.Tensor) -> tuple[torch.Tensor, ...]:
             raw = features.double()
             if self.fills:
                 raw = torch.where(torch.isnan(raw), self.fill, raw)
             standardised = ((raw - self.mean) / self.scale).float()
             logits = self.model(standardised).float()
+            if self.label_units is not None:
+                mean, std = self.label_units
+                return (logits[:, 0].double() * std + mean,)
             return logits, torch.softmax(logits, dim=-1)
 
     return Serving().eval()
 
 
-def write_torch_onnx(serving, n_features: int, path: str, exact: bool = False) -> None:
+def write_torch_onnx(
+    serving, n_features: int, path: str, exact: bool = False, outputs: tuple[str, ...] = OUTPUTS
+) -> None:
     """`exact`: "features" in float64, as the raw-row encoding gives them; else float32."""
     import torch
 
@@ -263,7 +300,7 @@ def write_torch_onnx(serving, n_features: int, path: str, exact: bool = False) -
             dynamo=True,
             dynamic_shapes={INPUT: {0: torch.export.Dim(ROWS)}},
             input_names=[INPUT],
-            output_names=list(OUTPUTS),
+            output_names=list(outputs),
             opset_version=ONNX_OPSET,
             external_data=False,
             verbose=False,
@@ -291,14 +328,15 @@ def export_keras(model, plan: ExportPlan, directory: str) -> ExportResult:
     """A SavedModel and ONNX of `model` behind the scaler: from "features", or with an encoding, from
     the raw columns (the SavedModel encodes with TensorFlow ops, the ONNX file with ONNX ones)."""
     result = ExportResult()
-    serve = keras_serving_function(model, plan.scaler, plan.fill, exact=plan.encoding is not None)
+    exact = plan.encoding is not None
+    serve = keras_serving_function(model, plan.scaler, plan.fill, exact, plan.label_units())
     endpoint = serve if plan.encoding is None else keras_raw_row_function(serve, plan.encoding)
-    if plan.description is not None:
+    if plan.description is not None and not plan.regression:
         endpoint = keras_labelled_function(endpoint, plan.description.class_labels)
 
-    def live(features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def live(features: np.ndarray) -> tuple[np.ndarray, ...]:
         outputs = serve(features)
-        return outputs["logits"].numpy(), outputs["probabilities"].numpy()
+        return tuple(outputs[name].numpy() for name in plan.outputs)
 
     def write_onnx(path: str) -> dict[str, Any]:
         write_keras_onnx(serve, path)
@@ -315,9 +353,16 @@ def export_keras(model, plan: ExportPlan, directory: str) -> ExportResult:
     return result
 
 
-def keras_serving_function(model, scaler: ScalerStats, fill: list[float] | None = None, exact: bool = False):
+def keras_serving_function(
+    model,
+    scaler: ScalerStats,
+    fill: list[float] | None = None,
+    exact: bool = False,
+    label_units: tuple[float, float] | None = None,
+):
     """A `tf.function` from raw features to {"logits", "probabilities"}, traced on first use; with
-    `fill`, a NaN is filled as the bundle fills it; `exact`: the features are float64, else float32."""
+    `fill`, a NaN is filled as the bundle fills it; `exact`: the features are float64, else float32.
+    With a regression's `label_units` (mean, std): to {"prediction"}, float64 in the label's units."""
     import tensorflow as tf
 
     def serve(features):
@@ -330,6 +375,9 @@ def keras_serving_function(model, scaler: ScalerStats, fill: list[float] | None 
             raw = tf.where(tf.math.is_nan(raw), tf.constant(fill, tf.float64), raw)
         standardised = tf.cast((raw - mean) / scale, tf.float32)
         logits = tf.cast(model(standardised, training=False), tf.float32)
+        if label_units is not None:
+            mean, std = label_units
+            return {PREDICTION: tf.cast(logits[:, 0], tf.float64) * std + mean}
         return {"logits": logits, "probabilities": tf.nn.softmax(logits)}
 
     dtype = tf.float64 if exact else tf.float32
@@ -437,7 +485,8 @@ def finish_onnx(path: str, plan: ExportPlan) -> None:
     exported = onnx.load(path)
     metadata = plan.metadata()
     if metadata is not None:
-        add_label_output(exported, metadata["class_labels"])
+        if not plan.regression:
+            add_label_output(exported, metadata["class_labels"])
         onnx.helper.set_model_props(exported, onnx_metadata(metadata))
     for_onnxruntime_floor(exported)
     onnx.checker.check_model(exported, full_check=True)
@@ -514,10 +563,11 @@ def check_parity(path: str, live: Callable, plan: ExportPlan) -> dict[str, Any]:
     except ImportError:
         return {"not_run": "onnxruntime is not installed where the bundle was written"}
     feeds, features = parity_inputs(plan)
-    expected = dict(zip(OUTPUTS, live(features), strict=True))
-    got = dict(zip(OUTPUTS, onnx_session(path).run(list(OUTPUTS), feeds), strict=True))
-    difference = max(float(np.max(np.abs(got[name] - expected[name]))) for name in OUTPUTS)
-    relative = max(scaled_difference(got[name], expected[name]) for name in OUTPUTS)
+    outputs = plan.outputs
+    expected = dict(zip(outputs, live(features), strict=True))
+    got = dict(zip(outputs, onnx_session(path).run(list(outputs), feeds), strict=True))
+    difference = max(float(np.max(np.abs(got[name] - expected[name]))) for name in outputs)
+    relative = max(scaled_difference(got[name], expected[name]) for name in outputs)
     if not relative <= PARITY_TOLERANCE:  # NaN too
         raise ValueError(
             f"onnxruntime {onnxruntime.__version__}'s answers differ from the model's by {relative:.3g} "

@@ -23,8 +23,8 @@ read it as false), categories "string", dates "datetime" (ISO text without a zon
 
 At serving time the model needs onnxruntime, numpy, pandas and pyarrow, and neither Flyte nor this
 project's code. It serves the ONNX export, so a bundle without one gets no MLflow model: the function
-then writes nothing and returns a note saying why. The project's labels are classes (a numeric target
-with fractions is refused before training), so the answer is always a label and its probabilities.
+then writes nothing and returns a note saying why. A classification answers a label and its
+probabilities; a regression its `prediction`, a number in the label's units.
 """
 
 from __future__ import annotations
@@ -70,6 +70,8 @@ def write_mlflow_model(bundle_dir: str, out_dir: str, manifest: dict[str, Any] |
     shutil.copyfile(Path(bundle_dir) / onnx, folder / DATA / ONNX_FILE)
     shutil.copyfile(LOADER_SOURCE, folder / CODE / f"{LOADER_MODULE}.py")
     description = {"columns": columns, "class_labels": manifest["class_labels"]}
+    if problem_type(manifest) == "regression":
+        description["problem_type"] = "regression"
     write_json(folder / DATA / DESCRIPTION_FILE, description)
     example = input_example(manifest, columns)
     write_json(folder / INPUT_EXAMPLE, example)
@@ -77,6 +79,11 @@ def write_mlflow_model(bundle_dir: str, out_dir: str, manifest: dict[str, Any] |
     write_environment(folder)
     write_yaml(folder / "MLmodel", mlmodel(manifest, columns))
     return None
+
+
+def problem_type(manifest: dict[str, Any]) -> str:
+    """classification, or regression: a manifest written before regressions has no target."""
+    return manifest.get("target", {}).get("problem_type", "classification")
 
 
 def input_columns(manifest: dict[str, Any]) -> list[dict[str, str]]:
@@ -117,6 +124,9 @@ def signature(manifest: dict[str, Any], columns: list[dict[str, str]]) -> dict[s
     inputs = [
         {"type": INPUT_TYPES[column["kind"]], "name": column["name"], "required": True} for column in columns
     ]
+    if problem_type(manifest) == "regression":
+        outputs = [{"type": "double", "name": "prediction", "required": True}]
+        return {"inputs": json.dumps(inputs), "outputs": json.dumps(outputs), "params": None}
     label_type = LABEL_TYPES[manifest.get("label_kind", "string")]
     outputs = [{"type": label_type, "name": "prediction", "required": True}] + [
         {"type": "float", "name": f"probability_{label}", "required": True}

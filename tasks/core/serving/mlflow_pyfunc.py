@@ -34,6 +34,7 @@ ONNX_FILE = "model.onnx"
 DESCRIPTION_FILE = "model.json"
 FEATURES = "features"
 PROBABILITIES = "probabilities"
+PREDICTION = "prediction"  # a regression's one output
 NUMERIC, CATEGORICAL, BOOLEAN, DATE = "numeric", "categorical", "boolean", "date"
 TEXT_BOOLEANS = ("false", "true", "0", "1", "no", "yes")  # a word's index modulo 2 is its truth
 ZONE_SUFFIX = r"(Z|\d\d:\d\d(:\d\d(\.\d*)?)?[+-]\d\d(:?\d\d)?)$"
@@ -53,6 +54,7 @@ class OnnxModel:
             description = json.load(file)
         self.columns = [(column["name"], column["kind"]) for column in description["columns"]]
         self.class_labels = list(description["class_labels"])
+        self.regression = description.get("problem_type") == "regression"
         self.session = onnxruntime.InferenceSession(
             os.path.join(folder, ONNX_FILE), providers=["CPUExecutionProvider"]
         )
@@ -65,7 +67,12 @@ class OnnxModel:
 
     def predict(self, model_input, params=None) -> pd.DataFrame:
         """Labels and per-class probabilities of the rows of `model_input`, a DataFrame with the
-        columns the model reads (by name; others are ignored)."""
+        columns the model reads (by name; others are ignored). A regression's: the predicted number
+        in the label's units (NaN where the model's output is not finite)."""
+        row_index = getattr(model_input, "index", None)
+        if self.regression:
+            (prediction,) = self.session.run([PREDICTION], self.feeds(model_input))
+            return pd.DataFrame({"prediction": prediction}, index=row_index)
         (probabilities,) = self.session.run([PROBABILITIES], self.feeds(model_input))
         unanswered = np.flatnonzero(~np.isfinite(probabilities).all(axis=1))
         if len(unanswered):
@@ -77,7 +84,7 @@ class OnnxModel:
         answer = {"prediction": labels.tolist()}
         for index, label in enumerate(self.class_labels):
             answer[f"probability_{label}"] = probabilities[:, index]
-        return pd.DataFrame(answer, index=getattr(model_input, "index", None))
+        return pd.DataFrame(answer, index=row_index)
 
     def feeds(self, frame) -> dict[str, np.ndarray]:
         table = arrow_columns(frame, [name for name, _ in self.columns])

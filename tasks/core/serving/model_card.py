@@ -85,6 +85,12 @@ def user_sections(card: str) -> dict[str, str]:
 
 def predicts(manifest: Manifest) -> list[str]:
     record = manifest.record
+    if record.target.regression:
+        return [
+            "## What it predicts",
+            f"A number: column `{record.label_column}` ({record.label_kind} values), in its units "
+            f"(a regression; {record.target.reason}).",
+        ]
     labels = record.class_labels
     shown = ", ".join(f"`{label}`" for label in labels[:CLASSES_LISTED])
     more = f" and {len(labels) - CLASSES_LISTED:,} more" if len(labels) > CLASSES_LISTED else ""
@@ -118,6 +124,8 @@ def inputs(manifest: Manifest) -> list[str]:
 
 
 def metrics(manifest: Manifest) -> list[str]:
+    if manifest.record.regression_metrics is not None:
+        return regression_metrics(manifest.record.regression_metrics)
     scored = manifest.record.metrics
     if scored is None:
         return ["## How well", "Not evaluated: the manifest holds no test metrics."]
@@ -184,3 +192,19 @@ def code_line(code: CodeVersion) -> str:
 def cell(text: str) -> str:
     """`text` in a Markdown table cell, its pipes escaped."""
     return f"`{text}`".replace("|", "\\|")
+
+
+def regression_metrics(scored) -> list[str]:
+    rows = [
+        ("RMSE", scored.rmse, scored.baseline_rmse),
+        ("MAE", scored.mae, scored.baseline_mae),
+        ("R²", scored.r2, scored.baseline_r2),
+    ]
+    table = ["| metric | model | baseline: always the train mean |", "| --- | --- | --- |"]
+    table += [f"| {name} | {value:.4g} | {baseline:.4g} |" for name, value, baseline in rows]
+    return [
+        "## How well",
+        f"On the held-out test split, {scored.n_test:,} rows, scored through this bundle:",
+        "\n".join(table),
+        *scored.notes(),
+    ]

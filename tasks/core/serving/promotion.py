@@ -170,6 +170,13 @@ def decide(
             f"not promoted: the current LATEST ({current.uri}) could not be loaded to compare with "
             f"({current.problem}); LATEST is unchanged: look at it, and promote the new version by hand if it should serve",
         )
+    if new_bundle.target.regression:  # the gate's figures are a classification's
+        return PromotionDecision(
+            False,
+            f"not promoted: the promotion gate compares accuracy or macro-F1, which a regression has not; "
+            f"LATEST ({current.uri}) is unchanged: compare the versions' R² and promote by hand, or "
+            "publish with the default policy (always)",
+        )
     new = split_metrics(new_bundle, test_split, label_column, class_labels)
     try:
         old = comparable_metrics(current.bundle, test_split, label_column, class_labels)

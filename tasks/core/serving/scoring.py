@@ -60,7 +60,14 @@ from tasks.core.data.reading import (
 )
 from tasks.core.messages import LINE_CHARS, preview, shorten
 from tasks.core.planning.planner import CatalogEntry
-from tasks.core.report.metrics import ClassificationMetrics, ConfusionCounts, metrics_from_confusion
+from tasks.core.report.metrics import (
+    ClassificationMetrics,
+    ConfusionCounts,
+    RegressionMetrics,
+    RegressionSums,
+    metrics_from_confusion,
+    regression_metrics,
+)
 from tasks.core.serving.bundle import Bundle, load_bundle
 from tasks.core.serving.publish import join, resolve_bundle
 
@@ -160,6 +167,7 @@ class PieceResult:
     unmatched_examples: list[str] = field(default_factory=list)
     non_finite: int = 0  # rows whose model outputs are not finite: null prediction, out of the metrics
     non_finite_examples: list[str] = field(default_factory=list)  # "<file> row <n>", from 0
+    regression: RegressionSums | None = None  # a regression's labelled rows, where there are labels
 
 
 @dataclass(repr=False)
@@ -174,6 +182,7 @@ class ScoringReport:
     metrics: ClassificationMetrics | None = None  # when the input holds the label column
     non_finite_rows: int = 0  # rows with a null prediction: the model's outputs were not finite
     notes: list[str] = field(default_factory=list)
+    regression: RegressionMetrics | None = None  # a regression's, when the input holds the label column
 
     def summary(self) -> str:
         lines = [
@@ -187,6 +196,12 @@ class ScoringReport:
             lines.append(
                 f"labelled rows: {self.metrics.n_test:,}  accuracy: {self.metrics.accuracy:.4f}  "
                 f"balanced accuracy: {self.metrics.balanced_accuracy:.4f}  macro-F1: {self.metrics.macro_f1:.4f}"
+            )
+        if self.regression:
+            figures = self.regression
+            lines.append(
+                f"labelled rows: {figures.n_test:,}  RMSE: {figures.rmse:.4g}  MAE: {figures.mae:.4g}  "
+                f"R²: {figures.r2:.4f} (the train mean: RMSE {figures.baseline_rmse:.4g}, R² {figures.baseline_r2:.4f})"
             )
         return "\n".join(lines + [f"note: {note}" for note in self.notes])
 
@@ -228,6 +243,10 @@ class OutputLayout:
     def of(cls, bundle: Bundle, input_schema: pa.Schema) -> OutputLayout:
         read = set(bundle.input_columns)
         passthrough = [f for f in input_schema if f.name not in read]
+        if bundle.target.regression:  # the predicted number alone, in the label's type
+            number = pa.int64() if bundle.manifest.record.label_kind == "integer" else pa.float64()
+            schema = pa.schema([*passthrough, pa.field(PREDICTION, number)])
+            return cls([f.name for f in passthrough], pa.array([]), [], schema)
         labels = pa.array(bundle.class_labels)
         names = probability_columns(bundle.class_labels, {f.name for f in passthrough} | {PREDICTION})
         plain = probability_columns(bundle.class_labels, {PREDICTION})
@@ -243,6 +262,15 @@ class OutputLayout:
     def dictionary(self) -> list[str]:
         """The columns parquet dictionary-encodes: never the probabilities, where it cuts write time 6x."""
         return [*self.passthrough, PREDICTION]
+
+    def number_batch(self, batch: pa.RecordBatch, numbers: np.ndarray) -> pa.RecordBatch:
+        """A regression's output rows; a row without a finite prediction gets a null."""
+        void = ~np.isfinite(numbers)
+        kind = self.schema.field(PREDICTION).type
+        values = np.rint(np.where(void, 0.0, numbers)).astype(np.int64) if kind == pa.int64() else numbers
+        columns = [batch.column(name) for name in self.passthrough]
+        columns.append(pa.array(values, kind, mask=void if void.any() else None))
+        return pa.RecordBatch.from_arrays(columns, schema=self.schema)
 
     def batch(self, batch: pa.RecordBatch, codes: np.ndarray, probabilities: np.ndarray) -> pa.RecordBatch:
         """The output rows; a row whose probabilities are not all finite gets nulls, not an answer."""
@@ -408,13 +436,12 @@ def measure_row_cost(bundle: Bundle, dataset: ds.Dataset, uri: str) -> RowCost:
     source = first_file_name(dataset, uri)
     reading, batch = timed(lambda: next(iter_batches(dataset, uri)))
     sample = batch.slice(0, SAMPLE_ROWS)
-    bundle.predict_proba(sample.slice(0, WARM_UP_ROWS), source)  # the first call pays for lazy set-up
-    scoring, probabilities = timed(lambda: bundle.predict_proba(sample, source))  # also checks the rows
+    answers = bundle.predict_numbers if bundle.target.regression else bundle.predict_proba
+    answers(sample.slice(0, WARM_UP_ROWS), source)  # the first call pays for lazy set-up
+    scoring, answered = timed(lambda: answers(sample, source))  # also checks the rows
     inputs = bundle.model_inputs(sample, source, 0)
     forward, _ = timed(lambda: bundle.logits(inputs))
-    writing, _ = timed(
-        lambda: write_to_memory(OutputLayout.of(bundle, dataset.schema), sample, probabilities)
-    )
+    writing, _ = timed(lambda: write_to_memory(OutputLayout.of(bundle, dataset.schema), sample, answered))
     rows = sample.num_rows
     return RowCost(
         total=reading / batch.num_rows + (scoring + writing) / rows, model=min(forward, scoring) / rows
@@ -427,9 +454,14 @@ def timed(work: Callable[[], T]) -> tuple[float, T]:
     return time.perf_counter() - start, result
 
 
-def write_to_memory(layout: OutputLayout, batch: pa.RecordBatch, probabilities: np.ndarray) -> None:
+def write_to_memory(layout: OutputLayout, batch: pa.RecordBatch, answered: np.ndarray) -> None:
+    """`answered`: class probabilities, or a regression's numbers."""
+    if answered.ndim == 1:
+        rows = layout.number_batch(batch, answered)
+    else:
+        rows = layout.batch(batch, answered.argmax(axis=1), answered)
     with pq.ParquetWriter(pa.BufferOutputStream(), layout.schema, use_dictionary=layout.dictionary) as writer:
-        writer.write_batch(layout.batch(batch, probabilities.argmax(axis=1), probabilities))
+        writer.write_batch(rows)
 
 
 def first_file_name(dataset: ds.Dataset, uri: str) -> str:
@@ -670,6 +702,8 @@ class NonFiniteRows:
 def score_piece(job: ScoringJob, piece: ScoringPiece, bundle: Bundle | None = None) -> PieceResult:
     """Stream one piece through the model into `<output>/part-<index>.parquet`."""
     bundle = bundle or job.bundle()
+    if bundle.target.regression:
+        return score_numbers(job, piece, bundle)
     dataset = scoring_piece_dataset(job, piece)
     layout = OutputLayout.of(bundle, dataset.schema)
     tally = LabelTally(bundle, job.label_column) if job.label_column else None
@@ -693,6 +727,57 @@ def score_piece(job: ScoringJob, piece: ScoringPiece, bundle: Bundle | None = No
     return result
 
 
+def score_numbers(job: ScoringJob, piece: ScoringPiece, bundle: Bundle) -> PieceResult:
+    """`score_piece` for a regression: a `prediction` column, and the sums of its labelled rows' errors."""
+    dataset = scoring_piece_dataset(job, piece)
+    layout = OutputLayout.of(bundle, dataset.schema)
+    void, sums, unmatched = NonFiniteRows(piece.file), RegressionSums(), 0
+    filesystem, folder = filesystem_for(job.output)
+    part = join(folder, f"part-{piece.index:05d}.parquet")
+    with remote_errors(job.output):
+        filesystem.makedirs(folder, exist_ok=True)
+    rows = 0
+    with part_writer(filesystem, part, layout) as writer:
+        for batch in iter_batches(dataset, piece.file):
+            numbers = bundle.predict_numbers(batch, piece.file, piece.first_row + rows)
+            answered = np.isfinite(numbers)
+            writer.write_batch(layout.number_batch(batch, numbers))
+            if job.label_column:
+                actual = label_numbers(batch.column(job.label_column))
+                labelled = np.isfinite(actual)
+                unmatched += int((~labelled & answered).sum())
+                kept = labelled & answered
+                sums = sums.merge(RegressionSums.of(actual[kept], numbers[kept], bundle.target.mean))
+            void.add(answered, piece.first_row + rows)
+            rows += batch.num_rows
+    result = PieceResult(piece.index, file_uri(filesystem, part), rows, unmatched=unmatched)
+    result.non_finite, result.non_finite_examples = void.count, void.examples
+    result.regression = sums if job.label_column else None
+    return result
+
+
+def label_numbers(labels: pa.Array) -> np.ndarray:
+    """A label column as float64, NaN where it is missing or not a number: text (CSV labels arrive as
+    text) is read as numbers one distinct value at a time."""
+    if pa.types.is_dictionary(labels.type):
+        labels = labels.dictionary_decode()
+    if pa.types.is_string(labels.type) or pa.types.is_large_string(labels.type):
+        encoded = pc.dictionary_encode(labels)
+        values = [text_number(text) for text in encoded.dictionary.to_pylist()]
+        lookup = np.array([*values, np.nan])
+        return lookup[encoded.indices.fill_null(len(values)).to_numpy(zero_copy_only=False)]
+    if not (pa.types.is_integer(labels.type) or pa.types.is_floating(labels.type)):
+        return np.full(len(labels), np.nan)
+    return pc.fill_null(pc.cast(labels, pa.float64()), np.nan).to_numpy(zero_copy_only=False)
+
+
+def text_number(text: str) -> float:
+    try:
+        return float(text.strip())
+    except ValueError:
+        return np.nan
+
+
 # ---- a prepared split's metrics ------------------------------------------------------------------------
 
 
@@ -714,6 +799,24 @@ def split_metrics(
     return replace(metrics_from_confusion(confusion.counts, class_labels), non_finite_rows=non_finite)
 
 
+def split_numbers(bundle: Bundle, path: str, label_column: str) -> tuple[np.ndarray, np.ndarray]:
+    """A regression's (actual, predicted) on a prepared split (the raw feature columns and the label
+    as read), float64, one record batch at a time; a row whose output is not finite predicts NaN."""
+    split = ds.dataset(path, format=parquet_format())
+    actual, predicted, rows = [], [], 0
+    for batch in iter_batches(split, path):
+        predicted.append(bundle.predict_numbers(batch, path, rows))
+        actual.append(batch.column(label_column).to_numpy(zero_copy_only=False).astype(np.float64))
+        rows += batch.num_rows
+    return np.concatenate(actual), np.concatenate(predicted)
+
+
+def regression_split_metrics(bundle: Bundle, actual: np.ndarray, predicted: np.ndarray) -> RegressionMetrics:
+    """The figures of `split_numbers`' rows; rows whose output is not finite counted and left out."""
+    finite = np.isfinite(predicted)
+    return regression_metrics(actual[finite], predicted[finite], bundle.target.mean, int((~finite).sum()))
+
+
 # ---- the report -----------------------------------------------------------------------------------------
 
 
@@ -733,6 +836,8 @@ def summarise(
                 f"{piece.file}: part {result.part} holds {result.rows:,} rows, not {piece.rows:,}"
             )
     bundle = bundle or plan.job.bundle()
+    if bundle.target.regression:
+        return summarise_numbers(plan, results, hardware)
     layout = OutputLayout.of(bundle, decode_schema(plan.job.schema))
     labels = [str(label) for label in bundle.class_labels]
     report = ScoringReport(
@@ -753,6 +858,38 @@ def summarise(
     add_non_finite_note(report, results)
     if plan.job.label_column:
         add_report_metrics(report, results, labels, plan.job.label_column)
+    release_output(plan.job.output, keep_parts=True)
+    return report
+
+
+def summarise_numbers(
+    plan: ScoringPlan, results: list[PieceResult], hardware: HardwareChoice | None
+) -> ScoringReport:
+    """A regression's report: its pieces' error sums merged into RMSE, MAE and R², with the train mean's."""
+    report = ScoringReport(
+        model=plan.job.model,
+        dataset=plan.job.dataset,
+        output=plan.job.output,
+        rows=sum(r.rows for r in results),
+        pieces=len(results),
+        probability_columns={},
+        hardware=hardware,
+        non_finite_rows=sum(r.non_finite for r in results),
+    )
+    add_non_finite_note(report, results)
+    label_column = plan.job.label_column
+    if label_column:
+        if unmatched := sum(r.unmatched for r in results):
+            report.notes.append(
+                f"{unmatched:,} rows have no number in '{label_column}' (missing or not a number); "
+                "the metrics leave them out"
+            )
+        sums = RegressionSums()
+        for result in results:
+            sums = sums.merge(result.regression or RegressionSums())
+        if sums.rows:
+            report.regression = sums.metrics(report.non_finite_rows)
+            report.notes += report.regression.notes()
     release_output(plan.job.output, keep_parts=True)
     return report
 

@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 
 from tasks.core.data.files import DatasetError, filesystem_for, is_local, parquet_format
 from tasks.core.data.scaling import batch_features
+from tasks.core.data.splits import label_array
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ class RankPart:
             block.row_group, columns=[*feature_names, label_column]
         )
         rows = group.slice(block.start, block.rows)
-        return batch_features(rows, feature_names), rows.column(label_column).to_numpy().astype(np.int64)
+        return batch_features(rows, feature_names), label_array(rows.column(label_column).to_numpy())
 
     def read(
         self, blocks: list[Block], feature_names: list[str], label_column: str

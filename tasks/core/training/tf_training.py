@@ -121,7 +121,9 @@ def read_keras_data(splits: SplitPaths, config: TrainConfig, replicas: int, stat
     `grad_accum_steps` batches each, as in the torch loop (`TrainConfig.steps_per_epoch`)."""
     x, y = read_split(splits.train, splits.feature_names, splits.label_column)
     vx, vy = read_split(splits.val, splits.feature_names, splits.label_column)
-    weights = class_weights(config.class_weight, np.bincount(y, minlength=splits.n_classes))
+    weights = None
+    if not splits.regression:
+        weights = class_weights(config.class_weight, np.bincount(y, minlength=splits.n_classes))
     if weights is not None:
         log.info("%s", describe_class_weights(weights))
     steps = config.steps_per_epoch(len(y)) * config.grad_accum_steps
@@ -276,7 +278,10 @@ class Checkpointing(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         logs = logs or {}
         keys = ("loss", "accuracy", "val_loss", "val_accuracy")
-        metrics = EpochMetrics(epoch + 1, *(float(logs.get(key, np.nan)) for key in keys))
+        # A regression has no accuracy: 0, as the torch loop counts it.
+        metrics = EpochMetrics(
+            epoch + 1, *(float(logs.get(key, 0.0 if "accuracy" in key else np.nan)) for key in keys)
+        )
         self.progress.finish_epoch(metrics)
         if self.choice.keeps_copy(self.progress.history):
             self.best = BestWeights(metrics.epoch, self.model.get_weights())
@@ -366,9 +371,15 @@ def step_compiler(strategy_kind: str, gpu_count: int) -> str:
 
 
 def compile_model(
-    model: keras.Model, config: TrainConfig, strategy_kind: str, gpu_count: int, total_steps: int
+    model: keras.Model,
+    config: TrainConfig,
+    strategy_kind: str,
+    gpu_count: int,
+    total_steps: int,
+    regression: bool = False,
 ) -> None:
-    """`total_steps`: the batches of the whole run, over which the learning rate schedule runs."""
+    """`total_steps`: the batches of the whole run, over which the learning rate schedule runs. A
+    regression learns its standardised label by the mean squared error, and has no accuracy."""
     optimizer = keras.optimizers.AdamW(
         learning_rate=learning_rate_schedule(config, total_steps),
         weight_decay=config.weight_decay,
@@ -376,8 +387,10 @@ def compile_model(
     )
     model.compile(
         optimizer=optimizer,
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
+        loss=keras.losses.MeanSquaredError()
+        if regression
+        else keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=[] if regression else [keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
         jit_compile=use_jit_compile(strategy_kind, gpu_count),
         steps_per_execution=steps_per_execution(strategy_kind),
     )
@@ -453,7 +466,7 @@ def build_compiled(
     """The model `config.model` names, compiled for `steps` batches per epoch. Call under the
     strategy's scope and the dtype policy."""
     model = build(config.model, input_spec.n_features, input_spec.n_classes, "tensorflow")
-    compile_model(model, config, kind, gpu_count, total_steps=config.epochs * steps)
+    compile_model(model, config, kind, gpu_count, config.epochs * steps, input_spec.regression)
     return model
 
 
@@ -482,7 +495,7 @@ def train_keras(
         tf.config.experimental.enable_op_determinism()
     data = read_keras_data(splits, config, replicas, static_shapes=kind == "tpu")
     policy = for_keras(config.precision, kind, env.gpu_count).keras_policy
-    input_spec = input_spec_for(config.model, len(splits.feature_names), splits.n_classes)
+    input_spec = input_spec_for(config.model, len(splits.feature_names), splits.n_outputs)
     log.info("keras: %s, %d replicas x %d rows per step, policy %s",
              kind, replicas, data.batch // replicas, policy)  # fmt: skip
     with dtype_policy(policy), dist_strategy.scope():

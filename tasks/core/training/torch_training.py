@@ -134,7 +134,7 @@ def train(
         board.close()
 
     if ctx.rank == 0 and artifact_path:
-        spec = input_spec_for(config.model, len(splits.feature_names), splits.n_classes)
+        spec = input_spec_for(config.model, len(splits.feature_names), splits.n_outputs)
         save_torch_artifact(model, config.model, spec, artifact_path)
     return state.outcome(training_rows.train.row_ids(), samples, training_seconds, seconds)
 
@@ -232,7 +232,7 @@ def set_up(
     training_rows = load_shards(config, splits, ctx)
     # Refuses a shard too small for one optimizer step.
     config.steps_per_epoch(training_rows.train.rows, ctx.world_size)
-    model = build(config.model, len(splits.feature_names), splits.n_classes, "pytorch").to(ctx.device)
+    model = build(config.model, len(splits.feature_names), splits.n_outputs, "pytorch").to(ctx.device)
     return training_rows, model
 
 
@@ -684,7 +684,8 @@ class Totals:
     def add(self, loss_sum: torch.Tensor, logits: torch.Tensor, y: torch.Tensor) -> None:
         """Add a batch: its summed loss, and its predictions checked against the labels `y`."""
         self.loss_sum += loss_sum.detach()
-        self.correct += (logits.argmax(1) == y).sum()
+        if not y.is_floating_point():  # a regression has no correct answers to count
+            self.correct += (logits.argmax(1) == y).sum()
 
     def add_totals(self, other: Totals) -> None:
         self.loss_sum += other.loss_sum
@@ -732,7 +733,10 @@ def loss_weights(config: TrainConfig, splits: SplitPaths, ctx: DistributedContex
 def mean_loss(logits: torch.Tensor, y: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
     """Cross-entropy averaged over the rows; with class `weights`, each row's weighted and the sum
     divided by the rows, not by the weights' sum as torch's weighted mean does: a step's loss is then
-    the sum of its micro-batches' shares whatever their split, as out-of-memory halving needs."""
+    the sum of its micro-batches' shares whatever their split, as out-of-memory halving needs. A
+    regression's float labels (standardised) take the mean squared error."""
+    if y.is_floating_point():
+        return F.mse_loss(logits[:, 0], y)
     if weights is None:
         return F.cross_entropy(logits, y)
     return (F.cross_entropy(logits, y, reduction="none") * weights[y]).mean()
@@ -747,11 +751,19 @@ def evaluate_shard(model: nn.Module, batches, ctx, dtype, weights=None) -> tuple
     for xb, yb in batches:
         with torch.autocast(ctx.device.type, dtype=dtype, enabled=dtype is not None):
             logits = model(xb)
-        losses = F.cross_entropy(logits.float(), yb, reduction="none" if weights is not None else "sum")
-        totals.add(losses if weights is None else (losses * weights[yb]).sum(), logits, yb)
+        totals.add(row_losses_sum(logits.float(), yb, weights), logits, yb)
         n_rows += len(yb)
     loss_sum, correct, count = totals.all_reduced(n_rows, ctx)
     return loss_sum / count, correct / count
+
+
+def row_losses_sum(logits: torch.Tensor, y: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+    """The summed loss of some rows, as `mean_loss` weighs each."""
+    if y.is_floating_point():
+        return F.mse_loss(logits[:, 0], y, reduction="sum")
+    if weights is None:
+        return F.cross_entropy(logits, y, reduction="sum")
+    return (F.cross_entropy(logits, y, reduction="none") * weights[y]).sum()
 
 
 def event_writer(log_dir: str):

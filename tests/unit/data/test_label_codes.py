@@ -60,7 +60,7 @@ def check_codes(tmp_path: Path, labels: list, suffix: str, kind: str, class_labe
     folder = tmp_path / "parts"
     labelled_parts(folder, labels, suffix)
     before = digests(folder)
-    split = SplitConfig(seed=2)
+    split = SplitConfig(seed=2, problem_type="classification")  # fractional floats are asked as classes
     one_pod = prepare_dataset(str(folder), "code", str(tmp_path / "one"), split)
     assert (one_pod.table.label_kind, one_pod.table.class_labels) == (kind, class_labels)
     assert one_pod.table.class_counts == dict.fromkeys(class_labels, ROWS_PER_LABEL)  # no class merged
@@ -90,6 +90,7 @@ def test_a_csv_label_nan_is_missing_among_float_labels(tmp_path):
     frame = pd.read_csv(path, dtype={"code": str})
     frame.loc[np.arange(3), "code"] = "nan"
     frame.to_csv(path, index=False)
-    prepared = prepare_dataset(str(folder), "code", str(tmp_path / "out"), SplitConfig())
+    split = SplitConfig(problem_type="classification")
+    prepared = prepare_dataset(str(folder), "code", str(tmp_path / "out"), split)
     assert (prepared.table.label_kind, prepared.table.class_labels) == ("float", ["0.5", "1.5", "2.5"])
     assert sum(prepared.table.rows.values()) == 3 * ROWS_PER_LABEL - 3

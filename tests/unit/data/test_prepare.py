@@ -264,7 +264,7 @@ LABELS = {
 def test_label_kind_turns_the_class_labels_back_into_the_column_values(blobs, write_table, tmp_path, case):
     values, name, kind, class_labels = LABELS[case]
     frame = blobs.assign(species=[values[i % len(values)] for i in range(len(blobs))])
-    prepared = prepare(write_table(frame, name), tmp_path)
+    prepared = prepare(write_table(frame, name), tmp_path, problem_type="classification")
     assert (prepared.table.label_kind, prepared.table.class_labels) == (kind, class_labels)
     typed = typed_labels(prepared.table.class_labels, prepared.table.label_kind)
     assert sorted(typed) == sorted(set(values))

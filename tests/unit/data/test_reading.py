@@ -39,13 +39,13 @@ def write(frame: pd.DataFrame, path: Path, **csv_options) -> str:
     return str(path)
 
 
-def prepare(path: str, tmp_path: Path) -> PreparedSplits:
-    return prepare_dataset(path, "y", str(tmp_path / "out"), SplitConfig())
+def prepare(path: str, tmp_path: Path, problem_type: str = "auto") -> PreparedSplits:
+    return prepare_dataset(path, "y", str(tmp_path / "out"), SplitConfig(problem_type=problem_type))
 
 
-def refusal(path: str, tmp_path: Path) -> str:
+def refusal(path: str, tmp_path: Path, problem_type: str = "auto") -> str:
     with pytest.raises(DatasetError) as error:
-        prepare(path, tmp_path)
+        prepare(path, tmp_path, problem_type)
     return str(error.value)
 
 
@@ -136,10 +136,12 @@ def test_na_in_a_csv_feature_is_a_missing_value_imputed_and_flagged(tmp_path):
 
 def test_a_continuous_label_gives_a_bounded_message(tmp_path):
     frame = features(2_000).assign(y=np.random.default_rng(1).normal(size=2_000))
-    message = refusal(write(frame, tmp_path / "data.csv"), tmp_path)
+    message = refusal(write(frame, tmp_path / "data.csv"), tmp_path, "classification")
     assert len(message) < 1_000
     assert "2,000 of 2,000 classes have fewer than 3 rows" in message
     assert "and 1,992 more" in message and "looks continuous" in message
+    assert "problem_type='regression'" in message
+    assert prepare(write(frame, tmp_path / "data.csv"), tmp_path).table.target.regression  # under auto
 
 
 # --- CSV parsing ----------------------------------------------------------------------------------

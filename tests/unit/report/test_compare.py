@@ -35,3 +35,21 @@ def test_what_pyflyte_prints_of_a_comparison_is_its_table():
     comparison = compare_runs([run("gpu", "nvidia-b200", 1, 60.0, 0.9)], {"nvidia-b200": 5.0})
     assert repr(comparison) == f"\n{comparison.table()}\n"
     assert "TrainingRun(" not in repr(comparison) and len(repr(comparison)) < 600
+
+
+def test_regression_runs_compare_by_their_own_metric(monkeypatch):
+    from tasks.plumbing import decks
+
+    def regression_run(name, seconds, rmse, r2):
+        training = TrainingRun("fw", "dev", 1, "nccl", "bf16", "s", [], 1000.0, seconds)
+        return RunSummary(name, training, Hardware("cpu", 1), 0.0, 0.0, rmse, r2)
+
+    runs = [regression_run("gpu", 60.0, 55.0, 0.45), regression_run("tpu", 30.0, 60.0, 0.38)]
+    comparison = compare_runs(runs, {"cpu": 0.04})
+    assert comparison.regression and comparison.most_accurate == "gpu" and comparison.fastest == "tpu"
+    table = comparison.table()
+    assert "RMSE" in table and "R²" in table and "best R²: gpu" in table and "accuracy" not in table
+    pages = {}
+    monkeypatch.setattr(decks, "Deck", lambda name, html: pages.__setitem__(name, html))
+    decks.comparison_deck(comparison)
+    assert "R²" in pages["Comparison"] and "macro-F1" not in pages["Comparison"]
