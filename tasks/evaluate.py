@@ -131,6 +131,10 @@ def evaluate(
     int8 = add_int8_export(folder, test, prepared.table.label_column, enabled=int8_export and not regression)
     if int8.check is not None:
         notes.append(f"int8 ONNX export {'kept' if int8.kept else 'not kept'}: {int8.why}")
+    elif int8_export and regression:
+        notes.append(
+            "int8 ONNX export not attempted: its keep rule compares test accuracy, which a regression has not"
+        )
     write_model_card(folder)  # once the metrics and the exports are in the manifest
     report = EvaluationReport(
         metrics=None if regression else metrics,

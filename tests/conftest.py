@@ -92,6 +92,7 @@ SHARED_RUNS = {
     "scheduled_run_on_a_users_csv": "scheduled",
     "two_rank_results": "ddp",
     "default_digits_run": "digits",
+    "diabetes_run": "diabetes",
 }
 
 
