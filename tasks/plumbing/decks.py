@@ -101,21 +101,25 @@ def training_deck(trained, samples: list) -> None:
               [[run.framework, run.strategy, run.device, run.world_size, run.precision, run.samples_per_second,
                 run.train_seconds, run.peak_device_memory_bytes / 2**30, trained.declared.describe()]]),
     )  # fmt: skip
-    Deck("Training", learning_curves(run.history) + run_table + utilisation_section(samples))
+    Deck("Training", learning_curves(run.history, run.regression) + run_table + utilisation_section(samples))
 
 
-def learning_curves(history: list) -> str:
+def learning_curves(history: list, regression: bool = False) -> str:
     """Loss and accuracy per epoch (`config.EpochMetrics`): a table, and charts from two epochs on,
-    since one epoch is a point, not a curve."""
-    per_epoch = table(["epoch", "train loss", "val loss", "train accuracy", "val accuracy"],
-                      [[e.epoch, e.train_loss, e.val_loss, e.train_accuracy, e.val_accuracy] for e in history])  # fmt: skip
+    since one epoch is a point, not a curve. A regression has a loss alone, a squared error."""
+    curves = REGRESSION_CURVES if regression else CURVES
+    columns = ["epoch", *(f"{split} {metric}" for metric, _ in curves for split in ("train", "val"))]
+    rows = [[e.epoch, *(getattr(e, f"{split}_{metric}") for metric, _ in curves for split in ("train", "val"))]
+            for e in history]  # fmt: skip
+    per_epoch = table(columns, rows)
     if len(history) < 2:
         return section("Learning curves", per_epoch)
-    charts = [figure(curve(history, metric, unit), metric) for metric, unit in CURVES]
+    charts = [figure(curve(history, metric, unit), metric) for metric, unit in curves]
     return section("Learning curves", *charts, per_epoch)
 
 
 CURVES = [("loss", "cross-entropy"), ("accuracy", "accuracy")]  # EpochMetrics' train_/val_ fields, y label
+REGRESSION_CURVES = [("loss", "squared error of the standardised label")]
 
 
 def curve(history: list, metric: str, unit: str) -> str:

@@ -101,7 +101,18 @@ class EpochChoice:
         return epoch, reason
 
 
-def log_epoch(metrics: EpochMetrics, epochs: int) -> None:
+def log_epoch(metrics: EpochMetrics, epochs: int, regression: bool = False) -> None:
+    """One line an epoch; a regression's has no accuracy, and its losses are squared errors of the
+    standardised label."""
+    if regression:
+        log.info(
+            "epoch %d/%d train_mse=%.4f val_mse=%.4f",
+            metrics.epoch,
+            epochs,
+            metrics.train_loss,
+            metrics.val_loss,
+        )
+        return
     log.info(
         "epoch %d/%d train_loss=%.4f train_acc=%.4f val_loss=%.4f val_acc=%.4f",
         metrics.epoch, epochs, metrics.train_loss, metrics.train_accuracy,

@@ -37,6 +37,8 @@ class TrainingRun:
     # for a run recorded without them.
     kept_epoch: int = 0
     kept_reason: str = ""
+    # Whether the run learnt a number (a regression: its losses are squared errors, it has no accuracy).
+    regression: bool = False
     # The hyperparameters the loop ran with (the planner's accumulation and row placement applied): the
     # seed among them. None for a run recorded before runs kept them.
     config: TrainConfig | None = None

@@ -230,8 +230,9 @@ class Checkpointing(keras.callbacks.Callback):
 
     def __init__(self, directory: str | None, every_steps: int, steps_per_epoch: int, epochs: int,
                  on_save: Callable[[str], None] | None, preemption: PreemptionNotice | None,
-                 choice: EpochChoice | None = None):  # fmt: skip
+                 choice: EpochChoice | None = None, regression: bool = False):  # fmt: skip
         super().__init__()
+        self.regression = regression
         self.choice = choice or EpochChoice(keep="last", epochs=epochs)
         self.best: BestWeights | None = None
         self.directory = Path(directory) if directory else None
@@ -286,7 +287,7 @@ class Checkpointing(keras.callbacks.Callback):
         if self.choice.keeps_copy(self.progress.history):
             self.best = BestWeights(metrics.epoch, self.model.get_weights())
         self.save()
-        log_epoch(metrics, self.epochs)
+        log_epoch(metrics, self.epochs, self.regression)
 
     def take_kept_weights(self, model: keras.Model) -> None:
         """The best epoch's weights back in `model` where a later epoch ended the run."""
@@ -502,7 +503,7 @@ def train_keras(
         model = build_compiled(config, input_spec, kind, env.gpu_count, data.steps)
         notice = notice_to_heed(options.preemption, kind)
         tracker = Checkpointing(options.checkpoint_dir, config.checkpoint_every_steps, data.steps, config.epochs,
-                                options.on_checkpoint, notice, EpochChoice.of(config))  # fmt: skip
+                                options.on_checkpoint, notice, EpochChoice.of(config), splits.regression)  # fmt: skip
         resumed_at = batches_done(tracker.restore(model), data.steps)
         start = time.perf_counter()
         clock = TrainClock()
@@ -531,5 +532,6 @@ def train_keras(
         train_seconds=seconds,
         kept_epoch=kept_epoch,
         kept_reason=kept_reason,
+        regression=splits.regression,
     )
     return KerasOutcome(run=run, model=model)

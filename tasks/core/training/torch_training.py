@@ -123,7 +123,7 @@ def train(
         if checkpoint is not None:
             state.save()
         if ctx.rank == 0:
-            log_epoch(metrics, config.epochs)
+            log_epoch(metrics, config.epochs, splits.regression)
     state.close()
     state.take_kept_weights()
     if ctx.rank == 0:
@@ -136,7 +136,7 @@ def train(
     if ctx.rank == 0 and artifact_path:
         spec = input_spec_for(config.model, len(splits.feature_names), splits.n_outputs)
         save_torch_artifact(model, config.model, spec, artifact_path)
-    return state.outcome(training_rows.train.row_ids(), samples, training_seconds, seconds)
+    return state.outcome(training_rows.train.row_ids(), samples, training_seconds, seconds, splits.regression)
 
 
 @dataclass
@@ -534,7 +534,9 @@ class LoopState:
     def close(self) -> None:
         self.votes.close()
 
-    def outcome(self, shard_rows, samples: int, training_seconds: float, seconds: float) -> TrainOutcome:
+    def outcome(
+        self, shard_rows, samples: int, training_seconds: float, seconds: float, regression: bool
+    ) -> TrainOutcome:
         """What this rank returns: the run's record and where the micro-batch ended."""
         config, ctx, dtype = self.config, self.ctx, self.dtype
         kept_epoch, kept_reason = self.choice.kept(self.progress.history)
@@ -553,6 +555,7 @@ class LoopState:
             peak_device_memory_bytes=ctx.family.peak_memory(ctx.device),
             kept_epoch=kept_epoch,
             kept_reason=kept_reason,
+            regression=regression,
         )
         return TrainOutcome(
             run=run,

@@ -52,6 +52,7 @@ def test_the_torch_loop_learns_the_number(diabetes_splits):
     kept = min(epoch.val_loss for epoch in outcome.run.history)
     assert r2 > 0.3 and r2 == pytest.approx(1.0 - kept * 1.0, abs=0.2)
     assert all(epoch.train_accuracy == 0.0 for epoch in outcome.run.history)  # none to count
+    assert outcome.run.regression  # the Deck and the log then show squared errors, no accuracy
 
 
 @pytest.mark.slow
@@ -66,6 +67,7 @@ def test_the_keras_loop_learns_the_number(diabetes_splits, tmp_path):
     r2 = val_r2(diabetes_splits, lambda x: np.asarray(model(x, training=False))[:, 0])
     assert r2 > 0.3
     assert all(epoch.val_accuracy == 0.0 for epoch in outcome.run.history)
+    assert outcome.run.regression
 
 
 @pytest.mark.usefixtures("single_process")
