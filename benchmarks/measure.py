@@ -7,6 +7,8 @@ import statistics
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,3 +94,21 @@ def child_peak_rss_gib(module: str, *args: str) -> dict:
     result = json.loads(next(line for line in lines if line.startswith("{")))
     result["peak_rss_gib"] = int(lines[-1].split()[1]) / 2**20  # ru_maxrss is in KiB on Linux
     return result
+
+
+def wait_until_answering(
+    process: subprocess.Popen, url: str, seconds: float, name: str, tail: Callable[[], str]
+) -> None:
+    """Until `url` answers 200, while the server `process` runs: RuntimeError naming `name` and the
+    end of its log (`tail`) when it exits first or stays silent for `seconds`."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{name} exited with status {process.returncode}: {tail()}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as answer:
+                if answer.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            time.sleep(0.3)
+    raise RuntimeError(f"{name} did not answer {url} within {seconds} s: {tail()}")

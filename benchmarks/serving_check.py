@@ -38,7 +38,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from benchmarks.measure import Figure, alternating_best_rates
+from benchmarks.measure import Figure, alternating_best_rates, wait_until_answering
 from benchmarks.triton_check import run_triton_checks
 
 CLASSES = ["low", "mid", "high"]
@@ -141,17 +141,7 @@ class Server:
         )
 
     def wait_ready(self) -> None:
-        deadline = time.monotonic() + START_SECONDS
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"the server exited with status {self.process.returncode}: {self.tail()}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/ping", timeout=2) as answer:
-                    if answer.status == 200:
-                        return
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                time.sleep(0.5)
-        raise RuntimeError(f"the server did not answer /ping within {START_SECONDS} s: {self.tail()}")
+        wait_until_answering(self.process, f"{self.url}/ping", START_SECONDS, "the server", self.tail)
 
     def invoke(self, body: bytes) -> dict:
         request = urllib.request.Request(

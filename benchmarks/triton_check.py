@@ -24,12 +24,13 @@ import re
 import shutil
 import signal
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import numpy as np
+
+from benchmarks.measure import wait_until_answering
 
 START_SECONDS = 120
 ATOL = 1e-5  # float32 probabilities: the bundle's torch model against onnxruntime's kernels
@@ -228,19 +229,9 @@ class TritonServer:
                                         stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
 
     def wait_live(self) -> None:
-        deadline = time.monotonic() + START_SECONDS
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(
-                    f"tritonserver exited with status {self.process.returncode}: {self.tail()}"
-                )
-            try:
-                with urllib.request.urlopen(f"{self.url}/v2/health/live", timeout=2) as answer:
-                    if answer.status == 200:
-                        return
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                time.sleep(0.3)
-        raise RuntimeError(f"tritonserver was not live within {START_SECONDS} s: {self.tail()}")
+        wait_until_answering(
+            self.process, f"{self.url}/v2/health/live", START_SECONDS, "tritonserver", self.tail
+        )
 
     def call(self, path: str, body: bytes | None = None, headers: dict | None = None) -> tuple[int, object]:
         """The status and the JSON answer of a request; POST where there is a body."""

@@ -106,14 +106,19 @@ def checked_assignment(
             f"{uri}: no stratified split of {setting}: the test split leaves a rare class a single row "
             "to share between train and val; add rows of the rare classes or lower test_fraction"
         ) from err
-    missing = np.setdiff1d(np.arange(len(class_labels)), codes[assignment == SPLITS.index("train")])
-    if len(missing):  # a model never shown a class cannot predict it
+    missing = classes_not_in_train(codes, assignment, len(class_labels))
+    if len(missing):
         raise DatasetError(
             f"{uri}: the train split of {setting} has no row of class "
             f"{preview([repr(class_labels[i]) for i in missing])}; add rows of that class or "
             "lower val_fraction and test_fraction"
         )
     return assignment
+
+
+def classes_not_in_train(codes: np.ndarray, assignment: np.ndarray, n_classes: int) -> np.ndarray:
+    """The class codes with no train row: a model never shown a class cannot predict it."""
+    return np.setdiff1d(np.arange(n_classes), codes[assignment == SPLITS.index("train")])
 
 
 def val_share(split: SplitConfig) -> float:
@@ -256,8 +261,8 @@ def check_time_splits(
                 f"hold {distinct:,} distinct values of it, and rows of equal value stay in one split; "
                 f"split by a finer column, or change val_fraction and test_fraction"
             )
-    missing = np.setdiff1d(np.arange(len(class_labels)), codes[assignment == SPLITS.index("train")])
-    if len(missing):  # a model never shown a class cannot predict it
+    missing = classes_not_in_train(codes, assignment, len(class_labels))
+    if len(missing):
         raise DatasetError(
             f"{uri}: split by {times.column!r}, the train split (the earliest rows) has no row of class "
             f"{preview([repr(class_labels[i]) for i in missing])}; add earlier rows of that class, lower "

@@ -708,10 +708,7 @@ def score_piece(job: ScoringJob, piece: ScoringPiece, bundle: Bundle | None = No
     layout = OutputLayout.of(bundle, dataset.schema)
     tally = LabelTally(bundle, job.label_column) if job.label_column else None
     void = NonFiniteRows(piece.file)
-    filesystem, folder = filesystem_for(job.output)
-    part = join(folder, f"part-{piece.index:05d}.parquet")
-    with remote_errors(job.output):
-        filesystem.makedirs(folder, exist_ok=True)
+    filesystem, part = piece_part(job, piece)
     rows = 0
     with part_writer(filesystem, part, layout) as writer:
         for batch, probabilities in scored_batches(bundle, dataset, piece.file, piece.first_row):
@@ -727,15 +724,20 @@ def score_piece(job: ScoringJob, piece: ScoringPiece, bundle: Bundle | None = No
     return result
 
 
+def piece_part(job: ScoringJob, piece: ScoringPiece) -> tuple:
+    """The output's filesystem and the path of the piece's part file, its folder made."""
+    filesystem, folder = filesystem_for(job.output)
+    with remote_errors(job.output):
+        filesystem.makedirs(folder, exist_ok=True)
+    return filesystem, join(folder, f"part-{piece.index:05d}.parquet")
+
+
 def score_numbers(job: ScoringJob, piece: ScoringPiece, bundle: Bundle) -> PieceResult:
     """`score_piece` for a regression: a `prediction` column, and the sums of its labelled rows' errors."""
     dataset = scoring_piece_dataset(job, piece)
     layout = OutputLayout.of(bundle, dataset.schema)
     void, sums, unmatched = NonFiniteRows(piece.file), RegressionSums(), 0
-    filesystem, folder = filesystem_for(job.output)
-    part = join(folder, f"part-{piece.index:05d}.parquet")
-    with remote_errors(job.output):
-        filesystem.makedirs(folder, exist_ok=True)
+    filesystem, part = piece_part(job, piece)
     rows = 0
     with part_writer(filesystem, part, layout) as writer:
         for batch in iter_batches(dataset, piece.file):
