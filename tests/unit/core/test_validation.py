@@ -1,11 +1,10 @@
 """Rules on the workflows' inputs, each checked where it lives: the hyperparameters' values and ranges,
-their JSON as the command line and a remote launch deliver it, the comparison's prices and the
-schedule's partition template. A refused input is named in the message with its fix."""
+their JSON as the command line and a remote launch deliver it, the comparison's prices, the column
+kinds and the time column to split by. A refused input is named in the message with its fix."""
 
 from __future__ import annotations
 
 import json
-from datetime import datetime
 
 import msgpack
 import pytest
@@ -16,13 +15,12 @@ from flytekit.models.literals import Binary, Literal, Scalar
 from google.protobuf import json_format, struct_pb2
 
 import tasks.types  # noqa: F401 - registers the transformer that decodes TrainConfig strictly
-from tasks.core.data.partition import partition_uri
 from tasks.core.messages import InputError
 from tasks.core.models.plugins import ModelSpec, mlp_options
 from tasks.core.report.compare import RunSummary, compare_runs
 from tasks.core.training.config import INT_RANGES, TrainConfig, hyperparameter_problems, parse_hyperparameters
 from tasks.core.training.records import Hardware, TrainingRun
-from tasks.core.validation import column_kind_problems
+from tasks.core.validation import column_kind_problems, split_by_problems
 
 INF, NAN = float("inf"), float("nan")
 
@@ -210,33 +208,6 @@ def test_a_run_billed_by_an_applied_plan_has_no_note():
     assert compare_runs([planned], {}).notes == []
 
 
-# template -> what str.format said, which the message keeps beside the template and the rules
-TEMPLATE_CASES = {
-    "empty placeholder": ("s3://b/dt={}/", "Replacement index 0"),
-    "format spec on a date string": ("s3://b/{date:%Y}/", "Invalid format specifier"),
-    "lone brace": ("s3://b/{date", "expected '}'"),
-    "unknown conversion": ("s3://b/{date!z}/", "Unknown conversion specifier"),
-    "unknown field": ("s3://b/{day}/", "unknown fields ['day']"),
-}  # fmt: skip
-
-
-@pytest.mark.parametrize("case", list(TEMPLATE_CASES))
-def test_a_template_that_cannot_be_filled_is_refused_naming_it_and_the_placeholders(case):
-    template, cause = TEMPLATE_CASES[case]
-    with pytest.raises(ValueError) as error:
-        partition_uri(template, datetime(2026, 11, 22))
-    message = str(error.value)
-    assert f"input 'dataset_template' = '{template}' cannot be filled" in message and cause in message, (
-        message
-    )
-    assert "{kickoff_time:<strftime format>}" in message and "{{ or }}" in message
-
-
-def test_a_template_with_escaped_braces_and_a_date_format_fills():
-    filled = partition_uri("s3://b/{{raw}}/{kickoff_time:%Y/%m}/{yesterday}", datetime(2026, 11, 22))
-    assert filled == "s3://b/{raw}/2026/11/2026-11-21"
-
-
 @pytest.mark.slow
 def test_the_comparison_refuses_a_bad_price_before_it_prepares_or_trains():
     from workflows.comparison import hardware_comparison
@@ -277,3 +248,11 @@ def test_column_kinds_are_checked_before_the_data_is_read(column_kinds, refused)
     for problem in found:
         assert "not one of numeric, categorical, boolean, date, drop" in problem
         assert "--column_kinds '" in problem
+
+
+def test_the_label_column_is_refused_before_the_data_is_read():
+    assert split_by_problems("", "label") == split_by_problems("day", "label") == []
+    assert split_by_problems("label", "label") == [
+        "input 'split_by' = 'label': is the label column; name a column of dates, times or numbers to "
+        "split by, or leave it empty for a stratified random split"
+    ]

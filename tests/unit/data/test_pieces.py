@@ -1,5 +1,6 @@
-"""Preprocessing in pieces gives what one pod gives: the same rows in each split, in the same order,
-with the same labels, and features within float32 rounding, however many pieces did the work."""
+"""pieces.py: preprocessing in pieces gives what one pod gives: the same rows in each split, in the same
+order, with the same labels, and features within float32 rounding, however many pieces did the work;
+for a messy table, a regression and a time-ordered split too, and through the map tasks a run launches."""
 
 from __future__ import annotations
 
@@ -8,12 +9,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-from tasks.core.data.assignment import SPLITS, SplitConfig
-from tasks.core.data.files import DatasetError, detect_format
+from tasks.core.data.assignment import SPLITS, UNLABELLED, SplitConfig
+from tasks.core.data.files import DatasetError
 from tasks.core.data.moments import merged
 from tasks.core.data.pieces import (
     assign_pieces,
@@ -24,54 +24,19 @@ from tasks.core.data.pieces import (
     plan_pieces,
     prepare_in_pieces,
 )
-from tasks.core.data.prepare import RAW_SPLIT, PreparedSplits, prepare_dataset
+from tasks.core.data.prepare import PreparedSplits, prepare_dataset
+from tasks.core.data.splits import read_split
 from tests.conftest import blobs_frame
-
-# Uneven parts: one of a single row, one holding one class only, one of many rows.
-PART_ROWS = (1, 40, 7, 180, 72)
-
-
-def uneven_parts(folder: Path, suffix: str, labels: str = "species") -> pd.DataFrame:
-    """A folder of parts of PART_ROWS rows (not named like a format); the whole table they hold."""
-    whole = blobs_frame(n_rows=sum(PART_ROWS), seed=5)
-    whole.loc[1:40, labels] = "setosa"  # the second part holds a single class
-    folder.mkdir()
-    starts = np.cumsum((0, *PART_ROWS))
-    for index, (start, end) in enumerate(zip(starts[:-1], starts[1:], strict=True)):
-        part = whole.iloc[start:end]
-        name = folder / f"part-{index:05d}{suffix}"
-        part.to_csv(name, index=False) if suffix.startswith(".csv") else part.to_parquet(name, index=False)
-    return whole
-
-
-def split_tables(prepared: PreparedSplits) -> dict[str, pa.Table]:
-    return {name: ds.dataset(prepared.paths[name], format="parquet").to_table() for name in SPLITS}
-
-
-def assert_same_splits(pieces: PreparedSplits, one_pod: PreparedSplits) -> None:
-    """The same rows and labels in each split; the raw split's columns bit for bit, the others' encoded
-    features within float32 rounding; the same encoding, and a scaler within float64 rounding."""
-    expected, found = split_tables(one_pod), split_tables(pieces)
-    label = one_pod.table.label_column
-    for name in SPLITS:
-        assert found[name].schema == expected[name].schema
-        assert found[name].column(label).equals(expected[name].column(label))  # bit for bit, in order
-        if name == RAW_SPLIT:
-            for column in one_pod.table.columns:
-                assert found[name].column(column).equals(expected[name].column(column)), column
-            continue
-        for feature in one_pod.table.feature_names:
-            got, want = (t.column(feature).to_numpy() for t in (found[name], expected[name]))
-            np.testing.assert_allclose(got, want, rtol=2e-7, atol=2e-7)
-    assert pieces.table.rows == one_pod.table.rows
-    assert pieces.table.class_labels == one_pod.table.class_labels
-    assert pieces.table.class_counts == one_pod.table.class_counts
-    assert pieces.table.label_kind == one_pod.table.label_kind and pieces.table.notes == one_pod.table.notes
-    assert pieces.table.columns == one_pod.table.columns
-    assert pieces.table.feature_names == one_pod.table.feature_names
-    assert pieces.table.encoding == one_pod.table.encoding  # fitted on exactly merged statistics
-    np.testing.assert_allclose(pieces.table.scaler.mean, one_pod.table.scaler.mean, rtol=1e-12)
-    np.testing.assert_allclose(pieces.table.scaler.scale, one_pod.table.scaler.scale, rtol=1e-12)
+from tests.unit.data.tables import (
+    PART_ROWS,
+    assert_same_splits,
+    assignment_of,
+    prepare_messy,
+    timed_frame,
+    times_by_split,
+    uneven_parts,
+    write_messy,
+)
 
 
 @pytest.mark.parametrize("count", [1, 3, 7])
@@ -147,40 +112,76 @@ def test_a_bad_value_in_a_piece_is_named_by_its_row_in_the_input(tmp_path):
         prepare_in_pieces(str(folder), "species", str(tmp_path / "pieces"), SplitConfig(), 3)
 
 
-# --- a folder's format comes from its files -------------------------------------------------------
+@pytest.mark.parametrize("count", [1, 3, 7])
+@pytest.mark.parametrize("suffix", [".parquet", ".csv"])
+def test_pieces_give_the_one_pod_splits_and_encoding_of_a_messy_table(tmp_path, suffix, count):
+    path = write_messy(tmp_path / "parts", suffix)
+    one_pod = prepare_messy(path, tmp_path / "one", 0)
+    assert_same_splits(prepare_messy(path, tmp_path / "pieces", count), one_pod)
 
 
-def test_a_folder_of_parts_is_read_whatever_its_name(tmp_path):
-    for suffix in (".parquet", ".csv.gz"):
-        folder = tmp_path / f"exported{suffix.replace('.', '-')}"
-        uneven_parts(folder, suffix)
-        (folder / "_SUCCESS").write_bytes(b"")
-        (folder / ".part-00000.crc").write_bytes(b"checksum")
-        prepared = prepare_dataset(str(folder), "species", str(tmp_path / folder.name / "out"), SplitConfig())
-        assert sum(prepared.table.rows.values()) == sum(PART_ROWS)
+def test_pieces_give_what_one_pod_gives_for_a_regression(diabetes, tmp_path):
+    frame = pd.read_parquet(diabetes)
+    folder = tmp_path / "parts"
+    folder.mkdir()
+    for index, rows in enumerate(np.array_split(np.arange(len(frame)), 3)):
+        frame.iloc[rows].to_parquet(folder / f"part-{index}.parquet", index=False)
+    split = SplitConfig(problem_type="regression")
+    one_pod = prepare_dataset(str(folder), "target", str(tmp_path / "one"), split)
+    pieces = prepare_in_pieces(str(folder), "target", str(tmp_path / "pieces"), split, 3)
+    assert pieces.table.target == one_pod.table.target and pieces.table.rows == one_pod.table.rows
+    for name in ("train", "val"):
+        expected = read_split(one_pod.paths[name], one_pod.table.feature_names, "target")
+        got = read_split(pieces.paths[name], pieces.table.feature_names, "target")
+        np.testing.assert_array_equal(expected[1], got[1])
+        np.testing.assert_allclose(expected[0], got[0], atol=1e-6)
 
 
-def test_a_folder_mixing_formats_is_refused_naming_a_file_of_each(tmp_path):
-    folder = tmp_path / "parts.parquet"
-    uneven_parts(folder, ".parquet")
-    blobs_frame(n_rows=20).to_csv(folder / "extra.csv", index=False)
-    with pytest.raises(DatasetError) as error:
-        prepare_dataset(str(folder), "species", str(tmp_path / "out"), SplitConfig())
-    message = str(error.value)
-    assert "mixes file formats" in message and "csv (" in message and "parquet (" in message
-    assert "extra.csv" in message and "part-00004.parquet" in message
+def test_a_csv_regression_split_by_time_gives_the_same_splits_in_pieces(tmp_path):
+    rng = np.random.default_rng(4)
+    rows = 600
+    frame = pd.DataFrame({
+        "day": pd.date_range("2024-01-01", periods=rows, freq="D").strftime("%Y-%m-%d"),
+        "x": rng.normal(size=rows),
+        "price": rng.integers(100, 5_000, rows),  # whole numbers, many distinct: a regression under auto
+    })  # fmt: skip
+    folder = tmp_path / "csv"
+    folder.mkdir()
+    for index, part in enumerate(np.array_split(np.arange(rows), 3)):
+        frame.iloc[part].to_csv(folder / f"part-{index}.csv", index=False)
+    split = SplitConfig(split_by="day")
+    one_pod = prepare_dataset(str(folder), "price", str(tmp_path / "one"), split)
+    pieces = prepare_in_pieces(str(folder), "price", str(tmp_path / "pieces"), split, 3)
+    table = one_pod.table
+    assert table.target.regression and table.label_kind == "integer" and pieces.table.target == table.target
+    assert any("split by 'day'" in note for note in table.notes)
+    test = pd.read_parquet(one_pod.paths["test"])
+    assert sorted(test["price"]) == sorted(frame["price"].iloc[-len(test) :])  # the latest rows test
+    for name in ("train", "val"):
+        expected = read_split(one_pod.paths[name], table.feature_names, "price")[1]
+        np.testing.assert_array_equal(
+            expected, read_split(pieces.paths[name], table.feature_names, "price")[1]
+        )
 
 
-def test_a_folder_of_unnamed_parts_takes_the_folder_name_or_is_refused(tmp_path):
-    for name, refused in (("parts.parquet", False), ("parts", True)):
-        folder = tmp_path / name
-        folder.mkdir()
-        blobs_frame().to_parquet(folder / "part-00000", index=False)
-        if refused:
-            with pytest.raises(DatasetError, match="cannot tell the format of its part files"):
-                detect_format(str(folder))
-        else:
-            assert detect_format(str(folder)) == "parquet"
+@pytest.mark.parametrize("count", [3, 7])
+@pytest.mark.parametrize("suffix", [".parquet", ".csv"])
+def test_pieces_cut_at_the_same_times_as_one_pod(tmp_path, count, suffix):
+    frame = timed_frame(sum(PART_ROWS), seed=5)
+    frame["at"] = frame["at"].dt.strftime("%Y-%m-%dT%H:%M:%S")  # ISO text: read as dates
+    frame.loc[[3, 77], "species"] = None  # rows without a label are in no split, in one pod or pieces
+    folder = tmp_path / "parts"
+    folder.mkdir()
+    starts = np.cumsum((0, *PART_ROWS))
+    for index, (start, end) in enumerate(zip(starts[:-1], starts[1:], strict=True)):
+        part, name = frame.iloc[start:end], folder / f"part-{index:05d}{suffix}"
+        part.to_csv(name, index=False) if suffix == ".csv" else part.to_parquet(name, index=False)
+    split = SplitConfig(split_by="at")
+    one_pod = assignment_of(folder, split, tmp_path, 1)
+    assert np.array_equal(assignment_of(folder, split, tmp_path, count), one_pod)
+    assert (one_pod[[3, 77]] == UNLABELLED).all()
+    train, val, test = times_by_split(frame["at"].to_numpy(), one_pod)
+    assert train.max() < val.min() and val.max() < test.min()
 
 
 # --- the map tasks, as a run launches them -------------------------------------------------------
@@ -204,6 +205,26 @@ def test_prepare_data_maps_the_pieces_of_an_input_past_the_threshold(tmp_path, m
     folders = {name: dataset_uri(getattr(prepared, name)) for name in SPLITS}
     assert all(len(list(Path(path).glob("part-*.parquet"))) == plan.pieces for path in folders.values())
     assert_same_splits(PreparedSplits(folders, prepared.table), one_pod)
+
+
+@pytest.mark.slow  # runs the preprocessing tasks through Flyte's local map tasks
+@pytest.mark.parametrize("suffix", [".parquet", ".csv"])
+def test_the_map_tasks_give_the_one_pod_splits_of_a_messy_table(tmp_path, monkeypatch, suffix):
+    """The kinds, the pieces' statistics and the fitted encoding cross the task boundaries unchanged."""
+    from tasks.core.planning import planner
+    from tasks.core.training.config import TrainConfig
+    from tasks.plumbing.storage import dataset_uri
+    from tasks.right_sizing import prepare_data
+
+    path = write_messy(tmp_path / "parts", suffix)
+    monkeypatch.setattr(planner, "PIECE_ROWS", 60)
+    prepared, plan = prepare_data(
+        dataset=path, label_column="species", val_fraction=0.15, test_fraction=0.15, target="gpu",
+        hyperparameters=TrainConfig(seed=1), plan_resources=True,
+    )  # fmt: skip
+    assert plan.pieces > 1
+    folders = {name: dataset_uri(getattr(prepared, name)) for name in ("train", "val", "test")}
+    assert_same_splits(PreparedSplits(folders, prepared.table), prepare_messy(path, tmp_path / "one", 0))
 
 
 def test_the_plan_summary_says_when_preprocessing_runs_in_pieces():

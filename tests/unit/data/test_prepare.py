@@ -1,34 +1,54 @@
+"""prepare.py: preparing a dataset in one pod. The splits partition the labelled rows; the train and val
+splits hold the standardised encoded features, the test split the raw values as read; streaming in small
+batches changes nothing; bad tables are refused naming the file, column and problem, and the input is
+left as it was; rows copied between splits are counted in a note, as pandas counts them."""
+
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
+from tasks.core.data import prepare as prepare_module
 from tasks.core.data import reading
 from tasks.core.data.assignment import SPLITS, SplitConfig
+from tasks.core.data.column_kinds import is_text
 from tasks.core.data.files import DatasetError
-from tasks.core.data.labels import typed_labels
+from tasks.core.data.labels import clean_labels, scan_labels
+from tasks.core.data.pieces import prepare_in_pieces
 from tasks.core.data.prepare import (
+    COPIED_SPLITS,
     EMBEDDED_DIGITS_LABEL,
     RAW_SPLIT,
-    PreparedSplits,
+    RowSplit,
+    hash_files,
     prepare_dataset,
+    rows_with_copies,
     write_embedded_digits,
 )
+from tasks.core.data.reading import iter_batches, open_dataset
 from tasks.core.data.scaling import standardise
 from tasks.core.data.splits import read_split
-from tasks.core.training.rank_part import read_shard
-
-
-def prepare(path: str, tmp_path, label: str = "species", **split) -> PreparedSplits:
-    return prepare_dataset(path, label, str(tmp_path / "out"), SplitConfig(**split))
-
-
-def split_frames(prepared: PreparedSplits) -> dict[str, pd.DataFrame]:
-    return {name: pq.read_table(path).to_pandas() for name, path in prepared.paths.items()}
+from tests.conftest import blobs_frame
+from tests.unit.data.tables import (
+    MESSY_ROWS,
+    MESSY_UNLABELLED,
+    assert_same_splits,
+    digests,
+    prepare,
+    prepare_messy,
+    row_ids,
+    split_frames,
+    split_tables,
+    write_messy,
+)
 
 
 @pytest.mark.parametrize("name", ["data.parquet", "data.csv"])
@@ -41,29 +61,6 @@ def test_prepares_parquet_and_csv(blobs, write_table, tmp_path, name):
     frames = split_frames(prepared)
     assert {n: len(f) for n, f in frames.items()} == prepared.table.rows
     assert set(frames["train"]["species"]) == {0, 1, 2}
-
-
-def test_split_is_stratified_and_deterministic(blobs, write_table, tmp_path):
-    path = write_table(blobs)
-    first = prepare(path, tmp_path / "a", seed=7)
-    again = prepare(path, tmp_path / "b", seed=7)
-    other = prepare(path, tmp_path / "c", seed=8)
-    a, b, c = split_frames(first), split_frames(again), split_frames(other)
-    for name in SPLITS:
-        pd.testing.assert_frame_equal(a[name], b[name])
-    assert not a["test"].equals(c["test"])
-    overall = blobs["species"].value_counts(normalize=True).sort_index().to_numpy()
-    for frame in a.values():
-        shares = frame["species"].value_counts(normalize=True).sort_index().to_numpy()
-        np.testing.assert_allclose(shares, overall, atol=0.05)
-
-
-def row_ids(prepared: PreparedSplits, frame: pd.DataFrame, split: str) -> np.ndarray:
-    """Column f0 back as the row id it was: standardised in the train and val splits, raw in the test split."""
-    ids = frame["f0"].to_numpy()
-    if split != RAW_SPLIT:
-        ids = ids * prepared.table.scaler.scale[0] + prepared.table.scaler.mean[0]
-    return np.rint(ids).astype(int)
 
 
 def test_splits_partition_the_rows(blobs, write_table, tmp_path):
@@ -91,17 +88,6 @@ def test_test_split_is_raw_and_the_others_standardised_bit_for_bit(blobs, write_
     assert test_features.dtype == np.float32
 
 
-def test_scaler_is_fitted_on_train_only(blobs, write_table, tmp_path):
-    blobs.loc[:, "f1"] = blobs["f1"] * 10 + 100
-    prepared = prepare(write_table(blobs), tmp_path)
-    frames = split_frames(prepared)
-    train = frames["train"][prepared.table.feature_names].to_numpy()
-    np.testing.assert_allclose(train.mean(axis=0), 0.0, atol=1e-5)
-    np.testing.assert_allclose(train.std(axis=0), 1.0, atol=1e-4)
-    whole_data_mean = blobs[prepared.table.feature_names].mean().to_numpy()
-    assert not np.allclose(prepared.table.scaler.mean, whole_data_mean, rtol=0, atol=1e-6)
-
-
 def test_streaming_in_small_batches_gives_the_same_result(blobs, write_table, tmp_path, monkeypatch):
     path = write_table(blobs)
     whole = split_frames(prepare(path, tmp_path / "whole"))
@@ -111,25 +97,80 @@ def test_streaming_in_small_batches_gives_the_same_result(blobs, write_table, tm
         pd.testing.assert_frame_equal(whole[name], batched[name])
 
 
-def test_read_shard_splits_rows_between_ranks(blobs, write_table, tmp_path):
-    prepared = prepare(write_table(blobs.iloc[:101]), tmp_path, val_fraction=0.2, test_fraction=0.2)
-    n = prepared.table.rows["train"]
-    shards = [
-        read_shard(prepared.paths["train"], prepared.table.feature_names, "species", r, 2) for r in (0, 1)
-    ]
-    assert all(len(ids) == -(-n // 2) for _, _, ids in shards)
-    assert set(shards[0][2]) | set(shards[1][2]) == set(range(n))
-    assert not set(shards[0][2]) & set(shards[1][2])
-    features, labels = read_split(prepared.paths["train"], prepared.table.feature_names, "species")
-    np.testing.assert_array_equal(shards[1][0], features[shards[1][2]])
-    np.testing.assert_array_equal(shards[0][1], labels[shards[0][2]])
-
-
 def test_embedded_digits(tmp_path):
     path = write_embedded_digits(str(tmp_path))
     table = pq.read_table(path)
     assert table.num_rows == 1797 and table.num_columns == 65
     assert EMBEDDED_DIGITS_LABEL in table.column_names
+
+
+# --- a messy table: what users bring ------------------------------------------------------------
+
+
+# What the encoding makes of each column; the category columns' order follows their train counts.
+ENCODED = {
+    "f0": ["f0"],
+    "f1": ["f1"],
+    "colour": ["colour=red", "colour=green", "colour=blue", "colour=<other>", "colour=<missing>"],
+    "member": ["member", "member<missing>"],
+    "joined": ["joined:days", "joined:month", "joined:weekday", "joined<missing>"],
+    "amount": ["amount", "amount<missing>"],
+    "rate": ["rate"],  # a constant number stays in place, standardised to 0
+}
+
+
+LEFT_OUT = {"customer_id": "(like an identifier)", "channel": "(constant)"}
+
+
+def read_as_input(path: str) -> pa.Table:
+    """The input's rows as preprocessing reads them."""
+    dataset = open_dataset(path, "species")
+    return pa.Table.from_batches(list(iter_batches(dataset, path)), schema=dataset.schema)
+
+
+@pytest.mark.parametrize("pieces", [0, 3], ids=["one pod", "3 pieces"])
+@pytest.mark.parametrize("suffix", [".parquet", ".csv"])
+def test_a_messy_table_prepares_and_says_what_it_left_out(tmp_path, suffix, pieces):
+    prepared = prepare_messy(write_messy(tmp_path / "parts", suffix), tmp_path / "out", pieces)
+    table = prepared.table
+    assert table.columns == [*ENCODED, *LEFT_OUT]
+    assert sorted(table.feature_names) == sorted(name for names in ENCODED.values() for name in names)
+    for column, why in LEFT_OUT.items():
+        assert [
+            note for note in table.notes if note.startswith(f"column '{column}' is left out") and why in note
+        ]
+    assert [note for note in table.notes if "label column 'species' has 3 missing values" in note]
+    assert sum(table.rows.values()) == MESSY_ROWS - len(MESSY_UNLABELLED)
+    splits = split_tables(prepared)
+    for name in ("train", "val"):
+        features = np.column_stack([splits[name].column(f).to_numpy() for f in table.feature_names])
+        assert features.dtype == np.float32 and np.isfinite(features).all()
+    train = np.column_stack([splits["train"].column(f).to_numpy() for f in table.feature_names])
+    varies = np.array([name not in ("rate", "colour=<other>") for name in table.feature_names])
+    np.testing.assert_allclose(train.mean(axis=0), 0.0, atol=1e-5)
+    np.testing.assert_allclose(train.std(axis=0)[varies], 1.0, rtol=1e-4)
+    np.testing.assert_array_equal(train[:, ~varies], 0.0)  # constant in the train rows
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".csv"])
+def test_the_test_split_keeps_the_raw_values_as_read(tmp_path, suffix):
+    path = write_messy(tmp_path / "parts", suffix)
+    prepared = prepare_messy(path, tmp_path / "out", 0)
+    raw, test = read_as_input(path), split_tables(prepared)[RAW_SPLIT]
+    columns = prepared.table.columns
+    assert test.schema == pa.schema([*(raw.schema.field(c) for c in columns), ("species", pa.int64())])
+    assert is_text(test.schema.field("colour").type)
+    assert pa.types.is_date(test.schema.field("joined").type) and test.column("joined").null_count
+    assert pa.types.is_boolean(test.schema.field("member").type) and test.column("member").null_count
+    assert test.column("amount").null_count  # NaN, empty cells and 'NA' alike
+    row_of = {customer: row for row, customer in enumerate(raw.column("customer_id").to_pylist())}
+    rows = [row_of[customer] for customer in test.column("customer_id").to_pylist()]
+    assert rows == sorted(rows) and not set(rows) & set(MESSY_UNLABELLED)
+    expected = raw.take(rows)
+    for column in columns:
+        assert test.column(column).equals(expected.column(column)), column
+    classes = [prepared.table.class_labels[code] for code in test.column("species").to_pylist()]
+    assert classes == expected.column("species").to_pylist()
 
 
 # --- bad input: each error names the file, the column and the problem -------------------------
@@ -172,57 +213,6 @@ def test_bad_tables_are_rejected_with_a_clear_message(blobs, write_table, tmp_pa
         assert fragment in message
 
 
-def test_a_value_past_the_first_batch_not_of_its_column_kind_is_refused_by_row(blobs, tmp_path, monkeypatch):
-    """The first batch makes text of ISO dates a date column: a later value that is none is refused."""
-    monkeypatch.setattr(reading, "BATCH_ROWS", 50)
-    days = [f"2024-01-{day % 28 + 1:02d}" for day in range(len(blobs))]
-    days[120] = "soon"
-    path = tmp_path / "data.parquet"
-    blobs.assign(day=days).to_parquet(path, index=False)
-    with pytest.raises(DatasetError) as error:
-        prepare(str(path), tmp_path)
-    message = str(error.value)
-    assert message.startswith(f"{path}: feature column 'day' is read as date but holds 'soon' at row 120")
-
-
-@pytest.mark.parametrize("name", ["data.parquet", "data.csv"])
-def test_rows_without_a_label_are_left_out_with_a_note(blobs, write_table, tmp_path, name):
-    unlabelled = [3, 40, 41]
-    blobs = blobs.assign(f0=np.arange(len(blobs), dtype=float))  # a row id that survives scaling
-    blobs.loc[unlabelled, "species"] = None
-    prepared = prepare(write_table(blobs, name), tmp_path)
-    assert sum(prepared.table.rows.values()) == len(blobs) - 3
-    assert sum(prepared.table.class_counts.values()) == len(blobs) - 3
-    assert prepared.table.notes == [
-        "label column 'species' has 3 missing values (empty, null or NaN) at rows 3, 40, 41; "
-        "those rows are left out of every split"
-    ]
-    written = np.concatenate([row_ids(prepared, f, split) for split, f in split_frames(prepared).items()])
-    assert sorted(written) == sorted(set(range(len(blobs))) - set(unlabelled))
-
-
-@pytest.mark.parametrize("name", ["empty.csv", "empty.parquet"])
-def test_empty_file(tmp_path, name):
-    path = tmp_path / name
-    path.write_bytes(b"")
-    with pytest.raises(DatasetError, match="empty"):
-        prepare(str(path), tmp_path)
-
-
-def test_header_only_csv(tmp_path):
-    path = tmp_path / "header.csv"
-    path.write_text("f0,f1,species\n")
-    with pytest.raises(DatasetError, match="no rows"):
-        prepare(str(path), tmp_path)
-
-
-def test_missing_file_and_unknown_format(tmp_path):
-    with pytest.raises(DatasetError, match="no such file"):
-        prepare(str(tmp_path / "nope.parquet"), tmp_path)
-    with pytest.raises(DatasetError, match="file format"):
-        prepare(str(tmp_path / "data.xlsx"), tmp_path)
-
-
 def test_bad_input_is_left_untouched(blobs, write_table, tmp_path):
     path = write_table(with_inf(blobs.copy()))
     before = Path(path).read_bytes()
@@ -231,46 +221,149 @@ def test_bad_input_is_left_untouched(blobs, write_table, tmp_path):
     assert Path(path).read_bytes() == before
 
 
-def test_split_fractions_are_validated():
-    with pytest.raises(DatasetError, match="test_fraction"):
-        SplitConfig(test_fraction=0.0)
+# --- rows copied between splits ----------------------------------------------------------------
+# A test row that is an exact copy (the same features and label) of a train row makes test accuracy
+# overstate accuracy on new rows. The count is the same in one pod and in pieces, and equals the count
+# pandas gives on the rows as split.
 
 
-def test_compressed_csv_and_parquet_directory(blobs, tmp_path):
-    compressed = tmp_path / "data.csv.gz"
-    blobs.to_csv(compressed, index=False)
-    directory = tmp_path / "parts.parquet"
-    directory.mkdir()
-    blobs.iloc[:150].to_parquet(directory / "a.parquet", index=False)
-    blobs.iloc[150:].to_parquet(directory / "b.parquet", index=False)
-    for path in (compressed, directory):
-        prepared = prepare(str(path), tmp_path / "out" / path.name)
-        assert sum(prepared.table.rows.values()) == len(blobs)
+LABEL = "species"
 
 
-# --- label kinds: the class labels are text, and the kind turns them back into the column's values ----
+NOTE = re.compile(r"^([\d,]+) (\w+) rows \((<?[\d.]+%)\) are exact copies of (\w+) rows \(the same features")
 
 
-LABELS = {
-    "integers": ([3, 10, 7], "data.parquet", "integer", ["3", "7", "10"]),
-    "integers as csv text": ([3, 10, 7], "data.csv", "integer", ["3", "7", "10"]),
-    "floats": ([0.5, 1.25, 1e20], "data.parquet", "float", ["0.5", "1.25", "1e+20"]),
-    "booleans": ([True, False, True], "data.parquet", "boolean", ["False", "True"]),
-    "strings": (["b", "a", "c"], "data.csv", "string", ["a", "b", "c"]),
+PARTS = 3
+
+
+# Parquet batches this small leave an integer column's nulls in some batches only: a row is hashed alike
+# in each (CSV reads every number column as floats).
+BATCH_ROWS = 16
+
+
+def repeated(frame: pd.DataFrame, times: int) -> pd.DataFrame:
+    """Each row `times` times, the copies spread through the table."""
+    return pd.concat([frame] * times, ignore_index=True).sample(frac=1.0, random_state=1, ignore_index=True)
+
+
+def random_labels(n_rows: int, seed: int = 3) -> pd.DataFrame:
+    """Features and labels that have nothing to do with each other."""
+    frame = blobs_frame(n_rows=n_rows, seed=seed)
+    frame[LABEL] = np.random.default_rng(seed).choice(["a", "b", "c"], size=n_rows)
+    return frame
+
+
+def copies_with_gaps() -> pd.DataFrame:
+    """Copies holding nulls, in an integer, a float, a text and a category column."""
+    frame = random_labels(60, seed=4)
+    frame["count"] = pd.array(np.arange(60) % 7, dtype="Int64")
+    frame.loc[::15, "count"] = pd.NA  # rare: many a batch holds none
+    frame.loc[::4, "f0"] = np.nan
+    frame["town"] = pd.Series(np.array(["x", "y", None], dtype=object)[np.arange(60) % 3])
+    frame["grade"] = pd.Categorical(np.array(["lo", "hi"])[np.arange(60) % 2])
+    return repeated(frame, 4)
+
+
+def other_labels() -> pd.DataFrame:
+    """Each row twice, with another label: no row is a copy."""
+    frame = random_labels(150, seed=5)
+    flipped = frame.assign(**{LABEL: frame[LABEL].map({"a": "b", "b": "c", "c": "a"})})
+    return pd.concat([frame, flipped], ignore_index=True).sample(frac=1.0, random_state=2, ignore_index=True)
+
+
+# case -> (the table, the split, whether some rows are copies)
+CASES: dict[str, tuple[Callable[[], pd.DataFrame], SplitConfig, bool]] = {
+    "no copies": (lambda: blobs_frame(n_rows=300), SplitConfig(), False),
+    "every row 5 times, random labels": (lambda: repeated(random_labels(100), 5), SplitConfig(), True),
+    "copies with nulls": (copies_with_gaps, SplitConfig(seed=1), True),
+    "the same features with another label": (other_labels, SplitConfig(), False),
+    "a train split smaller than the others": (
+        lambda: repeated(random_labels(120), 3),
+        SplitConfig(val_fraction=0.4, test_fraction=0.45),
+        True,
+    ),
 }
 
 
-@pytest.mark.parametrize("case", sorted(LABELS))
-def test_label_kind_turns_the_class_labels_back_into_the_column_values(blobs, write_table, tmp_path, case):
-    values, name, kind, class_labels = LABELS[case]
-    frame = blobs.assign(species=[values[i % len(values)] for i in range(len(blobs))])
-    prepared = prepare(write_table(frame, name), tmp_path, problem_type="classification")
-    assert (prepared.table.label_kind, prepared.table.class_labels) == (kind, class_labels)
-    typed = typed_labels(prepared.table.class_labels, prepared.table.label_kind)
-    assert sorted(typed) == sorted(set(values))
-    assert all(type(label) is type(values[0]) for label in typed)
+def write_parts(frame: pd.DataFrame, folder: Path, suffix: str) -> None:
+    """CSV parts, or parquet parts without pandas' metadata (as Spark writes them): an integer column
+    with nulls reads back into pandas as floats, in a batch that holds a null only."""
+    folder.mkdir()
+    for index, part in enumerate(np.array_split(np.arange(len(frame)), PARTS)):
+        rows = frame.iloc[part]
+        path = folder / f"part-{index:05d}{suffix}"
+        if suffix == ".csv":
+            rows.to_csv(path, index=False)
+        else:
+            pq.write_table(pa.Table.from_pandas(rows, preserve_index=False).replace_schema_metadata(), path)
 
 
-def test_unknown_label_kind_is_refused():
-    with pytest.raises(ValueError, match="'decimal'"):
-        typed_labels(["1"], "decimal")
+def noted_copies(notes: list[str]) -> dict[tuple[str, str], int]:
+    found = {}
+    for note in notes:
+        if match := NOTE.match(note):
+            found[(match[2], match[4])] = int(match[1].replace(",", ""))
+    return found
+
+
+def pandas_copies(frame: pd.DataFrame, folder: Path, split: SplitConfig) -> dict[tuple[str, str], int]:
+    """The rows of each split with an exact copy in another, by pandas, on the split preprocessing made."""
+    dataset = open_dataset(str(folder), LABEL)
+    from_csv = isinstance(dataset.format, ds.CsvFileFormat)
+    labels = clean_labels(scan_labels(dataset, str(folder), LABEL), str(folder), LABEL, from_csv)
+    assignment = RowSplit.of(labels, str(folder), LABEL, split).assignment
+    rows = {name: frame[assignment == index].astype(str) for index, name in enumerate(SPLITS)}
+    counts = {}
+    for first, other in COPIED_SPLITS:
+        copied = rows[first].merge(rows[other].drop_duplicates(), how="inner", on=list(frame.columns))
+        if len(copied):
+            counts[(first, other)] = len(copied)
+    return counts
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_rows_copied_between_splits_are_counted_in_a_note(tmp_path, monkeypatch, case, suffix):
+    if suffix == ".parquet":
+        monkeypatch.setattr(reading, "BATCH_ROWS", BATCH_ROWS)
+    make, split, copies = CASES[case]
+    frame = make()
+    folder = tmp_path / "parts"
+    write_parts(frame, folder, suffix)
+    before = digests(folder)
+    one_pod = prepare_dataset(str(folder), LABEL, str(tmp_path / "one"), split)
+    noted = noted_copies(one_pod.table.notes)
+    assert noted == pandas_copies(frame, folder, split)
+    assert bool(noted) == copies
+    if copies:
+        assert noted.get(("test", "train"), 0) > 0
+        (note,) = [note for note in one_pod.table.notes if " test rows " in note and "of train rows" in note]
+        share = 100 * noted[("test", "train")] / one_pod.table.rows["test"]
+        assert f"({share:.1f}%)" in note and note.endswith("test accuracy overstates accuracy on new rows")
+    pieces = prepare_in_pieces(str(folder), LABEL, str(tmp_path / "pieces"), split, PARTS)
+    assert_same_splits(pieces, one_pod)  # the same notes, so the same counts
+    assert digests(folder) == before
+
+
+# case -> (the test split's row hashes by part, the train split's by part, test rows with a copy in train)
+HASHES = {
+    "a run of copies across chunks": ([[5, 5], [5, 1, 9]], [[7, 5], [2]], 3),
+    "every row a copy": ([[4, 4, 4]], [[4], [4], [4, 4]], 3),
+    "no copy": ([[1, 2, 3]], [[4, 5, 6, 7]], 0),
+    "no train row": ([[1, 2]], [[]], 0),
+    "a smaller train split": ([[8, 8, 3, 2], [8, 1]], [[8, 1]], 4),
+    "the largest hash": ([[2**64 - 1, 0]], [[2**64 - 1, 2**64 - 1, 5]], 1),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HASHES))
+def test_copies_are_counted_from_the_hashes_a_chunk_at_a_time(tmp_path, monkeypatch, case):
+    monkeypatch.setattr(prepare_module, "HASH_CHUNK", 2)
+    test_parts, train_parts, copies = HASHES[case]
+    for split, parts in (("test", test_parts), ("train", train_parts)):
+        for index, hashes in enumerate(parts):
+            path = Path(hash_files(str(tmp_path), index)[split])
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(np.array(hashes, dtype="<u8").tobytes())
+    rows = {"test": sum(map(len, test_parts)), "train": sum(map(len, train_parts))}
+    assert rows_with_copies(str(tmp_path), "test", "train", rows) == copies

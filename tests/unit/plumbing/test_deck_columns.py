@@ -5,7 +5,7 @@ from __future__ import annotations
 from tasks.core.data.assignment import SplitConfig
 from tasks.core.data.prepare import prepare_dataset
 from tasks.plumbing.decks import column_rows
-from tests.unit.data.test_mixed_columns import messy_frame
+from tests.unit.data.tables import messy_frame
 
 
 def test_each_column_shows_its_kind_inputs_vocabulary_and_missing_values_or_why_it_was_left_out(tmp_path):

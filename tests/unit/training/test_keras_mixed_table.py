@@ -15,7 +15,7 @@ from tasks.core.serving.bundle import BundleRecord, load_bundle, write_bundle
 from tasks.core.serving.scoring import split_metrics
 from tasks.core.training.config import TrainConfig
 from tasks.core.training.records import Hardware
-from tests.unit.data.test_mixed_columns import messy_frame
+from tests.unit.data.tables import messy_frame
 
 
 @pytest.mark.slow

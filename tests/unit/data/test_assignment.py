@@ -1,5 +1,6 @@
-"""A time-ordered split (`SplitConfig.split_by`): the earliest rows train, the next validate, the latest
-test; equal times stay in one split; one pod and pieces cut at the same times."""
+"""assignment.py: which split each row goes to. A stratified, seeded random split, refused when the
+fractions leave a split too few rows for the classes; or a time-ordered split (`SplitConfig.split_by`):
+the earliest rows train, the next validate, the latest test, and equal times stay in one split."""
 
 from __future__ import annotations
 
@@ -8,31 +9,114 @@ import pandas as pd
 import pyarrow.dataset as ds
 import pytest
 
-from tasks.core.data.assignment import SPLITS, UNLABELLED, SplitConfig
+from tasks.core.data.assignment import SPLITS, SplitConfig, assign_splits, checked_assignment, split_rows
 from tasks.core.data.files import DatasetError
-from tasks.core.data.pieces import assign_pieces, plan_pieces
 from tasks.core.data.prepare import prepare_dataset
 from tests.conftest import blobs_frame
+from tests.unit.data.tables import (
+    assignment_of,
+    prepare,
+    prepare_y,
+    refusal,
+    refusal_y,
+    split_frames,
+    timed_frame,
+    times_by_split,
+    two_features,
+    write_frame,
+)
 
-PART_ROWS = (1, 40, 7, 180, 72)  # uneven parts, as tests/unit/data/test_pieces.py cuts them
-
-
-def timed_frame(n_rows: int = 300, seed: int = 0) -> pd.DataFrame:
-    """Blobs with a timestamp column in shuffled order, distinct to the second."""
-    frame = blobs_frame(n_rows=n_rows, seed=seed)
-    seconds = np.random.default_rng(seed).permutation(n_rows) * 3600
-    return frame.assign(at=pd.Timestamp("2024-01-01") + pd.to_timedelta(seconds, unit="s"))
-
-
-def assignment_of(path, split: SplitConfig, tmp_path, count: int) -> np.ndarray:
-    pieces = plan_pieces(str(path), "species", count)
-    out = tmp_path / f"out-{count}"
-    assign_pieces(str(path), "species", split, pieces, str(out), str(tmp_path / f"a-{count}.npy"))
-    return np.load(tmp_path / f"a-{count}.npy")
+# --- a stratified random split -------------------------------------------------------------------
 
 
-def times_by_split(times: np.ndarray, assignment: np.ndarray) -> list[np.ndarray]:
-    return [times[assignment == index] for index in range(len(SPLITS))]
+def test_split_is_stratified_and_deterministic(blobs, write_table, tmp_path):
+    path = write_table(blobs)
+    first = prepare(path, tmp_path / "a", seed=7)
+    again = prepare(path, tmp_path / "b", seed=7)
+    other = prepare(path, tmp_path / "c", seed=8)
+    a, b, c = split_frames(first), split_frames(again), split_frames(other)
+    for name in SPLITS:
+        pd.testing.assert_frame_equal(a[name], b[name])
+    assert not a["test"].equals(c["test"])
+    overall = blobs["species"].value_counts(normalize=True).sort_index().to_numpy()
+    for frame in a.values():
+        shares = frame["species"].value_counts(normalize=True).sort_index().to_numpy()
+        np.testing.assert_allclose(shares, overall, atol=0.05)
+
+
+def test_split_fractions_are_validated():
+    with pytest.raises(DatasetError, match="test_fraction"):
+        SplitConfig(test_fraction=0.0)
+
+
+TOO_FEW = {  # rows, val_fraction, test_fraction -> the split named
+    "train": (12, 0.3, 0.45, "2 train rows", "lower val_fraction or test_fraction"),
+    "val": (12, 0.1, 0.15, "val rows", "raise val_fraction"),
+    "test": (30, 0.3, 0.05, "1 test rows", "raise test_fraction"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TOO_FEW))
+def test_fractions_that_leave_a_split_too_few_rows_are_refused(tmp_path, case):
+    rows, val, test, split, fix = TOO_FEW[case]
+    path = tmp_path / "data.parquet"
+    frame = blobs_frame(n_rows=rows)
+    frame.assign(species=np.array(["a", "b", "c"])[np.arange(rows) % 3]).to_parquet(path, index=False)
+    message = refusal(path, tmp_path, val_fraction=val, test_fraction=test)
+    assert f"val_fraction={val} and test_fraction={test}" in message
+    assert split in message and fix in message and "'a': " in message
+
+
+RARE_CLASSES = {  # rows of each rare class beside 1,000 of a common one -> the refusal
+    "the test split leaves a rare class one row": (3, "a single row to share between train and val"),
+    "the draw leaves train without a rare class": (4, "the train split of 1008 rows"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(RARE_CLASSES))
+def test_a_split_without_a_row_of_every_class_is_refused(case):
+    rare, expected = RARE_CLASSES[case]
+    codes = np.repeat([0, 1, 2], [1000, rare, rare])
+    with pytest.raises(DatasetError) as error:
+        checked_assignment(codes, ["a", "b", "c"], SplitConfig(0.45, 0.45), "in.csv")
+    message = str(error.value)
+    assert message.startswith("in.csv: ") and expected in message
+    assert f"'b': {rare}" in message and "val_fraction=0.45 and test_fraction=0.45" in message
+
+
+@pytest.mark.parametrize(
+    "rows, val, test", [(12, 0.3, 0.45), (30, 0.15, 0.15), (101, 0.2, 0.3), (1000, 0.49, 0.49), (7, 0.4, 0.1)]
+)
+def test_split_rows_counts_as_the_split_draws(rows, val, test):
+    split = SplitConfig(val_fraction=val, test_fraction=test)
+    codes = np.arange(rows) % 2
+    sure = split_rows(rows, split)
+    if min(sure.values()) < 2:  # scikit-learn would refuse, as check_split_sizes does first
+        return
+    assignment = assign_splits(codes, split)
+    drawn = {name: int((assignment == i).sum()) for i, name in enumerate(SPLITS)}
+    assert drawn["train"] == sure["train"]
+    assert drawn["val"] >= sure["val"] and drawn["test"] >= sure["test"]
+
+
+def test_a_continuous_label_gives_a_bounded_message(tmp_path):
+    frame = two_features(2_000).assign(y=np.random.default_rng(1).normal(size=2_000))
+    message = refusal_y(write_frame(frame, tmp_path / "data.csv"), tmp_path, "classification")
+    assert len(message) < 1_000
+    assert "2,000 of 2,000 classes have fewer than 3 rows" in message
+    assert "and 1,992 more" in message and "looks continuous" in message
+    assert "problem_type='regression'" in message
+    assert prepare_y(
+        write_frame(frame, tmp_path / "data.csv"), tmp_path
+    ).table.target.regression  # under auto
+
+
+def test_a_classification_of_the_same_table_is_refused_as_before_but_hints_at_regression(diabetes, tmp_path):
+    with pytest.raises(DatasetError, match="problem_type='regression'"):
+        prepare_dataset(diabetes, "target", str(tmp_path), SplitConfig(problem_type="classification"))
+
+
+# --- a time-ordered split ------------------------------------------------------------------------
 
 
 def test_the_earliest_rows_train_and_the_latest_test(tmp_path, write_table):
@@ -76,26 +160,6 @@ def test_equal_times_stay_in_the_earlier_split(tmp_path, write_table):
     train, val, test = times_by_split(frame["day"].to_numpy(), assignment)
     # 140 rows train by share: days 0-6 exactly; val reaches row 170, within day 8, which it takes whole.
     assert (set(train), set(val), set(test)) == ({0, 1, 2, 3, 4, 5, 6}, {7, 8}, {9})
-
-
-@pytest.mark.parametrize("count", [3, 7])
-@pytest.mark.parametrize("suffix", [".parquet", ".csv"])
-def test_pieces_cut_at_the_same_times_as_one_pod(tmp_path, count, suffix):
-    frame = timed_frame(sum(PART_ROWS), seed=5)
-    frame["at"] = frame["at"].dt.strftime("%Y-%m-%dT%H:%M:%S")  # ISO text: read as dates
-    frame.loc[[3, 77], "species"] = None  # rows without a label are in no split, in one pod or pieces
-    folder = tmp_path / "parts"
-    folder.mkdir()
-    starts = np.cumsum((0, *PART_ROWS))
-    for index, (start, end) in enumerate(zip(starts[:-1], starts[1:], strict=True)):
-        part, name = frame.iloc[start:end], folder / f"part-{index:05d}{suffix}"
-        part.to_csv(name, index=False) if suffix == ".csv" else part.to_parquet(name, index=False)
-    split = SplitConfig(split_by="at")
-    one_pod = assignment_of(folder, split, tmp_path, 1)
-    assert np.array_equal(assignment_of(folder, split, tmp_path, count), one_pod)
-    assert (one_pod[[3, 77]] == UNLABELLED).all()
-    train, val, test = times_by_split(frame["at"].to_numpy(), one_pod)
-    assert train.max() < val.min() and val.max() < test.min()
 
 
 def test_numbers_order_the_split_too(tmp_path, write_table):
@@ -160,13 +224,3 @@ def test_a_random_split_is_unchanged_by_the_new_field(tmp_path, write_table):
     path = write_table(blobs_frame(n_rows=120))
     before = assignment_of(path, SplitConfig(seed=2), tmp_path, 1)
     assert np.array_equal(before, assignment_of(path, SplitConfig(seed=2, split_by=""), tmp_path, 3))
-
-
-def test_the_label_column_is_refused_before_the_data_is_read():
-    from tasks.core.validation import split_by_problems
-
-    assert split_by_problems("", "label") == split_by_problems("day", "label") == []
-    assert split_by_problems("label", "label") == [
-        "input 'split_by' = 'label': is the label column; name a column of dates, times or numbers to "
-        "split by, or leave it empty for a stratified random split"
-    ]

@@ -1,0 +1,85 @@
+"""scaling.py: standardisation fitted on the train rows only, in float64: extreme magnitudes are
+standardised, and refused by column only where they cannot be represented."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tasks.core.data.files import DatasetError
+from tasks.core.data.scaling import ScalerStats, check_standardised, standardise
+from tests.conftest import blobs_frame
+from tests.unit.data.tables import prepare, prepare_unchanged, refusal, split_features, split_frames
+
+
+def test_scaler_is_fitted_on_train_only(blobs, write_table, tmp_path):
+    blobs.loc[:, "f1"] = blobs["f1"] * 10 + 100
+    prepared = prepare(write_table(blobs), tmp_path)
+    frames = split_frames(prepared)
+    train = frames["train"][prepared.table.feature_names].to_numpy()
+    np.testing.assert_allclose(train.mean(axis=0), 0.0, atol=1e-5)
+    np.testing.assert_allclose(train.std(axis=0), 1.0, atol=1e-4)
+    whole_data_mean = blobs[prepared.table.feature_names].mean().to_numpy()
+    assert not np.allclose(prepared.table.scaler.mean, whole_data_mean, rtol=0, atol=1e-6)
+
+
+# --- extreme magnitudes: standardised in float64, refused by name only when unrepresentable --------
+
+
+def scaled(column: str, factor: float) -> Callable[[pd.DataFrame], pd.DataFrame]:
+    return lambda frame: frame.assign(**{column: frame[column] * factor})
+
+
+def lone_value(value: float) -> Callable[[pd.DataFrame], pd.DataFrame]:
+    """f0 zero but in one row: in training its variance overflows; elsewhere the training rows'
+    scale of 1 leaves it beyond float32's range. Refused either way."""
+    return lambda frame: frame.assign(f0=np.where(frame.index == 17, value, 0.0))
+
+
+PREPARED_MAGNITUDES = {
+    "tiny values": scaled("f0", 1e-46),
+    "huge values": scaled("f1", 1e39),
+    "a tiny constant": lambda frame: frame.assign(f2=1e-46),
+    "a huge constant": lambda frame: frame.assign(f3=1e39),
+    "a constant near float64's limit": lambda frame: frame.assign(f3=1e300),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PREPARED_MAGNITUDES))
+def test_extreme_magnitudes_are_standardised(tmp_path, case):
+    path = tmp_path / "data.parquet"
+    PREPARED_MAGNITUDES[case](blobs_frame()).to_parquet(path, index=False)
+    prepared = prepare_unchanged(path, tmp_path)
+    train = split_features(prepared, "train")
+    assert np.isfinite(train).all() and np.isfinite(prepared.table.scaler.scale).all()
+    varies = train.std(axis=0) > 0
+    np.testing.assert_allclose(train.std(axis=0)[varies], 1.0, rtol=1e-4)
+    np.testing.assert_array_equal(train[:, ~varies], 0.0)  # a constant column
+    np.testing.assert_array_equal(np.asarray(prepared.table.scaler.scale)[~varies], 1.0)  # as scikit-learn
+
+
+REFUSED_MAGNITUDES = {
+    "differences that underflow": (scaled("f0", 1e-170), "differ by too little"),
+    "values whose variance overflows": (scaled("f0", 1e200), "too large"),
+    "a lone huge value": (lone_value(1e300), "rescale the column"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED_MAGNITUDES))
+def test_unrepresentable_magnitudes_are_refused_by_column(tmp_path, case):
+    mutate, expected = REFUSED_MAGNITUDES[case]
+    path = tmp_path / "data.parquet"
+    mutate(blobs_frame()).to_parquet(path, index=False)
+    message = refusal(path, tmp_path)
+    assert f"{path}: feature column 'f0'" in message and expected in message
+
+
+def test_a_standardised_value_beyond_float32_names_the_column_and_row():
+    raw = np.array([[0.0, 1.0], [2.0, 1e39]])
+    with np.errstate(over="ignore"):
+        values = standardise(raw, ScalerStats(mean=[0.0, 0.0], scale=[1.0, 1.0]))
+    with pytest.raises(DatasetError, match=r"in.csv: feature column 'g' at row 11 holds 1e\+39"):
+        check_standardised(values, raw, ["f", "g"], 10, "in.csv")
