@@ -53,6 +53,7 @@ from tasks.core.data.scaling import (
     train_moments,
 )
 from tasks.core.data.splits import SplitPaths
+from tasks.core.data.table import PreparedTable
 from tasks.core.data.target import (
     Target,
     decide_problem_type,
@@ -80,44 +81,6 @@ COPIED_SPLITS = {
 HASH_MULTIPLIER = np.uint64(0x100000001B3)  # FNV's 64-bit prime: mixes each column's hash into the row's
 NULL_HASH = np.uint64(np.iinfo(np.uint64).max)  # a null integer or boolean, as pandas hashes a null text
 HASH_CHUNK = 1 << 20  # row hashes read or looked up at once (8 MiB): counting holds little beside them
-
-
-@dataclass
-class PreparedTable:
-    """What the prepared splits hold. The splits written here (`PreparedSplits`) and the task
-    boundary's `PreparedData` both carry it as it is."""
-
-    feature_names: list[str]  # in the order the model reads them
-    label_column: str  # holds class codes into `class_labels`
-    class_labels: list[str]
-    class_counts: dict[str, int]
-    rows: dict[str, int]  # by split
-    scaler: ScalerStats  # fitted on the train split
-    source: str = ""  # the input, as reports name it
-    label_kind: str = "string"  # what the class labels were before they became text: see LABEL_KINDS
-    notes: list[str] = field(default_factory=list)  # e.g. case-only class differences, columns left out
-    # The input's feature columns as read (strings, dates, nulls), in the input's order, and the
-    # encoding fitted on the train split that turns them into `feature_names`: the JSON text of
-    # `FittedEncoding.to_dict()` (text, so that it crosses task boundaries as one plain literal).
-    # Both empty in a table prepared before encodings existed: its features were numbers, read as they are.
-    columns: list[str] = field(default_factory=list)
-    encoding: str = ""
-    # What is predicted. A regression has no classes: its train and val splits hold the label
-    # standardised by `target`'s train mean and deviation, float32; its test split the label as read.
-    target: Target = field(default_factory=Target)
-
-    def split_paths(self, train: str, val: str) -> SplitPaths:
-        """The train and val splits at these paths, as the training loops read them."""
-        return SplitPaths(
-            train, val, self.feature_names, self.label_column, len(self.class_labels), self.target.regression
-        )
-
-    def fitted_encoding(self) -> FittedEncoding:
-        return FittedEncoding.from_dict(json.loads(self.encoding))
-
-    @property
-    def n_outputs(self) -> int:
-        return 1 if self.target.regression else len(self.class_labels)
 
 
 def with_encoding(table: PreparedTable, encoding: str) -> PreparedTable:

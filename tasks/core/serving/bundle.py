@@ -52,14 +52,26 @@ import fsspec.implementations.local
 import numpy as np
 import pyarrow as pa
 
-from tasks.core.data.column_kinds import ACCEPTS, WHAT, value_type
-from tasks.core.data.columns import at_rows, check_finite, check_numeric
-from tasks.core.data.encoding import FittedEncoding
-from tasks.core.data.files import DatasetError, filesystem_for, is_local, remote_errors
-from tasks.core.data.labels import typed_labels
-from tasks.core.data.prepare import PreparedTable
-from tasks.core.data.scaling import ScalerStats, batch_features, check_standardised, standardise
-from tasks.core.data.target import Target
+from tasks.core.data.api import (
+    ACCEPTS,
+    WHAT,
+    DatasetError,
+    FittedEncoding,
+    PreparedTable,
+    ScalerStats,
+    Target,
+    at_rows,
+    batch_features,
+    check_finite,
+    check_numeric,
+    check_standardised,
+    filesystem_for,
+    is_local,
+    remote_errors,
+    standardise,
+    typed_labels,
+    value_type,
+)
 from tasks.core.messages import one_line, preview, shorten
 from tasks.core.models.plugins import (
     BUILTINS,
@@ -97,6 +109,11 @@ Table = Any  # a pandas DataFrame, a pyarrow Table or a pyarrow RecordBatch
 class BundleError(ValueError):
     """A model bundle that cannot be written or read, or a table without the features it needs; the
     message names the bundle or the table and what is wrong."""
+
+
+class MissingColumns(BundleError, DatasetError):
+    """A table without a column the model reads: refused by the bundle (a BundleError), and input that
+    cannot be read as the model needs it (a DatasetError, as every other such input is)."""
 
 
 @dataclass
@@ -864,7 +881,7 @@ def check_present(present: list[str], wanted: list[str], source: str, encoded: b
     if missing:
         what = "column" if len(missing) == 1 else f"{len(missing)} columns"
         reads = "columns" if encoded else "features"
-        raise BundleError(
+        raise MissingColumns(
             f"{source}: missing feature {what} {preview([repr(name) for name in missing])}; the model "
             f"reads {len(wanted)} {reads} by name: {preview(wanted)}"
         )

@@ -70,9 +70,7 @@ from typing import Any
 
 import numpy as np
 
-from tasks.core.data.column_kinds import NUMERIC
-from tasks.core.data.encoding import FittedEncoding
-from tasks.core.data.scaling import ScalerStats
+from tasks.core.data.api import NUMERIC, FittedEncoding, ScalerStats
 from tasks.core.serving.raw_inputs import (
     input_rules,
     raw_feeds,

@@ -41,9 +41,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from tasks.core.data.encoding import FittedEncoding
-from tasks.core.data.files import filesystem_for, parquet_format
-from tasks.core.data.scaling import batch_features
+from tasks.core.data.api import FittedEncoding, batch_features, filesystem_for, parquet_format
 from tasks.core.serving.bundle import Manifest, content_digest, read_manifest, write_manifest
 from tasks.core.serving.exports import INPUT, for_onnxruntime_floor, onnx_session, summary
 from tasks.core.serving.raw_inputs import raw_feeds

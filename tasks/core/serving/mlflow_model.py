@@ -38,8 +38,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from tasks.core.data.column_kinds import BOOLEAN, CATEGORICAL, DATE, NUMERIC
-from tasks.core.data.encoding import CategoryEncoding, FittedEncoding
+from tasks.core.data.api import BOOLEAN, CATEGORICAL, DATE, NUMERIC, CategoryEncoding, FittedEncoding
 
 MLFLOW_FOLDER = "mlflow"  # where a bundle keeps its MLflow model
 LOADER_MODULE = "mixedml_onnx_pyfunc"

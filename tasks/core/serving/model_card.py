@@ -14,8 +14,7 @@ import json
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from tasks.core.data.encoding import FittedEncoding
-from tasks.core.data.files import filesystem_for
+from tasks.core.data.api import FittedEncoding, filesystem_for
 from tasks.core.messages import preview
 from tasks.core.models.plugins import describe_spec
 from tasks.core.serving.bundle import (

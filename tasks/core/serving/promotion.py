@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import pyarrow.dataset as ds
 
-from tasks.core.data.files import DatasetError, filesystem_for, parquet_format, remote_errors
+from tasks.core.data.api import DatasetError, filesystem_for, parquet_format, remote_errors
 from tasks.core.messages import one_line, preview, raise_for
 from tasks.core.report.metrics import ClassificationMetrics
 from tasks.core.serving.bundle import Bundle, BundleError, load_bundle

@@ -33,7 +33,7 @@ from pathlib import Path, PurePosixPath
 
 import fsspec
 
-from tasks.core.data.files import DatasetError, filesystem_for, is_local, remote_errors
+from tasks.core.data.api import DatasetError, filesystem_for, is_local, remote_errors
 from tasks.core.serving.bundle import MANIFEST, BundleError, check_files, content_digest
 from tasks.core.serving.layouts import Layouts, serving_name, version_layouts
 from tasks.core.serving.prefixes import prefix_problem

@@ -33,8 +33,18 @@ import re
 import numpy as np
 import pyarrow as pa
 
-from tasks.core.data.column_kinds import BOOLEAN, CATEGORICAL, DATE, MISSING_INSTANT, Place, canonical
-from tasks.core.data.encoding import CategoryEncoding, ColumnEncoding, DateEncoding, FittedEncoding
+from tasks.core.data.api import (
+    BOOLEAN,
+    CATEGORICAL,
+    DATE,
+    MISSING_INSTANT,
+    CategoryEncoding,
+    ColumnEncoding,
+    DateEncoding,
+    FittedEncoding,
+    Place,
+    canonical,
+)
 
 ROWS = "rows"
 ENCODED = "raw_inputs/features"  # the encoding graph's output, the numeric export's "features"

@@ -42,20 +42,18 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pa_fs
 import pyarrow.parquet as pq
 
-from tasks.core.data.files import (
+from tasks.core.data.api import (
     DatasetError,
+    csv_format_of,
     detect_format,
     filesystem_for,
+    header_line,
     is_local,
+    iter_batches,
+    open_dataset,
     parquet_format,
     remote_errors,
     row_group_fragments,
-)
-from tasks.core.data.reading import (
-    csv_format_of,
-    header_line,
-    iter_batches,
-    open_dataset,
     sniff_delimiter,
 )
 from tasks.core.messages import LINE_CHARS, preview, shorten
