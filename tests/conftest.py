@@ -114,8 +114,10 @@ LONGEST_FIRST = ["readme", "pods", "test_smoke_orchestration_prints_every_figure
                  "test_mirrored_strategy_with_two_logical_cpu_devices", "scheduled", "ddp"]  # fmt: skip
 
 
-# Modules whose tests take minutes of CPU between them: `make test-heavy` (and CI, after `make test`)
-# runs them, so that `make test` stays a loop of a few minutes. The paths are from the tests folder.
+# `make test` proves each path once: the unit folder, one local run of the default pipeline, of a
+# scheduled run on a user's CSV and of two DDP ranks, and the package as a cluster reads it. The
+# scenarios built on those paths take minutes of CPU between them: `make test-heavy` (and CI, after
+# `make test`) runs them. The paths are from the tests folder.
 HEAVY_MODULES = {
     "integration/test_readme_commands.py",  # every README command, a real hardware_comparison among them
     "integration/test_benchmarks.py",  # the benchmark groups at smoke sizes
@@ -123,14 +125,29 @@ HEAVY_MODULES = {
     "integration/test_pod_execution.py",  # preprocess, train and evaluate as pods of the package
     "integration/test_tf_accelerator_guard.py",  # TensorFlow pods on nodes without their accelerator
     "integration/test_streaming_ddp.py",  # two DDP ranks streaming against device-resident rows
+    "integration/test_checkpoint.py",  # runs killed and resumed, against uninterrupted ones
+    "integration/test_ddp_overlap.py",  # DDP's overlapped reduction: guarded steps, an OOM and its retry
+    "integration/test_collective_oom.py",  # one rank's OOM dropped on every rank
+    "integration/test_preemption.py",  # a preemption notice on one DDP rank
+    "integration/test_tf_preemption.py",  # a SIGTERM during Keras training and the retry
+    "integration/test_model_failures.py",  # a user's model failing in a DDP rank
+    "integration/test_regression.py",  # regression workflow runs, torch and TensorFlow
+    "integration/test_divergence.py",  # a diverging DDP rank, and the training task it fails
+    "integration/test_best_epoch_ddp.py",  # early stopping and the best epoch across two DDP ranks
+    "integration/test_tf_mirrored.py",  # Keras mirrored over two logical CPU devices
     "unit/benchmarks/test_gpu_check.py",  # the GPU check's harness, run on CPU in processes of its own
 }
+# Shared runs (`SHARED_RUNS`) whose every reader is heavy: the hardware comparison (a CNN through
+# both frameworks) and the Decks it writes.
+HEAVY_GROUPS = {"comparison"}
 TESTS = Path(__file__).parent
 
 
 def is_heavy(item: pytest.Item) -> bool:
     path = Path(str(item.fspath))
-    return path.is_relative_to(TESTS) and path.relative_to(TESTS).as_posix() in HEAVY_MODULES
+    in_module = path.is_relative_to(TESTS) and path.relative_to(TESTS).as_posix() in HEAVY_MODULES
+    groups = {group for fixture, group in SHARED_RUNS.items() if fixture in getattr(item, "fixturenames", ())}
+    return in_module or bool(groups & HEAVY_GROUPS)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks (test_parallel_groups)

@@ -52,6 +52,7 @@ def test_ranks_report_the_same_global_history(two_rank_results):
     assert two_rank_results[0]["history"][-1].val_accuracy >= 0.9
 
 
+@pytest.mark.heavy  # a failure scenario: another worker group per case
 @pytest.mark.parametrize("how", ["raise", "die"])
 def test_a_failing_rank_fails_the_whole_run_promptly_naming_rank_and_cause(blob_splits, how):
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError

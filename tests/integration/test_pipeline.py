@@ -61,6 +61,7 @@ def test_a_local_run_s_bundle_lasts_in_the_local_models_folder_not_in_flytekit_s
     assert (folder / "bundle.json").is_file()
 
 
+@pytest.mark.heavy  # a second full run, of another model on another target
 def test_the_cnn_on_the_multinode_target_is_clamped_to_one_node_beats_the_mlp_and_reaches_098(
     default_digits_run,
 ):

@@ -1,11 +1,5 @@
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from dataclasses import asdict
-from pathlib import Path
-
 import keras
 import numpy as np
 import pytest
@@ -29,8 +23,6 @@ from tasks.core.training.tf_training import (
     train_keras,
     use_jit_compile,
 )
-
-REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.slow
@@ -174,25 +166,6 @@ def test_the_run_records_xla_only_where_xla_compiles_the_step():
 def test_global_batch_must_split_over_replicas(blob_splits):
     with pytest.raises(ValueError, match="divisible"):
         TrainConfig(batch_size=33).micro_batch_size(2)
-
-
-@pytest.mark.slow
-def test_mirrored_strategy_with_two_logical_cpu_devices(blob_splits, tmp_path):
-    command = [
-        sys.executable,
-        "-m",
-        "tests.workers.tf_mirrored_worker",
-        json.dumps(asdict(blob_splits)),
-        str(tmp_path / "m.npz"),
-    ]
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    summary = json.loads(result.stdout.strip().splitlines()[-1])
-    assert (summary["strategy"], summary["replicas"]) == ("mirrored", 2)
-    assert len(summary["devices"]) == 2
-    assert summary["val_accuracy"] >= 0.9
-    features = np.zeros((2, len(blob_splits.feature_names)), dtype=np.float32)
-    assert predict_keras(load_keras_artifact(str(tmp_path / "m.npz"))[0], features).shape == (2,)
 
 
 class Preempted(keras.callbacks.Callback):

@@ -1,0 +1,49 @@
+"""Divergence across processes: DDP ranks stop together when one rank's loss is not finite, and the
+training task (two local gloo workers) ends at once with the divergence as its error, restarting
+nothing. The single-process cases are in tests/unit/training/test_divergence.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from tasks.core.models.plugins import ModelSpec, mlp_spec
+from tasks.core.training.config import TrainConfig
+
+pytestmark = pytest.mark.slow
+
+
+def test_ddp_ranks_stop_together_when_one_ranks_loss_is_not_finite(blob_splits):
+    from tests.workers.ddp_workers import launch_local, train_until_one_rank_diverges
+
+    config = TrainConfig(epochs=3, batch_size=32, model=mlp_spec([16]), seed=5, collective_timeout_s=60)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OMP_NUM_THREADS", "1")
+        ranks = launch_local(train_until_one_rank_diverges, config, blob_splits, 1, 3, nproc=2,
+                             run_id="diverged")  # fmt: skip
+    assert ranks[0]["steps_run"] == ranks[1]["steps_run"]
+    assert "epoch 1, step 3: the training loss is nan;" in ranks[1]["error"]
+    assert "epoch 1, step 3: the training loss is not finite on another rank;" in ranks[0]["error"]
+
+
+def test_the_training_task_ends_at_once_on_divergence_with_its_message_restarting_nothing(
+    blobs, write_table, tmp_path
+):
+    """Two local gloo workers, as `pyflyte run` trains on a CPU machine: the divergence is the task's
+    error, not a failed restart of the workers (gloo's connectFullMesh on a loaded machine), and Flyte
+    would not retry it."""
+    from tasks.core.training.launch import WorkerFailed
+    from tasks.plumbing.failures import failure_of
+    from tasks.preprocess import preprocess
+    from tasks.train_torch import train_torch
+
+    prepared = preprocess(
+        dataset=write_table(blobs), label_column="species", val_fraction=0.2, test_fraction=0.2, seed=0
+    )
+    builds = tmp_path / "builds.txt"
+    model = ModelSpec("tests.unit.training.test_divergence:recorded_mlp", options={"builds": str(builds)})
+    config = TrainConfig(epochs=2, batch_size=32, learning_rate=3e8, model=model)
+    with pytest.raises(WorkerFailed) as error:
+        train_torch(prepared=prepared, hyperparameters=config)
+    assert "failed: TrainingDiverged: training diverged at epoch 1, step " in str(error.value)
+    assert sorted(builds.read_text().split()) == ["0", "1"]  # each rank built its model once
+    assert not failure_of(error.value).retried
