@@ -1,4 +1,5 @@
-"""The stratified split draws the rows scikit-learn's train_test_split drew, with a fraction of its memory."""
+"""The stratified split draws the rows scikit-learn's train_test_split drew, with a fraction of its memory;
+the labels are coded a chunk of rows at a time, as np.unique codes them."""
 
 import tracemalloc
 
@@ -6,7 +7,9 @@ import numpy as np
 import pytest
 from sklearn.model_selection import train_test_split
 
+from tasks.core.data import labels as labels_module
 from tasks.core.data.assignment import SPLITS, SplitConfig, approximate_mode, assign_splits, val_share
+from tasks.core.data.labels import sorted_classes
 from tasks.core.data.target import quantile_bins
 
 
@@ -103,3 +106,20 @@ def test_the_split_of_a_million_rows_takes_a_few_bytes_a_row():
         tracemalloc.stop()
     # About 13 bytes a row; scikit-learn's train_test_split took about 79.
     assert peak / rows < 30
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        np.array(["b", "a", "zz", "a", "10", "9", "b", "Ä"] * 5, dtype=object),
+        np.random.default_rng(0).integers(-3, 40, 500),
+        np.array([0.5, -0.0, 2.0, 0.0, 0.5] * 4),
+        np.array([True, False, False, True]),
+    ],
+)
+def test_labels_hashed_a_chunk_at_a_time_code_as_np_unique(monkeypatch, values):
+    monkeypatch.setattr(labels_module, "LABEL_CHUNK_ROWS", 3)
+    classes, codes = sorted_classes(values)
+    expected_classes, expected_codes = np.unique(values, return_inverse=True)
+    assert classes.tolist() == expected_classes.tolist() and codes.dtype == np.int32
+    np.testing.assert_array_equal(codes, expected_codes)
