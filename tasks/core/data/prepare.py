@@ -374,6 +374,7 @@ class RowSplit:
     ) -> RowSplit:
         """From the cleaned labels of every row (`clean_labels`), refusing a split the rows cannot fill;
         with the `times` of every row (`split_times`), in time order rather than at random."""
+        pa.default_memory_pool().release_unused()  # the label column's Arrow memory, read and cleaned
         target = decide_problem_type(labels.values, split.problem_type, uri, label_column)
         if target.regression:
             return cls.of_numbers(labels, uri, label_column, split, times, target)
