@@ -27,12 +27,19 @@ LABEL_PARSERS = {"string": str, "integer": int, "float": float, "boolean": lambd
 
 
 def scan_labels(dataset: ds.Dataset, uri: str, label_column: str) -> pa.ChunkedArray:
-    """The label column of every row, read alone: the feature values are checked as they are encoded."""
+    """The label column of every row, read alone: the feature values are checked as they are encoded.
+    Text comes dictionary-encoded a batch at a time: a few distinct labels and 4 bytes a row, where the
+    text of every row took some 10 bytes a row or more."""
+    kind = dataset.schema.field(label_column).type
     batches = iter_batches(dataset, uri, columns=[label_column])
-    chunks = [batch.column(label_column) for batch in batches]
+    if is_text(kind):
+        kind = pa.dictionary(pa.int32(), kind)
+        chunks = [batch.column(label_column).dictionary_encode() for batch in batches]
+    else:
+        chunks = [batch.column(label_column) for batch in batches]
     if not sum(len(chunk) for chunk in chunks):
         raise DatasetError(f"{uri}: the dataset has no rows")
-    return pa.chunked_array(chunks, type=dataset.schema.field(label_column).type)
+    return pa.chunked_array(chunks, type=kind)
 
 
 def as_numbers(labels: pa.ChunkedArray, kinds: tuple[pa.DataType, ...] = NUMBER_TYPES) -> pa.ChunkedArray:
@@ -108,18 +115,21 @@ def clean_labels(
     stay text. Labels that are some rows of an input pass its `kind` (`label_kind`), decided on the
     whole column: their text is read as the whole column's values are.
     """
-    if pa.types.is_dictionary(labels.type):
+    if pa.types.is_dictionary(labels.type) and not is_text(labels.type.value_type):
         labels = pc.cast(labels, labels.type.value_type)
-    if not is_text(labels.type):
+    if not (is_text(labels.type) or pa.types.is_dictionary(labels.type)):
         missing = missing_labels(labels)
         return Labels(labels.filter(pa.array(~missing)).to_numpy(), missing)
     # Text is cleaned once per distinct label, not per row: each row's text copied (stripped, then the
     # labelled rows) took some 30 bytes a row.
-    encoded = pc.dictionary_encode(labels).combine_chunks()
+    if not pa.types.is_dictionary(labels.type):
+        labels = pc.dictionary_encode(labels)
+    encoded = labels.combine_chunks()  # one dictionary for every chunk
     distinct = cleaned_text(encoded.dictionary, from_csv, kind)
     distinct_missing = np.append(missing_labels(distinct), True)  # the last stands for a null label
-    rows = encoded.indices.fill_null(len(distinct)).to_numpy(zero_copy_only=False)
-    del encoded
+    indices = pc.cast(encoded.indices, pa.int32())
+    rows = indices.fill_null(len(distinct)).to_numpy(zero_copy_only=False)
+    del encoded, indices
     missing = distinct_missing[rows]
     return Labels(distinct_values(distinct)[rows[~missing]], missing)
 

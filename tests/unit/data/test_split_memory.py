@@ -4,12 +4,13 @@ the labels are coded a chunk of rows at a time, as np.unique codes them."""
 import tracemalloc
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from sklearn.model_selection import train_test_split
 
 from tasks.core.data import labels as labels_module
 from tasks.core.data.assignment import SPLITS, SplitConfig, approximate_mode, assign_splits, val_share
-from tasks.core.data.labels import sorted_classes
+from tasks.core.data.labels import clean_labels, sorted_classes
 from tasks.core.data.target import quantile_bins
 
 
@@ -123,3 +124,27 @@ def test_labels_hashed_a_chunk_at_a_time_code_as_np_unique(monkeypatch, values):
     expected_classes, expected_codes = np.unique(values, return_inverse=True)
     assert classes.tolist() == expected_classes.tolist() and codes.dtype == np.int32
     np.testing.assert_array_equal(codes, expected_codes)
+
+
+TEXT_LABELS = [
+    ["a", " a", "b ", None, "", "  "],
+    ["c", "a", None],
+    ["7", "07", "2.5"],
+    ["1", " 2", "", None],
+    ["nan", "3"],
+]
+
+
+@pytest.mark.parametrize("from_csv", [False, True])
+def test_text_labels_read_a_batch_at_a_time_clean_as_the_whole_column(from_csv):
+    for chunks in (
+        [TEXT_LABELS[0], TEXT_LABELS[1]],
+        [TEXT_LABELS[2]],
+        [TEXT_LABELS[3]],
+        [TEXT_LABELS[3], TEXT_LABELS[4]],
+    ):
+        text = pa.chunked_array(chunks, type=pa.string())
+        by_batch = pa.chunked_array([chunk.dictionary_encode() for chunk in text.chunks])
+        whole, batched = (clean_labels(labels, "in.csv", "label", from_csv) for labels in (text, by_batch))
+        np.testing.assert_array_equal(batched.missing, whole.missing)
+        assert batched.values.dtype == whole.values.dtype and batched.values.tolist() == whole.values.tolist()
