@@ -517,6 +517,7 @@ def prepare_dataset(
     from_csv = isinstance(dataset.format, ds.CsvFileFormat)
     labels = clean_labels(scan_labels(dataset, uri, label_column), uri, label_column, from_csv)
     rows = RowSplit.of(labels, uri, label_column, split, split_times([dataset], uri, split, label_column))
+    del labels  # 8 bytes a row of text labels, not kept: the rows' codes stand for them now
     encoding = fit_encoding(train_encoding_stats(dataset, uri, kinds, rows.assignment), uri)
     table = with_encoding(rows.table(columns, label_column, uri, left_out), encoding)
     moments = train_moments(dataset, uri, table.fitted_encoding(), rows.assignment)
