@@ -144,6 +144,8 @@ def assign_splits(codes: np.ndarray, split: SplitConfig) -> np.ndarray:
     `train_test_split` would pick, stratified and seeded alike: the test split from all rows, then
     the val split from the rest; drawn here with int32 row numbers rather than its int64 arrays
     and lists of ints, which took some 85 bytes a row."""
+    if codes.min(initial=0) < 0:
+        raise ValueError("a row's stratum code must be 0 or more")
     strata = codes.astype(np.min_scalar_type(codes.max(initial=0)), copy=False)  # one byte a row, mostly
     assignment = np.zeros(len(codes), dtype=np.uint8)
     rest, test = stratified_draw(strata, split.test_fraction, split.seed, with_train=True)

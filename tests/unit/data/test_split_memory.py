@@ -148,3 +148,8 @@ def test_text_labels_read_a_batch_at_a_time_clean_as_the_whole_column(from_csv):
         whole, batched = (clean_labels(labels, "in.csv", "label", from_csv) for labels in (text, by_batch))
         np.testing.assert_array_equal(batched.missing, whole.missing)
         assert batched.values.dtype == whole.values.dtype and batched.values.tolist() == whole.values.tolist()
+
+
+def test_a_negative_stratum_code_is_refused():
+    with pytest.raises(ValueError, match="0 or more"):
+        assign_splits(np.array([0, 1, -1] * 10), SplitConfig())
