@@ -158,13 +158,14 @@ def assign_splits(codes: np.ndarray, split: SplitConfig) -> np.ndarray:
 
 # ---- scikit-learn's StratifiedShuffleSplit, drawn with small arrays ---------------------------------
 #
-# `stratified_draw` consumes the random state as scikit-learn 1.x's StratifiedShuffleSplit does
-# (`_iter_indices`): the per-class train and test counts (`approximate_mode`), a shuffle of each class's
-# rows in row order, then a shuffle of the train rows. A shuffle's swaps depend only on the length, so
-# shuffling int32 row numbers in place matches its `rng.permutation` of int64 ones. The test rows'
-# final shuffle draws nothing that is used, so it is skipped.
+# `stratified_draw` consumes a fresh random state of the seed as StratifiedShuffleSplit (scikit-learn
+# 1.9, `_iter_indices`) does: the per-class train and test counts (`approximate_mode`), a shuffle of each
+# class's rows in row order, then a shuffle of the train rows (their order is the val draw's row order).
+# A shuffle's swaps depend only on the length, so shuffling int32 row numbers in place matches its
+# `rng.permutation` of int64 ones. Its last shuffle, of the test rows, orders rows whose split is
+# already known and comes before no other draw, so it is skipped.
 
-ROWS_PER_CHUNK = 1 << 16
+ROWS_PER_CHUNK = 1 << 16  # rows sorted at once by `grouped_positions`: its int64 work arrays stay small
 
 
 def row_numbers(n_rows: int) -> np.dtype:
