@@ -96,13 +96,13 @@ def split_setting(codes: np.ndarray, class_labels: list[str], split: SplitConfig
 def checked_assignment(
     codes: np.ndarray, class_labels: list[str], split: SplitConfig, uri: str
 ) -> np.ndarray:
-    """`assign_splits`, refused when the train split lacks a class: scikit-learn refuses some such
-    splits in its own words (a rare class left one row for the second draw) and draws others."""
+    """`assign_splits`, refused when the train split lacks a class: the draw refuses some such splits
+    in scikit-learn's words (a rare class left one row for the second draw) and draws others."""
     setting = split_setting(codes, class_labels, split)
     try:
         assignment = assign_splits(codes, split)
     except ValueError as err:
-        raise DatasetError(  # scikit-learn's own message names the class by its code
+        raise DatasetError(  # the draw's own message names the class by its code
             f"{uri}: no stratified split of {setting}: the test split leaves a rare class a single row "
             "to share between train and val; add rows of the rare classes or lower test_fraction"
         ) from err
@@ -127,7 +127,7 @@ def val_share(split: SplitConfig) -> float:
 
 
 def split_rows(n_rows: int, split: SplitConfig) -> dict[str, int]:
-    """Rows each split is sure to get from `assign_splits`: scikit-learn's train_test_split rounds
+    """Rows each split is sure to get from `assign_splits`: the draw (as train_test_split) rounds
     a held-out split up, so its fraction rounded down is a lower bound, and train gets the rest."""
     test = math.ceil(split.test_fraction * n_rows)
     val = math.ceil(val_share(split) * (n_rows - test))
@@ -139,18 +139,131 @@ def split_rows(n_rows: int, split: SplitConfig) -> dict[str, int]:
 
 
 def assign_splits(codes: np.ndarray, split: SplitConfig) -> np.ndarray:
-    """Deterministic stratified assignment: 0 = train, 1 = val, 2 = test, one byte per row."""
-    from sklearn.model_selection import train_test_split
-
-    rows = np.arange(len(codes))
-    rest, test = train_test_split(
-        rows, test_size=split.test_fraction, stratify=codes, random_state=split.seed
-    )
-    _, val = train_test_split(rest, test_size=val_share(split), stratify=codes[rest], random_state=split.seed)
+    """Deterministic stratified assignment: 0 = train, 1 = val, 2 = test, one byte per row. `codes` are
+    each row's stratum (a class code or a quantile bin, 0 or more). The rows are those scikit-learn's
+    `train_test_split` would pick, stratified and seeded alike: the test split from all rows, then
+    the val split from the rest; drawn here with int32 row numbers rather than its int64 arrays
+    and lists of ints, which took some 85 bytes a row."""
+    if codes.min(initial=0) < 0:
+        raise ValueError("a row's stratum code must be 0 or more")
+    strata = codes.astype(np.min_scalar_type(codes.max(initial=0)), copy=False)  # one byte a row, mostly
     assignment = np.zeros(len(codes), dtype=np.uint8)
-    assignment[val] = 1
-    assignment[test] = 2
+    rest, test = stratified_draw(strata, split.test_fraction, split.seed, with_train=True)
+    assignment[test] = SPLITS.index("test")
+    del test
+    _, val = stratified_draw(strata[rest], val_share(split), split.seed, with_train=False)
+    assignment[rest[val]] = SPLITS.index("val")
     return assignment
+
+
+# ---- scikit-learn's StratifiedShuffleSplit, drawn with small arrays ---------------------------------
+#
+# `stratified_draw` consumes a fresh random state of the seed as StratifiedShuffleSplit (scikit-learn
+# 1.9, `_iter_indices`) does: the per-class train and test counts (`approximate_mode`), a shuffle of each
+# class's rows in row order, then a shuffle of the train rows (their order is the val draw's row order).
+# A shuffle's swaps depend only on the length, so shuffling int32 row numbers in place matches its
+# `rng.permutation` of int64 ones. Its last shuffle, of the test rows, orders rows whose split is
+# already known and comes before no other draw, so it is skipped.
+
+ROWS_PER_CHUNK = 1 << 16  # rows sorted at once by `grouped_positions`: its int64 work arrays stay small
+
+
+def row_numbers(n_rows: int) -> np.dtype:
+    """The smallest integer type that numbers `n_rows` rows."""
+    return np.dtype(np.int32 if n_rows < np.iinfo(np.int32).max else np.int64)
+
+
+def stratified_draw(
+    strata: np.ndarray, test_fraction: float, seed: int, with_train: bool
+) -> tuple[np.ndarray | None, np.ndarray]:
+    """The train and test positions in `strata` that `train_test_split(..., test_size=test_fraction,
+    stratify=strata, random_state=seed)` returns: train in its order (None unless `with_train`), test
+    in class order. Raises ValueError where scikit-learn would."""
+    n_rows = len(strata)
+    n_test = math.ceil(test_fraction * n_rows)
+    n_train = n_rows - n_test
+    check_draw_sizes(n_rows, n_train, test_fraction)
+    counts = np.bincount(strata)
+    check_class_counts(counts, n_train, n_test)
+    class_counts = counts[counts > 0]
+    rng = np.random.RandomState(seed)
+    train_counts = approximate_mode(class_counts, n_train, rng)
+    test_counts = approximate_mode(class_counts - train_counts, n_test, rng)
+    grouped = grouped_positions(strata, counts)
+    starts = np.concatenate(([0], np.cumsum(class_counts)[:-1]))
+    for start, count in zip(starts, class_counts, strict=True):
+        rng.shuffle(grouped[start : start + count])
+    test_starts = starts + train_counts
+    test = np.concatenate([grouped[s : s + n] for s, n in zip(test_starts, test_counts, strict=True)])
+    if not with_train:
+        return None, test
+    train = np.concatenate([grouped[s : s + n] for s, n in zip(starts, train_counts, strict=True)])
+    del grouped
+    rng.shuffle(train)
+    return train, test
+
+
+def check_draw_sizes(n_rows: int, n_train: int, test_fraction: float) -> None:
+    """scikit-learn's `_validate_shuffle_split` check for a test fraction in (0, 1), in its words."""
+    if n_train <= 0:
+        raise ValueError(
+            f"With n_samples={n_rows}, test_size={test_fraction} and train_size=None, the resulting "
+            "train set will be empty. Adjust any of the aforementioned parameters."
+        )
+
+
+def check_class_counts(counts: np.ndarray, n_train: int, n_test: int) -> None:
+    """StratifiedShuffleSplit's checks of the rows of each stratum value (`counts`), in its words."""
+    if counts[counts > 0].min() < 2:
+        raise ValueError(
+            "The least populated classes in y have only 1 member, which is too few. The minimum "
+            "number of groups for any class cannot be less than 2. Classes with too few members "
+            f"are: {np.flatnonzero(counts == 1).tolist()}"
+        )
+    n_classes = np.count_nonzero(counts)
+    for name, size in (("train", n_train), ("test", n_test)):
+        if size < n_classes:
+            raise ValueError(
+                f"The {name}_size = {size} should be greater or equal to the number of classes = {n_classes}"
+            )
+
+
+def grouped_positions(strata: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """`np.argsort(strata, kind="stable")` as int32 (the positions grouped by stratum, in order within
+    each), sorted a chunk at a time so that no int64 array of every row is made."""
+    grouped = np.empty(len(strata), dtype=row_numbers(len(strata)))
+    next_slot = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    for start in range(0, len(strata), ROWS_PER_CHUNK):
+        chunk = strata[start : start + ROWS_PER_CHUNK]
+        by_stratum = np.argsort(chunk, kind="stable")
+        chunk_strata = chunk[by_stratum]
+        chunk_counts = np.bincount(chunk, minlength=len(counts))
+        chunk_starts = np.concatenate(([0], np.cumsum(chunk_counts)[:-1]))
+        slots = next_slot[chunk_strata] + np.arange(len(chunk)) - chunk_starts[chunk_strata]
+        grouped[slots] = by_stratum + start
+        next_slot += chunk_counts
+    return grouped
+
+
+def approximate_mode(class_counts: np.ndarray, n_draws: int, rng: np.random.RandomState) -> np.ndarray:
+    """The rows of each class among `n_draws` drawn, ties broken at random: scikit-learn's
+    `sklearn.utils.extmath._approximate_mode` (BSD-3-Clause), copied line for line so that the draw
+    of its random state stays the same."""
+    continuous = class_counts / class_counts.sum() * n_draws
+    floored = np.floor(continuous)
+    need_to_add = int(n_draws - floored.sum())
+    if need_to_add > 0:
+        remainder = continuous - floored
+        values = np.sort(np.unique(remainder))[::-1]
+        for value in values:
+            (inds,) = np.where(remainder == value)
+            add_now = min(len(inds), need_to_add)
+            inds = rng.choice(inds, size=add_now, replace=False)
+            floored[inds] += 1
+            need_to_add -= add_now
+            if need_to_add == 0:
+                break
+    return floored.astype(int)
 
 
 # ---- a time-ordered split: train on the past, validate and test on the future ----------------------

@@ -10,12 +10,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
+from tasks.core.data.column_kinds import is_text
 from tasks.core.data.files import DatasetError
 from tasks.core.data.reading import iter_batches
 from tasks.core.data.target import MAX_AUTO_CLASSES
 from tasks.core.messages import preview, shorten
 
 CASE_WARNINGS = 5
+LABEL_CHUNK_ROWS = 1 << 20  # the labels hashed at once by `sorted_classes`
 # A label column's kind, by its numpy dtype's kind (any other is "string"), and how the text of its
 # class labels turns back into its values.
 LABEL_KINDS = {"i": "integer", "u": "integer", "f": "float", "b": "boolean"}
@@ -25,12 +27,19 @@ LABEL_PARSERS = {"string": str, "integer": int, "float": float, "boolean": lambd
 
 
 def scan_labels(dataset: ds.Dataset, uri: str, label_column: str) -> pa.ChunkedArray:
-    """The label column of every row, read alone: the feature values are checked as they are encoded."""
+    """The label column of every row, read alone: the feature values are checked as they are encoded.
+    Text comes dictionary-encoded a batch at a time: a few distinct labels and 4 bytes a row, where the
+    text of every row took some 10 bytes a row or more."""
+    kind = dataset.schema.field(label_column).type
     batches = iter_batches(dataset, uri, columns=[label_column])
-    chunks = [batch.column(label_column) for batch in batches]
+    if is_text(kind):
+        kind = pa.dictionary(pa.int32(), kind)
+        chunks = [batch.column(label_column).dictionary_encode() for batch in batches]
+    else:
+        chunks = [batch.column(label_column) for batch in batches]
     if not sum(len(chunk) for chunk in chunks):
         raise DatasetError(f"{uri}: the dataset has no rows")
-    return pa.chunked_array(chunks, type=dataset.schema.field(label_column).type)
+    return pa.chunked_array(chunks, type=kind)
 
 
 def as_numbers(labels: pa.ChunkedArray, kinds: tuple[pa.DataType, ...] = NUMBER_TYPES) -> pa.ChunkedArray:
@@ -68,7 +77,7 @@ def written_as_numbers(labels: pa.ChunkedArray, kind: pa.DataType) -> bool:
 def missing_labels(labels: pa.ChunkedArray) -> np.ndarray:
     """Where a label is null, NaN or empty text, one bool a row: such a row is no class to train on."""
     missing = pc.is_null(labels, nan_is_null=True)
-    if pa.types.is_string(labels.type) or pa.types.is_large_string(labels.type):
+    if is_text(labels.type):
         missing = pc.or_(missing, pc.fill_null(pc.equal(labels, ""), True))
     return missing.to_numpy(zero_copy_only=False).astype(bool)
 
@@ -106,26 +115,45 @@ def clean_labels(
     stay text. Labels that are some rows of an input pass its `kind` (`label_kind`), decided on the
     whole column: their text is read as the whole column's values are.
     """
-    if pa.types.is_dictionary(labels.type):
+    if pa.types.is_dictionary(labels.type) and not is_text(labels.type.value_type):
         labels = pc.cast(labels, labels.type.value_type)
-    if pa.types.is_string(labels.type) or pa.types.is_large_string(labels.type):
-        labels = pc.utf8_trim_whitespace(labels)
-        if from_csv:
-            labels = pc.if_else(pc.equal(labels, ""), pa.scalar(None, labels.type), labels)  # an empty cell
-            labels = as_numbers(labels, NUMBER_TYPES if kind is None else NUMBER_TYPES_BY_KIND.get(kind, ()))
-    missing = missing_labels(labels)
-    return Labels(label_values(labels.filter(pa.array(~missing))), missing)
+    if not (is_text(labels.type) or pa.types.is_dictionary(labels.type)):
+        missing = missing_labels(labels)
+        return Labels(labels.filter(pa.array(~missing)).to_numpy(), missing)
+    # Text is cleaned once per distinct label, not per row: each row's text copied (stripped, then the
+    # labelled rows) took some 30 bytes a row.
+    if not pa.types.is_dictionary(labels.type):
+        labels = pc.dictionary_encode(labels)
+    encoded = labels.combine_chunks()  # one dictionary for every chunk
+    distinct = cleaned_text(encoded.dictionary, from_csv, kind)
+    distinct_missing = np.append(missing_labels(distinct), True)  # the last stands for a null label
+    indices = pc.cast(encoded.indices, pa.int32())
+    rows = indices.fill_null(len(distinct)).to_numpy(zero_copy_only=False)
+    del encoded, indices
+    missing = distinct_missing[rows]
+    return Labels(distinct_values(distinct)[rows[~missing]], missing)
 
 
-def label_values(labels: pa.ChunkedArray) -> np.ndarray:
-    """The labels as numpy values. Text becomes an object array whose rows share one Python string per
-    class (from Arrow's dictionary encoding): 8 bytes a row, where a string each row took ~60."""
-    if not (pa.types.is_string(labels.type) or pa.types.is_large_string(labels.type)):
-        return labels.to_numpy()
-    encoded = pc.dictionary_encode(labels).combine_chunks()
-    classes = np.array(encoded.dictionary.to_pylist() + [None], dtype=object)
-    codes = encoded.indices.fill_null(len(encoded.dictionary)).to_numpy(zero_copy_only=False)
-    return classes[codes]
+def cleaned_text(distinct: pa.Array, from_csv: bool, kind: str | None) -> pa.Array:
+    """The distinct labels stripped of surrounding whitespace; from CSV, an empty one as null, and all
+    as numbers where each is written as a number (`as_numbers`)."""
+    distinct = pc.utf8_trim_whitespace(distinct)
+    if from_csv:
+        distinct = pc.if_else(
+            pc.equal(distinct, ""), pa.scalar(None, distinct.type), distinct
+        )  # an empty cell
+        distinct = as_numbers(distinct, NUMBER_TYPES if kind is None else NUMBER_TYPES_BY_KIND.get(kind, ()))
+    return distinct
+
+
+def distinct_values(distinct: pa.Array) -> np.ndarray:
+    """The cleaned distinct labels as numpy values, and one more for a null label (never taken: a
+    missing label is no value). Text becomes an object array of one Python string per label, so that
+    the rows taking from it share them: 8 bytes a row, where a string each row took ~60."""
+    if is_text(distinct.type):
+        return np.array(distinct.to_pylist() + [None], dtype=object)
+    values = pc.fill_null(distinct, 0).to_numpy(zero_copy_only=False)
+    return np.concatenate([values, np.zeros(1, dtype=values.dtype)])
 
 
 def label_kind(labels: np.ndarray) -> str:
@@ -153,13 +181,27 @@ def encode_labels(labels: np.ndarray, uri: str, label_column: str) -> tuple[np.n
 
 
 def sorted_classes(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """`np.unique(labels, return_inverse=True)`, from a hash table rather than a sort of every row: the
-    distinct labels, sorted, and each row's place among them."""
-    codes, classes = pd.factorize(labels)
+    """`np.unique(labels, return_inverse=True)`, from hash tables rather than a sort of every row: the
+    distinct labels, sorted, and each row's place among them (int32). Hashed a chunk of rows at a
+    time, as `pd.factorize` of every row made an int64 array of them."""
+    chunks = [slice(start, start + LABEL_CHUNK_ROWS) for start in range(0, len(labels), LABEL_CHUNK_ROWS)]
+    codes = np.empty(len(labels), dtype=np.int32)
+    chunk_classes = []
+    for rows in chunks:
+        chunk_codes, distinct = pd.factorize(labels[rows])
+        codes[rows] = chunk_codes
+        chunk_classes.append(np.asarray(distinct))
+    # The chunks' distinct labels, in turn, appear in the order the rows first show them, as one
+    # factorize of every row would number them; then each chunk's codes become ranks among them.
+    numbers, classes = pd.factorize(np.concatenate(chunk_classes))
     order = np.argsort(classes, kind="stable")
-    rank = np.empty(len(order), dtype=np.int64)
+    rank = np.empty(len(order), dtype=np.int32)
     rank[order] = np.arange(len(order))
-    return np.asarray(classes)[order], np.take(rank, codes, out=codes)
+    first = 0
+    for rows, distinct in zip(chunks, chunk_classes, strict=True):
+        codes[rows] = rank[numbers[first : first + len(distinct)]][codes[rows]]
+        first += len(distinct)
+    return np.asarray(classes)[order], codes
 
 
 def label_case_warnings(class_labels: list[str]) -> list[str]:

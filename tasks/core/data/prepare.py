@@ -337,6 +337,7 @@ class RowSplit:
     ) -> RowSplit:
         """From the cleaned labels of every row (`clean_labels`), refusing a split the rows cannot fill;
         with the `times` of every row (`split_times`), in time order rather than at random."""
+        pa.default_memory_pool().release_unused()  # the label column's Arrow memory, read and cleaned
         target = decide_problem_type(labels.values, split.problem_type, uri, label_column)
         if target.regression:
             return cls.of_numbers(labels, uri, label_column, split, times, target)
@@ -479,6 +480,7 @@ def prepare_dataset(
     from_csv = isinstance(dataset.format, ds.CsvFileFormat)
     labels = clean_labels(scan_labels(dataset, uri, label_column), uri, label_column, from_csv)
     rows = RowSplit.of(labels, uri, label_column, split, split_times([dataset], uri, split, label_column))
+    del labels  # 8 bytes a row of text labels, not kept: the rows' codes stand for them now
     encoding = fit_encoding(train_encoding_stats(dataset, uri, kinds, rows.assignment), uri)
     table = with_encoding(rows.table(columns, label_column, uri, left_out), encoding)
     moments = train_moments(dataset, uri, table.fitted_encoding(), rows.assignment)

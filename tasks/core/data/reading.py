@@ -327,9 +327,19 @@ def iter_batches(dataset: ds.Dataset, uri: str, columns: list[str] | None = None
     """Record batches in file order (the split assignment relies on a stable row order)."""
     for fragment in dataset.get_fragments():
         with remote_errors(uri), data_errors(dataset, fragment.path, uri):
-            yield from fragment.to_batches(
-                schema=dataset.schema,
-                columns=columns,
-                batch_size=BATCH_ROWS,
-                batch_readahead=READAHEAD_BATCHES,
-            )
+            for part in read_parts(fragment):
+                yield from part.to_batches(
+                    schema=dataset.schema,
+                    columns=columns,
+                    batch_size=BATCH_ROWS,
+                    batch_readahead=READAHEAD_BATCHES,
+                )
+
+
+def read_parts(fragment: ds.Fragment) -> list[ds.Fragment]:
+    """A parquet file's row groups, read one at a time: a scan of the whole file decodes row groups
+    ahead of a slow reader until pyarrow's backpressure stops it, hundreds of MB later, so memory
+    grew with the file (`READAHEAD_BATCHES` does not bound it)."""
+    if isinstance(fragment, ds.ParquetFileFragment):
+        return fragment.split_by_row_group() or [fragment]
+    return [fragment]
