@@ -10,10 +10,18 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 
+from tasks.core.data import labels as labels_module
 from tasks.core.data.assignment import SplitConfig
-from tasks.core.data.labels import CASE_WARNINGS, label_case_warnings, typed_labels
+from tasks.core.data.labels import (
+    CASE_WARNINGS,
+    clean_labels,
+    label_case_warnings,
+    sorted_classes,
+    typed_labels,
+)
 from tasks.core.data.pieces import prepare_in_pieces
 from tasks.core.data.prepare import prepare_dataset
 from tests.conftest import blobs_frame
@@ -211,3 +219,47 @@ def test_label_kind_turns_the_class_labels_back_into_the_column_values(blobs, wr
 def test_unknown_label_kind_is_refused():
     with pytest.raises(ValueError, match="'decimal'"):
         typed_labels(["1"], "decimal")
+
+
+# ---- labels read and coded a chunk at a time -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        np.array(["b", "a", "zz", "a", "10", "9", "b", "Ä"] * 5, dtype=object),
+        np.random.default_rng(0).integers(-3, 40, 500),
+        np.array([0.5, -0.0, 2.0, 0.0, 0.5] * 4),
+        np.array([True, False, False, True]),
+    ],
+)
+def test_labels_hashed_a_chunk_at_a_time_code_as_np_unique(monkeypatch, values):
+    monkeypatch.setattr(labels_module, "LABEL_CHUNK_ROWS", 3)
+    classes, codes = sorted_classes(values)
+    expected_classes, expected_codes = np.unique(values, return_inverse=True)
+    assert classes.tolist() == expected_classes.tolist() and codes.dtype == np.int32
+    np.testing.assert_array_equal(codes, expected_codes)
+
+
+TEXT_LABELS = [
+    ["a", " a", "b ", None, "", "  "],
+    ["c", "a", None],
+    ["7", "07", "2.5"],
+    ["1", " 2", "", None],
+    ["nan", "3"],
+]
+
+
+@pytest.mark.parametrize("from_csv", [False, True])
+def test_text_labels_read_a_batch_at_a_time_clean_as_the_whole_column(from_csv):
+    for chunks in (
+        [TEXT_LABELS[0], TEXT_LABELS[1]],
+        [TEXT_LABELS[2]],
+        [TEXT_LABELS[3]],
+        [TEXT_LABELS[3], TEXT_LABELS[4]],
+    ):
+        text = pa.chunked_array(chunks, type=pa.string())
+        by_batch = pa.chunked_array([chunk.dictionary_encode() for chunk in text.chunks])
+        whole, batched = (clean_labels(labels, "in.csv", "label", from_csv) for labels in (text, by_batch))
+        np.testing.assert_array_equal(batched.missing, whole.missing)
+        assert batched.values.dtype == whole.values.dtype and batched.values.tolist() == whole.values.tolist()
