@@ -22,10 +22,10 @@ from tasks.core.data.column_kinds import (
 from tasks.core.data.files import DatasetError
 from tasks.core.data.labels import looks_continuous
 from tasks.core.data.reading import iter_batches
+from tasks.core.data.splits import SPLITS
 from tasks.core.data.target import problem_type_problems
 from tasks.core.messages import preview, shorten
 
-SPLITS = ("train", "val", "test")
 UNLABELLED = 255  # in an assignment, a row in no split: its label is missing
 # Each held-out split needs rows, and training keeps the most of them.
 FRACTION_RULE = "must be between 0 and 0.5 (exclusive)"

@@ -10,11 +10,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from tasks.core.data.assignment import SPLITS
 from tasks.core.data.encoding import FittedEncoding
 from tasks.core.data.files import DatasetError
 from tasks.core.data.moments import FeatureMoments
 from tasks.core.data.reading import iter_batches
+from tasks.core.data.splits import SPLITS
 
 
 @dataclass

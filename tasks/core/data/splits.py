@@ -9,6 +9,8 @@ import pyarrow.dataset as ds
 
 from tasks.core.data.files import parquet_format
 
+SPLITS = ("train", "val", "test")  # the prepared splits, in the order rows are assigned to them
+
 
 def read_split(path: str, feature_names: list[str], label_column: str) -> tuple[np.ndarray, np.ndarray]:
     """A whole prepared split (a parquet file or directory) as (features float32, label codes int64):
