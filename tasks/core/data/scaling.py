@@ -11,10 +11,11 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from tasks.core.data.assignment import SPLITS
-from tasks.core.data.encoding import FittedEncoding
+from tasks.core.data.encoding import FittedEncoding, check_columns
 from tasks.core.data.files import DatasetError
 from tasks.core.data.moments import FeatureMoments
 from tasks.core.data.reading import iter_batches
+from tasks.core.data.split_codes import SplitLayout, code_type, expanded_features, is_coded, split_coded
 
 
 @dataclass
@@ -54,9 +55,51 @@ def standardised_features(
     return scaled
 
 
+def split_columns(
+    encoding: FittedEncoding,
+    batch: pa.RecordBatch,
+    scaler: ScalerStats,
+    layout: SplitLayout,
+    first_row: int,
+    uri: str,
+) -> list[np.ndarray]:
+    """The batch's rows as a standardised split stores them (`layout`): each float32 feature column of
+    `standardised_features`, bit for bit, but a categorical feature as one column of codes
+    (split_codes.py). A value beyond float32's range is refused as `standardised_features` refuses it."""
+    check_columns(batch.schema.names, [column.name for column in encoding.columns], uri)
+    mean, scale = np.asarray(scaler.mean, dtype=np.float64), np.asarray(scaler.scale, dtype=np.float64)
+    columns, start = [], 0
+    for column in encoding.columns:
+        part = slice(start, start + column.encoder.width())
+        start = part.stop
+        if is_coded(column):
+            codes = column.category_codes(batch.column(column.name), first_row, uri)
+            columns.append(codes.astype(code_type(column.encoder.width()).to_pandas_dtype()))
+            continue
+        block = np.empty((part.stop - part.start, batch.num_rows), dtype=np.float32)
+        with np.errstate(over="ignore"):  # refused by name below
+            column.write_scaled(batch.column(column.name), mean[part], scale[part], block, first_row, uri)
+        columns += list(block)
+    if not all_finite(columns, layout):
+        standardised_features(encoding, batch, scaler, encoding.encoded_names(), first_row, uri)
+    return columns
+
+
+def all_finite(columns: list[np.ndarray], layout: SplitLayout) -> bool:
+    """Every stored float and every value a code column expands to within float32's range."""
+    floats = (column for column in columns if column.dtype.kind == "f")
+    expanded = (values for f in layout.coded.values() for values in (f.off, f.on))
+    return all(np.isfinite(values).all() for values in (*floats, *expanded))
+
+
 def batch_features(
     batch: pa.RecordBatch | pa.Table, features: list[str], dtype: type = np.float32
 ) -> np.ndarray:
+    """The batch's `features` (rows x features, `dtype`): read from the columns of those names, or, in a
+    standardised split that stores categories as codes, expanded from those (split_codes.py). Every
+    reader of a prepared split reads its features through here."""
+    if coded := split_coded(batch.schema):
+        return expanded_features(batch, features, coded, column_values, dtype)
     return np.column_stack([column_values(batch.column(name)).astype(dtype, copy=False) for name in features])
 
 

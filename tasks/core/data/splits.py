@@ -8,14 +8,17 @@ import numpy as np
 import pyarrow.dataset as ds
 
 from tasks.core.data.files import parquet_format
+from tasks.core.data.scaling import batch_features
+from tasks.core.data.split_codes import stored_columns
 
 
 def read_split(path: str, feature_names: list[str], label_column: str) -> tuple[np.ndarray, np.ndarray]:
     """A whole prepared split (a parquet file or directory) as (features float32, label codes int64):
-    the standardised train and val splits the training loops read."""
-    table = ds.dataset(path, format=parquet_format()).to_table(columns=[*feature_names, label_column])
-    features = np.column_stack([table.column(n).to_numpy() for n in feature_names]).astype(np.float32)
-    return features, label_array(table.column(label_column).to_numpy())
+    the standardised train and val splits the training loops read, categories expanded from their codes
+    (`batch_features`)."""
+    split = ds.dataset(path, format=parquet_format())
+    table = split.to_table(columns=[*stored_columns(split.schema, feature_names), label_column])
+    return batch_features(table, feature_names), label_array(table.column(label_column).to_numpy())
 
 
 def label_array(values: np.ndarray) -> np.ndarray:

@@ -20,6 +20,7 @@ from tasks.core.data.files import DatasetError
 from tasks.core.data.pieces import prepare_in_pieces
 from tasks.core.data.prepare import RAW_SPLIT, PreparedSplits, prepare_dataset
 from tasks.core.data.reading import iter_batches, open_dataset
+from tasks.core.data.scaling import batch_features
 from tests.conftest import blobs_frame
 from tests.unit.data.test_pieces import assert_same_splits, split_tables
 
@@ -97,9 +98,9 @@ def test_a_messy_table_prepares_and_says_what_it_left_out(tmp_path, suffix, piec
     assert sum(table.rows.values()) == ROWS - len(UNLABELLED)
     splits = split_tables(prepared)
     for name in ("train", "val"):
-        features = np.column_stack([splits[name].column(f).to_numpy() for f in table.feature_names])
+        features = batch_features(splits[name], table.feature_names)
         assert features.dtype == np.float32 and np.isfinite(features).all()
-    train = np.column_stack([splits["train"].column(f).to_numpy() for f in table.feature_names])
+    train = batch_features(splits["train"], table.feature_names)
     varies = np.array([name not in ("rate", "colour=<other>") for name in table.feature_names])
     np.testing.assert_allclose(train.mean(axis=0), 0.0, atol=1e-5)
     np.testing.assert_allclose(train.std(axis=0)[varies], 1.0, rtol=1e-4)
@@ -145,9 +146,11 @@ def test_a_messy_single_file_prepares_alike_as_csv_and_parquet(tmp_path):
     parquet, csv = prepared[".parquet"], prepared[".csv"]
     assert parquet.table.feature_names == csv.table.feature_names and parquet.table.notes == csv.table.notes
     for name in ("train", "val"):
-        a, b = (ds.dataset(p.paths[name]).to_table(columns=p.table.feature_names) for p in (parquet, csv))
-        for feature in parquet.table.feature_names:
-            np.testing.assert_allclose(a.column(feature).to_numpy(), b.column(feature).to_numpy(), atol=1e-6)
+        a, b = (
+            batch_features(ds.dataset(p.paths[name]).to_table(), p.table.feature_names)
+            for p in (parquet, csv)
+        )
+        np.testing.assert_allclose(a, b, atol=1e-6)
 
 
 @pytest.mark.slow  # runs the preprocessing tasks through Flyte's local map tasks

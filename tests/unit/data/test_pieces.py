@@ -25,6 +25,7 @@ from tasks.core.data.pieces import (
     prepare_in_pieces,
 )
 from tasks.core.data.prepare import RAW_SPLIT, PreparedSplits, prepare_dataset
+from tasks.core.data.scaling import batch_features
 from tests.conftest import blobs_frame
 
 # Uneven parts: one of a single row, one holding one class only, one of many rows.
@@ -60,9 +61,9 @@ def assert_same_splits(pieces: PreparedSplits, one_pod: PreparedSplits) -> None:
             for column in one_pod.table.columns:
                 assert found[name].column(column).equals(expected[name].column(column)), column
             continue
-        for feature in one_pod.table.feature_names:
-            got, want = (t.column(feature).to_numpy() for t in (found[name], expected[name]))
-            np.testing.assert_allclose(got, want, rtol=2e-7, atol=2e-7)
+        features = one_pod.table.feature_names
+        got, want = (batch_features(t, features) for t in (found[name], expected[name]))
+        np.testing.assert_allclose(got, want, rtol=2e-7, atol=2e-7)
     assert pieces.table.rows == one_pod.table.rows
     assert pieces.table.class_labels == one_pod.table.class_labels
     assert pieces.table.class_counts == one_pod.table.class_counts
