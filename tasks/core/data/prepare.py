@@ -308,7 +308,9 @@ def sorted_hashes(out_dir: str, split: str, rows: int) -> np.ndarray:
 
 
 def lookup(known: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Where each of `values` first is in the sorted `known`, and whether it is there at all."""
+    """Where each of `values` first is in the sorted `known`, and whether it is there at all. The
+    callers count and mark, which the order of `values` does not change, so they pass them sorted: the
+    searches then walk `known` in order (several times faster than at random in a large split)."""
     at = np.minimum(np.searchsorted(known, values), max(len(known) - 1, 0))
     found = known[at] == values if len(known) else np.zeros(len(values), dtype=bool)
     return at, found
@@ -320,11 +322,12 @@ def rows_with_copies(out_dir: str, split: str, other: str, rows: dict[str, int])
     are read `HASH_CHUNK` at a time."""
     if rows[other] <= rows[split]:
         known = sorted_hashes(out_dir, other, rows[other])
-        return sum(int(np.count_nonzero(lookup(known, chunk)[1])) for chunk in split_hashes(out_dir, split))
+        chunks = split_hashes(out_dir, split)
+        return sum(int(np.count_nonzero(lookup(known, np.sort(chunk))[1])) for chunk in chunks)
     held = sorted_hashes(out_dir, split, rows[split])
     first_copied = np.zeros(len(held), dtype=bool)  # the first of each run of equal hashes with a copy
     for chunk in split_hashes(out_dir, other):
-        at, found = lookup(held, chunk)
+        at, found = lookup(held, np.sort(chunk))
         first_copied[at[found]] = True
     return marked_runs(held, first_copied)
 
