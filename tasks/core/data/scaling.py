@@ -113,9 +113,9 @@ def column_values(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
 def train_moments(
     dataset: ds.Dataset, uri: str, encoding: FittedEncoding, assignment: np.ndarray
 ) -> FeatureMoments:
-    """The moments of the train rows' encoded features (`encoding.transform`), merged batch by batch.
-    `assignment` holds the splits of the dataset's rows; their values were checked as the encoding's
-    statistics were gathered."""
+    """The moments of the train rows' encoded features (`encoding.transform`, `encoded_moments`), merged
+    batch by batch. `assignment` holds the splits of the dataset's rows; their values were checked as the
+    encoding's statistics were gathered."""
     moments = FeatureMoments.empty(len(encoding.encoded_names()))
     columns = [column.name for column in encoding.columns]
     offset = 0
@@ -124,9 +124,46 @@ def train_moments(
             in_train = assignment[offset : offset + batch.num_rows] == SPLITS.index("train")
             offset += batch.num_rows
             if in_train.any():
-                train = encoding.transform(batch.filter(pa.array(in_train)), source=uri)
-                moments = moments.merge(FeatureMoments.of(train))
+                moments = moments.merge(encoded_moments(encoding, batch.filter(pa.array(in_train)), uri))
     return moments
+
+
+def encoded_moments(encoding: FittedEncoding, batch: pa.RecordBatch, uri: str) -> FeatureMoments:
+    """`FeatureMoments.of(encoding.transform(batch))`, bit for bit, without building the one-hot columns
+    in float64: those come from each categorical column's codes (`category_moments`), the others from
+    their encoded block. numpy sums each column of a matrix of two or more columns row after row
+    (one column alone pairwise), so a block's sums are those of the whole matrix."""
+    widths = [column.encoder.width() for column in encoding.columns]
+    if sum(widths) < 2 or not batch.num_rows or not any(map(is_coded, encoding.columns)):
+        return FeatureMoments.of(encoding.transform(batch, source=uri))
+    stats = np.empty((4, sum(widths)))  # mean, m2, low, high
+    starts = np.cumsum([0, *widths])
+    dense = [index for index, column in enumerate(encoding.columns) if not is_coded(column)]
+    if dense:
+        block = FittedEncoding([encoding.columns[index] for index in dense], {}).transform(batch, source=uri)
+        at = np.concatenate([np.arange(starts[index], starts[index + 1]) for index in dense])
+        stats[:, at] = moment_rows(FeatureMoments.of(np.pad(block, ((0, 0), (0, 1)))))[:, : len(at)]
+    for index, column in enumerate(encoding.columns):
+        if is_coded(column):
+            codes = column.category_codes(batch.column(column.name), 0, uri)
+            stats[:, starts[index] : starts[index + 1]] = category_moments(codes, widths[index])
+    return FeatureMoments(batch.num_rows, *stats)
+
+
+def moment_rows(moments: FeatureMoments) -> np.ndarray:
+    return np.stack([moments.mean, moments.m2, moments.low, moments.high])
+
+
+def category_moments(codes: np.ndarray, width: int) -> np.ndarray:
+    """The mean, m2, low and high of the one-hot columns of `codes`, as `FeatureMoments.of` computes
+    them: a column's sum is its count of ones (exact), and each squared deviation one of two values."""
+    rows = len(codes)
+    counts = np.bincount(codes, minlength=width).astype(np.float64)
+    mean = counts / rows
+    squares = np.empty((rows, width))
+    squares[:] = np.square(0.0 - mean)
+    squares[np.arange(rows), codes] = np.square(1.0 - mean)[codes]
+    return np.stack([mean, squares.sum(axis=0), (counts == rows).astype(float), (counts > 0).astype(float)])
 
 
 def fitted_scaler(moments: FeatureMoments, features: list[str], uri: str) -> ScalerStats:
