@@ -39,7 +39,8 @@ from tasks.core.data.files import (
 )
 from tasks.core.data.labels import typed_labels
 from tasks.core.data.reading import csv_format_of, header_line, iter_batches, open_dataset, sniff_delimiter
-from tasks.core.data.scaling import ScalerStats, batch_features, check_standardised, standardise
+from tasks.core.data.scaling import ScalerStats, check_standardised, standardise
+from tasks.core.data.splits import batch_features
 from tasks.core.data.table import PreparedTable
 from tasks.core.data.target import Target
 

@@ -240,9 +240,15 @@ class CategoryEncoding:
         """Into `out`, zeros (rows x width()), the ones."""
         out[np.arange(len(text)), self.codes(text)] = 1.0
 
+    def scaled_values(self, mean: np.ndarray, scale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each one-hot column's two standardised values, for 0 and for 1 (float32): computed in float64
+        and cast once, as `scaling.standardise` computes them."""
+        zero, one = ((np.array([[0.0], [1.0]]) - mean) / scale).astype(np.float32)
+        return zero, one
+
     def write_scaled(self, text: pa.Array, mean: np.ndarray, scale: np.ndarray, out: np.ndarray) -> None:
         """Each one-hot column standardised takes one of two values, computed once for 0 and for 1."""
-        zero, one = ((np.array([[0.0], [1.0]]) - mean) / scale).astype(np.float32)
+        zero, one = self.scaled_values(mean, scale)
         out[:] = zero[:, None]
         codes = self.codes(text)
         out[codes, np.arange(len(text))] = one[codes]
@@ -330,6 +336,10 @@ class ColumnEncoding:
         """The column's encoded features standardised by `mean` and `scale` into `out` (width x rows)."""
         values = canonical(self.kind, column, Place(self.name, first_row, source))
         self.encoder.write_scaled(values, mean, scale, out)
+
+    def category_codes(self, column: pa.Array, first_row: int, source: str) -> np.ndarray:
+        """A categorical column's values as the places of their one-hot columns (`CategoryEncoding.codes`)."""
+        return self.encoder.codes(canonical(self.kind, column, Place(self.name, first_row, source)))
 
     def to_dict(self) -> dict:
         return {

@@ -49,9 +49,10 @@ from tasks.core.data.reading import iter_batches, open_dataset
 from tasks.core.data.scaling import (
     ScalerStats,
     fitted_scaler,
-    standardised_features,
+    split_columns,
     train_moments,
 )
+from tasks.core.data.split_codes import SplitLayout, split_layout
 from tasks.core.data.splits import SplitPaths
 from tasks.core.data.table import PreparedTable
 from tasks.core.data.target import (
@@ -102,17 +103,26 @@ class PreparedSplits:
         return self.table.split_paths(self.paths["train"], self.paths["val"])
 
 
+def split_layout_of(table: PreparedTable) -> SplitLayout:
+    """The stored feature columns of `table`'s standardised splits (split_codes.py)."""
+    mean, scale = np.asarray(table.scaler.mean, np.float64), np.asarray(table.scaler.scale, np.float64)
+    return split_layout(table.fitted_encoding(), mean, scale, table.label_column)
+
+
 def split_schema(table: PreparedTable, raw: pa.Schema, split: str) -> pa.Schema:
-    """Standardised float32 encoded features, or in the raw split the input's feature columns as read
-    (`raw`, the input's schema); then the class codes, or a regression's label (`split_labels`)."""
+    """Standardised float32 encoded features, categories as codes with the metadata that expands them
+    (split_codes.py), or in the raw split the input's feature columns as read (`raw`, the input's
+    schema); then the class codes, or a regression's label (`split_labels`)."""
+    metadata = None
     if split == RAW_SPLIT:
         fields = [raw.field(name) for name in table.columns]
     else:
-        fields = [pa.field(name, pa.float32()) for name in table.feature_names]
+        layout = split_layout_of(table)
+        fields, metadata = layout.fields, layout.metadata()
     label_type = pa.int64()
     if table.target.regression:
         label_type = pa.float64() if split == RAW_SPLIT else pa.float32()
-    return pa.schema([*fields, pa.field(table.label_column, label_type)])
+    return pa.schema([*fields, pa.field(table.label_column, label_type)], metadata=metadata)
 
 
 def split_labels(table: PreparedTable, codes: np.ndarray, split: str) -> pa.Array:
@@ -137,7 +147,7 @@ def write_splits(
     hold the dataset's rows, the first of which is row `first_row` of the input (a row without a label
     is in no split); `prepared.paths` and `hash_paths` may be fsspec URIs."""
     table = prepared.table
-    encoding, features = table.fitted_encoding(), table.feature_names
+    encoding, layout = table.fitted_encoding(), split_layout_of(table)
     hashed = [name for name in table.columns if name not in encoding.left_out]  # the columns the model reads
     schemas = {name: split_schema(table, dataset.schema, name) for name in SPLITS}
     writers = {name: split_writer(prepared.paths[name], schemas[name]) for name in SPLITS}
@@ -147,10 +157,8 @@ def write_splits(
         for batch in iter_batches(dataset, uri, columns=table.columns):
             rows = slice(offset, offset + batch.num_rows)
             offset += batch.num_rows
-            scaled = standardised_features(
-                encoding, batch, table.scaler, features, first_row + rows.start, uri
-            )
-            scaled_batch = feature_batch(scaled, schemas["train"])
+            stored = split_columns(encoding, batch, table.scaler, layout, first_row + rows.start, uri)
+            scaled_batch = feature_batch(stored, schemas["train"])
             hashes = row_hashes(batch, hashed, codes[rows])
             for index, name in enumerate(SPLITS):
                 keep = assignment[rows] == index
@@ -169,10 +177,10 @@ def raw_rows(batch: pa.RecordBatch, keep: np.ndarray) -> list[pa.Array]:
     return batch.filter(pa.array(keep)).columns
 
 
-def feature_batch(scaled: np.ndarray, schema: pa.Schema) -> pa.RecordBatch:
-    """The standardised features (features x rows) as a batch of the split's feature columns, each a
-    view of its values; Arrow then filters each split's rows in one copy."""
-    return pa.RecordBatch.from_arrays([pa.array(values) for values in scaled], names=schema.names[:-1])
+def feature_batch(stored: list[np.ndarray], schema: pa.Schema) -> pa.RecordBatch:
+    """The split's stored feature columns (`split_columns`) as a batch, each a view of its values; Arrow
+    then filters each split's rows in one copy."""
+    return pa.RecordBatch.from_arrays([pa.array(values) for values in stored], names=schema.names[:-1])
 
 
 def split_writer(path: str, schema: pa.Schema) -> pq.ParquetWriter:
@@ -263,7 +271,9 @@ def sorted_hashes(out_dir: str, split: str, rows: int) -> np.ndarray:
 
 
 def lookup(known: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Where each of `values` first is in the sorted `known`, and whether it is there at all."""
+    """Where each of `values` first is in the sorted `known`, and whether it is there at all. The
+    callers count and mark, which the order of `values` does not change, so they pass them sorted: the
+    searches then walk `known` in order (several times faster than at random in a large split)."""
     at = np.minimum(np.searchsorted(known, values), max(len(known) - 1, 0))
     found = known[at] == values if len(known) else np.zeros(len(values), dtype=bool)
     return at, found
@@ -275,11 +285,12 @@ def rows_with_copies(out_dir: str, split: str, other: str, rows: dict[str, int])
     are read `HASH_CHUNK` at a time."""
     if rows[other] <= rows[split]:
         known = sorted_hashes(out_dir, other, rows[other])
-        return sum(int(np.count_nonzero(lookup(known, chunk)[1])) for chunk in split_hashes(out_dir, split))
+        chunks = split_hashes(out_dir, split)
+        return sum(int(np.count_nonzero(lookup(known, np.sort(chunk))[1])) for chunk in chunks)
     held = sorted_hashes(out_dir, split, rows[split])
     first_copied = np.zeros(len(held), dtype=bool)  # the first of each run of equal hashes with a copy
     for chunk in split_hashes(out_dir, other):
-        at, found = lookup(held, chunk)
+        at, found = lookup(held, np.sort(chunk))
         first_copied[at[found]] = True
     return marked_runs(held, first_copied)
 

@@ -7,13 +7,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from tasks.core.data.encoding import FittedEncoding
+from tasks.core.data.encoding import FittedEncoding, check_columns
 from tasks.core.data.files import DatasetError
 from tasks.core.data.moments import FeatureMoments
 from tasks.core.data.reading import iter_batches
+from tasks.core.data.split_codes import SplitLayout, code_type, is_coded
 from tasks.core.data.splits import SPLITS
 
 
@@ -54,25 +54,49 @@ def standardised_features(
     return scaled
 
 
-def batch_features(
-    batch: pa.RecordBatch | pa.Table, features: list[str], dtype: type = np.float32
-) -> np.ndarray:
-    return np.column_stack([column_values(batch.column(name)).astype(dtype, copy=False) for name in features])
+def split_columns(
+    encoding: FittedEncoding,
+    batch: pa.RecordBatch,
+    scaler: ScalerStats,
+    layout: SplitLayout,
+    first_row: int,
+    uri: str,
+) -> list[np.ndarray]:
+    """The batch's rows as a standardised split stores them (`layout`): each float32 feature column of
+    `standardised_features`, bit for bit, but a categorical feature as one column of codes
+    (split_codes.py). A value beyond float32's range is refused as `standardised_features` refuses it."""
+    check_columns(batch.schema.names, [column.name for column in encoding.columns], uri)
+    mean, scale = np.asarray(scaler.mean, dtype=np.float64), np.asarray(scaler.scale, dtype=np.float64)
+    columns, start = [], 0
+    for column in encoding.columns:
+        part = slice(start, start + column.encoder.width())
+        start = part.stop
+        if is_coded(column):
+            codes = column.category_codes(batch.column(column.name), first_row, uri)
+            columns.append(codes.astype(code_type(column.encoder.width()).to_pandas_dtype()))
+            continue
+        block = np.empty((part.stop - part.start, batch.num_rows), dtype=np.float32)
+        with np.errstate(over="ignore"):  # refused by name below
+            column.write_scaled(batch.column(column.name), mean[part], scale[part], block, first_row, uri)
+        columns += list(block)
+    if not all_finite(columns, layout):
+        standardised_features(encoding, batch, scaler, encoding.encoded_names(), first_row, uri)
+    return columns
 
 
-def column_values(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    """A numeric column as numpy: decimals as float64 (numpy would hold them as Python objects)."""
-    if pa.types.is_decimal(column.type):
-        column = pc.cast(column, pa.float64())
-    return column.to_numpy(zero_copy_only=False)
+def all_finite(columns: list[np.ndarray], layout: SplitLayout) -> bool:
+    """Every stored float and every value a code column expands to within float32's range."""
+    floats = (column for column in columns if column.dtype.kind == "f")
+    expanded = (values for f in layout.coded.values() for values in (f.off, f.on))
+    return all(np.isfinite(values).all() for values in (*floats, *expanded))
 
 
 def train_moments(
     dataset: ds.Dataset, uri: str, encoding: FittedEncoding, assignment: np.ndarray
 ) -> FeatureMoments:
-    """The moments of the train rows' encoded features (`encoding.transform`), merged batch by batch.
-    `assignment` holds the splits of the dataset's rows; their values were checked as the encoding's
-    statistics were gathered."""
+    """The moments of the train rows' encoded features (`encoding.transform`, `encoded_moments`), merged
+    batch by batch. `assignment` holds the splits of the dataset's rows; their values were checked as the
+    encoding's statistics were gathered."""
     moments = FeatureMoments.empty(len(encoding.encoded_names()))
     columns = [column.name for column in encoding.columns]
     offset = 0
@@ -81,9 +105,46 @@ def train_moments(
             in_train = assignment[offset : offset + batch.num_rows] == SPLITS.index("train")
             offset += batch.num_rows
             if in_train.any():
-                train = encoding.transform(batch.filter(pa.array(in_train)), source=uri)
-                moments = moments.merge(FeatureMoments.of(train))
+                moments = moments.merge(encoded_moments(encoding, batch.filter(pa.array(in_train)), uri))
     return moments
+
+
+def encoded_moments(encoding: FittedEncoding, batch: pa.RecordBatch, uri: str) -> FeatureMoments:
+    """`FeatureMoments.of(encoding.transform(batch))`, bit for bit, without building the one-hot columns
+    in float64: those come from each categorical column's codes (`category_moments`), the others from
+    their encoded block. numpy sums each column of a matrix of two or more columns row after row
+    (one column alone pairwise), so a block's sums are those of the whole matrix."""
+    widths = [column.encoder.width() for column in encoding.columns]
+    if sum(widths) < 2 or not batch.num_rows or not any(map(is_coded, encoding.columns)):
+        return FeatureMoments.of(encoding.transform(batch, source=uri))
+    stats = np.empty((4, sum(widths)))  # mean, m2, low, high
+    starts = np.cumsum([0, *widths])
+    dense = [index for index, column in enumerate(encoding.columns) if not is_coded(column)]
+    if dense:
+        block = FittedEncoding([encoding.columns[index] for index in dense], {}).transform(batch, source=uri)
+        at = np.concatenate([np.arange(starts[index], starts[index + 1]) for index in dense])
+        stats[:, at] = moment_rows(FeatureMoments.of(np.pad(block, ((0, 0), (0, 1)))))[:, : len(at)]
+    for index, column in enumerate(encoding.columns):
+        if is_coded(column):
+            codes = column.category_codes(batch.column(column.name), 0, uri)
+            stats[:, starts[index] : starts[index + 1]] = category_moments(codes, widths[index])
+    return FeatureMoments(batch.num_rows, *stats)
+
+
+def moment_rows(moments: FeatureMoments) -> np.ndarray:
+    return np.stack([moments.mean, moments.m2, moments.low, moments.high])
+
+
+def category_moments(codes: np.ndarray, width: int) -> np.ndarray:
+    """The mean, m2, low and high of the one-hot columns of `codes`, as `FeatureMoments.of` computes
+    them: a column's sum is its count of ones (exact), and each squared deviation one of two values."""
+    rows = len(codes)
+    counts = np.bincount(codes, minlength=width).astype(np.float64)
+    mean = counts / rows
+    squares = np.empty((rows, width))
+    squares[:] = np.square(0.0 - mean)
+    squares[np.arange(rows), codes] = np.square(1.0 - mean)[codes]
+    return np.stack([mean, squares.sum(axis=0), (counts == rows).astype(float), (counts > 0).astype(float)])
 
 
 def fitted_scaler(moments: FeatureMoments, features: list[str], uri: str) -> ScalerStats:

@@ -11,8 +11,8 @@ import pyarrow.fs as pa_fs
 import pyarrow.parquet as pq
 
 from tasks.core.data.files import DatasetError, filesystem_for, is_local, parquet_format
-from tasks.core.data.scaling import batch_features
-from tasks.core.data.splits import label_array
+from tasks.core.data.split_codes import stored_columns
+from tasks.core.data.splits import batch_features, label_array
 
 
 @dataclass(frozen=True)
@@ -57,9 +57,9 @@ class RankPart:
         """One block's (features float32, label codes int64), read from its row group alone."""
         if block.file not in self.opened:
             self.opened[block.file] = pq.ParquetFile(self.filesystem.open_input_file(block.file))
-        group = self.opened[block.file].read_row_group(
-            block.row_group, columns=[*feature_names, label_column]
-        )
+        file = self.opened[block.file]
+        columns = [*stored_columns(file.schema_arrow, feature_names), label_column]
+        group = file.read_row_group(block.row_group, columns=columns)
         rows = group.slice(block.start, block.rows)
         return batch_features(rows, feature_names), label_array(rows.column(label_column).to_numpy())
 

@@ -20,6 +20,7 @@ from tasks.core.data.encoding import batch_stats
 from tasks.core.data.files import DatasetError
 from tasks.core.data.pieces import assign_pieces, plan_pieces, prepare_in_pieces
 from tasks.core.data.prepare import RAW_SPLIT, PreparedSplits, prepare_dataset
+from tasks.core.data.splits import batch_features
 from tests.conftest import blobs_frame
 
 # --- blobs, labelled 'species' ----------------------------------------------------------------
@@ -137,9 +138,9 @@ def assert_same_splits(pieces: PreparedSplits, one_pod: PreparedSplits) -> None:
             for column in one_pod.table.columns:
                 assert found[name].column(column).equals(expected[name].column(column)), column
             continue
-        for feature in one_pod.table.feature_names:
-            got, want = (t.column(feature).to_numpy() for t in (found[name], expected[name]))
-            np.testing.assert_allclose(got, want, rtol=2e-7, atol=2e-7)
+        features = one_pod.table.feature_names
+        got, want = (batch_features(t, features) for t in (found[name], expected[name]))
+        np.testing.assert_allclose(got, want, rtol=2e-7, atol=2e-7)
     assert pieces.table.rows == one_pod.table.rows
     assert pieces.table.class_labels == one_pod.table.class_labels
     assert pieces.table.class_counts == one_pod.table.class_counts

@@ -35,7 +35,7 @@ from tasks.core.data.prepare import (
 )
 from tasks.core.data.reading import iter_batches, open_dataset
 from tasks.core.data.scaling import standardise
-from tasks.core.data.splits import read_split
+from tasks.core.data.splits import batch_features, read_split
 from tests.conftest import blobs_frame
 from tests.unit.data.tables import (
     MESSY_ROWS,
@@ -143,9 +143,9 @@ def test_a_messy_table_prepares_and_says_what_it_left_out(tmp_path, suffix, piec
     assert sum(table.rows.values()) == MESSY_ROWS - len(MESSY_UNLABELLED)
     splits = split_tables(prepared)
     for name in ("train", "val"):
-        features = np.column_stack([splits[name].column(f).to_numpy() for f in table.feature_names])
+        features = batch_features(splits[name], table.feature_names)
         assert features.dtype == np.float32 and np.isfinite(features).all()
-    train = np.column_stack([splits["train"].column(f).to_numpy() for f in table.feature_names])
+    train = batch_features(splits["train"], table.feature_names)
     varies = np.array([name not in ("rate", "colour=<other>") for name in table.feature_names])
     np.testing.assert_allclose(train.mean(axis=0), 0.0, atol=1e-5)
     np.testing.assert_allclose(train.std(axis=0)[varies], 1.0, rtol=1e-4)
