@@ -32,6 +32,7 @@ import pyarrow.dataset as ds
 from tasks.core.data.assignment import SPLITS, SplitConfig, split_times
 from tasks.core.data.column_kinds import ColumnKind
 from tasks.core.data.columns import feature_columns, non_feature_columns
+from tasks.core.data.copies import hash_files
 from tasks.core.data.encoding import EncodingStats
 from tasks.core.data.files import row_group_fragments
 from tasks.core.data.labels import Labels, clean_labels
@@ -43,7 +44,6 @@ from tasks.core.data.prepare import (
     every_row,
     feature_kinds,
     fit_encoding,
-    hash_files,
     split_files,
     train_encoding_stats,
     with_copy_notes,

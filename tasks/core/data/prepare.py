@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import json
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import IO
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
@@ -35,6 +32,7 @@ from tasks.core.data.assignment import (
 )
 from tasks.core.data.column_kinds import ColumnKind, is_text, propose_kinds
 from tasks.core.data.columns import feature_columns, non_feature_columns
+from tasks.core.data.copies import copy_notes, hash_files, hash_writer, row_hashes
 from tasks.core.data.encoding import EncodingStats, FittedEncoding, batch_stats
 from tasks.core.data.files import DatasetError, filesystem_for, is_local
 from tasks.core.data.labels import (
@@ -71,17 +69,6 @@ RAW_SPLIT = "test"
 # (the one straddling their ranges) and mix the stream finely.
 SPLIT_ROW_GROUP_ROWS = 16_384
 EMBEDDED_DIGITS_LABEL = "label"
-# The folder, beside the splits' folders, of each split's row hashes: a file of 64-bit hashes per part.
-ROW_HASHES = "row-hashes"
-# The rows of a split counted as copies of another split's rows, and what such copies overstate.
-COPIED_SPLITS = {
-    ("test", "train"): "test accuracy overstates accuracy on new rows",
-    ("val", "train"): "val accuracy overstates accuracy on new rows",
-    ("test", "val"): "the test and val splits are not independent",
-}
-HASH_MULTIPLIER = np.uint64(0x100000001B3)  # FNV's 64-bit prime: mixes each column's hash into the row's
-NULL_HASH = np.uint64(np.iinfo(np.uint64).max)  # a null integer or boolean, as pandas hashes a null text
-HASH_CHUNK = 1 << 20  # row hashes read or looked up at once (8 MiB): counting holds little beside them
 
 
 def with_encoding(table: PreparedTable, encoding: str) -> PreparedTable:
@@ -192,134 +179,6 @@ def split_writer(path: str, schema: pa.Schema) -> pq.ParquetWriter:
     # for the raw split's text.
     text = [f.name for f in schema if is_text(f.type) or pa.types.is_dictionary(f.type)]
     return pq.ParquetWriter(file, schema, filesystem=filesystem, use_dictionary=text or False)
-
-
-def hash_writer(path: str) -> IO[bytes]:
-    """A binary file of row hashes, local or through fsspec."""
-    filesystem, file = filesystem_for(path)
-    filesystem.makedirs(file.rsplit("/", 1)[0], exist_ok=True)
-    return filesystem.open(file, "wb")
-
-
-def row_hashes(batch: pa.RecordBatch, columns: list[str], codes: np.ndarray) -> np.ndarray:
-    """A 64-bit hash of each row's values in `columns` and its class code: equal rows hash equal in any
-    batch or piece, as each column is hashed by its Arrow type (pandas would convert an integer column
-    to floats in a batch with a null only)."""
-    hashes = pd.util.hash_array(codes if codes.dtype.kind == "f" else codes.astype(np.int64))
-    for name in columns:
-        hashes = (hashes * HASH_MULTIPLIER) ^ column_hashes(batch.column(name))
-    return hashes
-
-
-def column_hashes(column: pa.Array) -> np.ndarray:
-    """A 64-bit hash of each value: numbers by value (a null float as NaN), dates and times by their
-    integer value in the column's type, anything else by its text."""
-    if pa.types.is_dictionary(column.type):
-        column = column.dictionary_decode()
-    if pa.types.is_temporal(column.type):  # making text of each instant took most of a row's hashing
-        column = column.view(pa.int64() if column.type.bit_width == 64 else pa.int32())
-    if pa.types.is_floating(column.type):
-        return pd.util.hash_array(pc.cast(column, pa.float64()).to_numpy(zero_copy_only=False))
-    if pa.types.is_integer(column.type) or pa.types.is_boolean(column.type):
-        values = pc.fill_null(pc.cast(column, pa.int64(), safe=False), 0).to_numpy()
-        nulls = column.is_null().to_numpy(zero_copy_only=False)
-        return np.where(nulls, NULL_HASH, pd.util.hash_array(values))
-    if is_text(column.type):
-        return text_hashes(column)
-    return pd.util.hash_array(pc.cast(column, pa.string()).to_numpy(zero_copy_only=False))
-
-
-def text_hashes(column: pa.Array) -> np.ndarray:
-    """Each value's hash, as pandas hashes an object array of the texts: each distinct value is made a
-    Python string and hashed once (a null as pandas hashes None)."""
-    encoded = pc.dictionary_encode(column)
-    texts = np.array([*encoded.dictionary.to_pylist(), None], dtype=object)
-    at = encoded.indices.fill_null(len(encoded.dictionary)).to_numpy(zero_copy_only=False)
-    return pd.util.hash_array(texts)[at]
-
-
-def hash_files(out_dir: str, part: int = 0) -> dict[str, str]:
-    """Each split's file of row hashes for part number `part` under `out_dir` (see `split_files`)."""
-    return {name: f"{out_dir.rstrip('/')}/{ROW_HASHES}/{name}/part-{part:05d}.u64" for name in SPLITS}
-
-
-def split_hashes(out_dir: str, split: str) -> Iterator[np.ndarray]:
-    """The row hashes of a split under `out_dir`, part by part, at most `HASH_CHUNK` at a time."""
-    filesystem, root = filesystem_for(out_dir)
-    for file in sorted(filesystem.find(f"{root.rstrip('/')}/{ROW_HASHES}/{split}")):
-        with filesystem.open(file, "rb") as stream:
-            while chunk := stream.read(HASH_CHUNK * 8):
-                yield np.frombuffer(chunk, dtype="<u8")
-
-
-def sorted_hashes(out_dir: str, split: str, rows: int) -> np.ndarray:
-    """The `rows` row hashes of a split, sorted: 8 bytes a row."""
-    held, start = np.empty(rows, dtype="<u8"), 0
-    for chunk in split_hashes(out_dir, split):
-        end = start + len(chunk)
-        if end > rows:
-            break
-        held[start:end] = chunk
-        start = end
-    else:
-        if start == rows:
-            held.sort()
-            return held
-    raise RuntimeError(
-        f"the row hashes of the {split} split under {out_dir} are not those of its {rows:,} rows"
-    )
-
-
-def lookup(known: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Where each of `values` first is in the sorted `known`, and whether it is there at all. The
-    callers count and mark, which the order of `values` does not change, so they pass them sorted: the
-    searches then walk `known` in order (several times faster than at random in a large split)."""
-    at = np.minimum(np.searchsorted(known, values), max(len(known) - 1, 0))
-    found = known[at] == values if len(known) else np.zeros(len(values), dtype=bool)
-    return at, found
-
-
-def rows_with_copies(out_dir: str, split: str, other: str, rows: dict[str, int]) -> int:
-    """How many rows of `split` have an exact copy among the rows of `other`. The hashes of the smaller
-    of the two are held in memory, sorted (8 bytes a row, and a byte a row to mark them); the other's
-    are read `HASH_CHUNK` at a time."""
-    if rows[other] <= rows[split]:
-        known = sorted_hashes(out_dir, other, rows[other])
-        chunks = split_hashes(out_dir, split)
-        return sum(int(np.count_nonzero(lookup(known, np.sort(chunk))[1])) for chunk in chunks)
-    held = sorted_hashes(out_dir, split, rows[split])
-    first_copied = np.zeros(len(held), dtype=bool)  # the first of each run of equal hashes with a copy
-    for chunk in split_hashes(out_dir, other):
-        at, found = lookup(held, np.sort(chunk))
-        first_copied[at[found]] = True
-    return marked_runs(held, first_copied)
-
-
-def marked_runs(held: np.ndarray, first: np.ndarray) -> int:
-    """How many of the sorted `held` hashes are in a run of equal ones whose first is marked in `first`."""
-    total = 0
-    for start in range(0, len(held), HASH_CHUNK):
-        marked = start + np.flatnonzero(first[start : start + HASH_CHUNK])
-        total += int((np.searchsorted(held, held[marked], side="right") - marked).sum())
-    return total
-
-
-def copy_notes(out_dir: str, rows: dict[str, int]) -> list[str]:
-    """Notes on the rows of a split that are exact copies (the same features and label) of rows of
-    another split, from the row hashes `write_splits` wrote under `out_dir`; `rows` by split."""
-    notes = []
-    for (split, other), overstated in COPIED_SPLITS.items():
-        if copies := rows_with_copies(out_dir, split, other, rows):
-            notes.append(
-                f"{copies:,} {split} rows ({share(copies, rows[split])}) are exact copies of {other} rows "
-                f"(the same features and label): {overstated}"
-            )
-    return notes
-
-
-def share(part: int, whole: int) -> str:
-    percent = 100 * part / whole
-    return f"{percent:.1f}%" if percent >= 0.1 else "<0.1%"
 
 
 def with_copy_notes(prepared: PreparedSplits, out_dir: str) -> PreparedSplits:
