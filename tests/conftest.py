@@ -93,6 +93,9 @@ SHARED_RUNS = {
     "two_rank_results": "ddp",
     "default_digits_run": "digits",
     "diabetes_run": "diabetes",
+    "scoring_bundle": "scoring",  # the batch scoring tests' bundle: a scorer without flytekit reads it too
+    "raw_row_bundles": "raw_rows",  # exports over raw columns: answered alike without flytekit too
+    "mlflow_bundle": "mlflow",  # a bundle's MLflow model: answering without the project too
 }
 
 
@@ -135,7 +138,8 @@ HEAVY_MODULES = {
     "integration/test_divergence.py",  # a diverging DDP rank, and the training task it fails
     "integration/test_best_epoch_ddp.py",  # early stopping and the best epoch across two DDP ranks
     "integration/test_tf_mirrored.py",  # Keras mirrored over two logical CPU devices
-    "unit/benchmarks/test_gpu_check.py",  # the GPU check's harness, run on CPU in processes of its own
+    "unit/benchmarks/test_gpu_check.py",  # the GPU check's logic, on CPU
+    "integration/test_gpu_check.py",  # the GPU check's harness and its DDP steps, in processes of their own
 }
 # Shared runs (`SHARED_RUNS`) whose every reader is heavy: the hardware comparison (a CNN through
 # both frameworks) and the Decks it writes.
@@ -303,6 +307,54 @@ def completed_attempt(train_spec, train_inputs, tmp_path_factory):
         train_spec, train_inputs, root / "attempt-1", str(root / "attempt-0" / "checkpoint")
     )
     return SimpleNamespace(workdir=root / "attempt-1", outputs=outputs, model=output(outputs, TrainedModel))
+
+
+# Bundles that a unit module's tests and a test in a process of its own (tests/integration/) both read:
+# built once per session, their readers kept in one worker by `SHARED_RUNS`.
+@pytest.fixture(scope="session")
+def scoring_bundle(tmp_path_factory) -> str:
+    """The batch scoring tests' bundle (tests/unit/serving/test_scoring.py)."""
+    from tests.unit.serving.test_publish import write_test_bundle
+
+    return write_test_bundle(tmp_path_factory.mktemp("scoring") / "bundle", seed=3)
+
+
+@pytest.fixture(scope="session")
+def scoring_parts(tmp_path_factory) -> str:
+    """The batch scoring tests' folder of a user's parts."""
+    from tests.unit.serving.test_scoring import users_table, write_parts
+
+    return write_parts(tmp_path_factory.mktemp("scoring-parts") / "users.parquet", users_table())
+
+
+@pytest.fixture(scope="session")
+def raw_row_bundles(tmp_path_factory) -> dict[str, str]:
+    """A bundle over raw columns of every kind per framework, with its exports (seconds each:
+    tests/unit/serving/test_raw_row_exports.py)."""
+    from tests.unit.serving.test_raw_row_exports import WEIGHTS, prepared_table, train_table, write_raw_bundle
+
+    root, prepared = tmp_path_factory.mktemp("raw-row-bundles"), prepared_table(train_table())
+    return {framework: write_raw_bundle(root / framework, framework, prepared) for framework in WEIGHTS}
+
+
+@pytest.fixture(scope="session")
+def mlflow_bundle(tmp_path_factory) -> str:
+    """A torch bundle over raw columns of every kind (writing it exports the ONNX file: seconds), for
+    its MLflow model (tests/unit/serving/test_mlflow_model.py)."""
+    from tests.unit.serving.test_raw_row_exports import prepared_table, train_table, write_raw_bundle
+
+    return write_raw_bundle(
+        tmp_path_factory.mktemp("mlflow") / "bundle", "pytorch", prepared_table(train_table())
+    )
+
+
+@pytest.fixture(scope="session")
+def mlflow_model_dir(mlflow_bundle) -> Path:
+    from tasks.core.serving.mlflow_model import write_mlflow_model
+
+    out = Path(mlflow_bundle) / "mlflow"
+    assert write_mlflow_model(mlflow_bundle, str(out)) is None
+    return out
 
 
 @pytest.fixture

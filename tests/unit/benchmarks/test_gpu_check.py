@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -18,8 +17,6 @@ import torch
 from benchmarks import gpu_check, gpu_scoring
 from benchmarks import gpu_figures as gpu
 from benchmarks.gpu_profile import ProfileSummary
-from benchmarks.measure import REPO
-from tasks.core.models.plugins import mlp_spec
 from tasks.core.serving.scoring import GPU_MODEL_SPEEDUP
 from tasks.core.training.config import TrainConfig
 from tasks.core.training.records import EpochMetrics, TrainingRun
@@ -27,8 +24,6 @@ from tasks.core.training.torch_training import TrainOutcome
 
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks what happens without CUDA")
 STEP_NAMES = [step.name for step in gpu_check.gpu_steps(gpu.Workspace(Path("unused"), gpu.SMOKE), 1e15)]
-# What the minimal GPU machine lacks: a module set to None in sys.modules cannot be imported.
-UNIMPORTABLE = ["flytekit", "flytekitplugins", "pytest", "psutil", "pynvml", "tensorflow"]
 
 
 @pytest.fixture(autouse=True)
@@ -36,58 +31,6 @@ def no_full_collection_between_steps(monkeypatch):
     """A step's clean-up runs a full garbage collection, half a second in a process holding torch and
     TensorFlow: these tests' steps leave nothing on a device to release."""
     monkeypatch.setattr(gpu, "release_device_memory", lambda: None)
-
-
-def run_gpu_check(*args: str, blocked: list[str] = ()) -> subprocess.CompletedProcess:
-    code = (
-        "import sys\n"
-        f"for name in {list(blocked)!r}:\n"
-        "    sys.modules[name] = None\n"
-        "from benchmarks.gpu_check import main\n"
-        f"code = main({list(args)!r})\n"
-        "print('IMPORTED', sorted(m for m in sys.modules if m.startswith(('tasks.', 'benchmarks.'))))\n"
-        "sys.exit(code)\n"
-    )
-    return subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
-
-
-@pytest.mark.slow
-@no_cuda
-def test_runs_without_flytekit_pytest_and_nvml_and_without_cuda_skips_every_step_saying_why(tmp_path):
-    """As on a bare GPU machine, less its GPU: none of the blocked modules is needed, and the summary
-    and its JSON say why each step was skipped."""
-    report = tmp_path / "gpu-check.json"
-    done = run_gpu_check("--smoke", "--json", str(report), blocked=UNIMPORTABLE)
-    assert done.returncode == 0, done.stderr
-    assert "== gpu-check summary ==" in done.stdout
-    assert "device: no CUDA device" in done.stdout
-    assert f"torch: {torch.__version__}" in done.stdout
-    for name in STEP_NAMES:
-        assert re.search(
-            rf"\| {re.escape(name)} \| skipped \| [\d.]+ \| {re.escape(gpu.NO_CUDA)} \|", done.stdout
-        )
-    assert f"steps: 0 passed, 0 failed, {len(STEP_NAMES)} skipped" in done.stdout
-    written = json.loads(report.read_text())
-    assert written["exit_code"] == 0 and written["machine"]["device"] == "no CUDA device"
-    assert [(s["name"], s["status"], s["detail"]) for s in written["steps"]] == [
-        (name, "skipped", gpu.NO_CUDA) for name in STEP_NAMES
-    ]
-    imported = done.stdout.split("IMPORTED", 1)[1]
-    # Every module the GPU steps run was imported, so none of them needs what was blocked.
-    for module in (
-        "benchmarks.gpu_figures",
-        "tasks.core.training.torch_training",
-        "tasks.core.models.memory",
-        "benchmarks.loop_bench",
-        "benchmarks.gpu_scoring",
-        "tasks.core.serving.scoring",
-    ):
-        assert f"'{module}'" in imported
-
-
-def test_a_blocked_module_really_fails_to_import():
-    done = run_gpu_check("--smoke", blocked=["torch"])
-    assert done.returncode != 0 and "ModuleNotFoundError" in done.stderr
 
 
 def figure(value: float, baseline: float, **goal) -> gpu.GpuFigure:
@@ -120,35 +63,11 @@ def test_the_cuda_marked_tests_are_found():
     assert "tests/unit/benchmarks/test_gpu_check.py" not in found
 
 
-@pytest.mark.slow
-def test_the_cuda_test_modules_run_without_flytekit():
-    """The GPU machine has no Flyte: the modules holding CUDA tests, the fixtures they use and
-    conftest.py must work without it. Here their CPU tests run (the CUDA ones skip) with flytekit
-    unimportable."""
-    code = (
-        "import sys; sys.modules['flytekit'] = None; import pytest; "
-        f"sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-p', 'no:xdist', *{gpu_check.cuda_test_files()!r}]))"
-    )
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:]
-    assert re.search(r"\d+ passed", done.stdout), done.stdout[-3000:]
-
-
 def test_the_pytest_step_says_what_it_lacks(monkeypatch):
     monkeypatch.setattr(gpu, "require_cuda", lambda: None)
     monkeypatch.setitem(sys.modules, "pytest", None)
     result = gpu_check.run_step(gpu_check.Step("tests", gpu_check.cuda_tests))
     assert result.status == gpu_check.SKIPPED and result.detail.startswith("pytest not installed")
-
-
-@pytest.mark.slow
-@no_cuda
-def test_the_pytest_step_fails_when_its_cuda_tests_only_skip(monkeypatch):
-    """Its pytest run, on CPU: the marked tests are selected, and their skipping is no pass."""
-    monkeypatch.setattr(gpu, "require_cuda", lambda: None)
-    result = gpu_check.run_step(gpu_check.Step("tests", gpu_check.cuda_tests))
-    assert result.status == gpu_check.FAIL
-    assert re.search(r"not every CUDA test ran: \d+ skipped", result.detail), result.detail
 
 
 def failing() -> str:
@@ -244,15 +163,6 @@ def test_the_ddp_check_wants_the_backend_and_a_model_that_learned():
         gpu.ddp_finding(ddp_run("nccl", steps=8), config)
 
 
-@pytest.mark.slow
-def test_the_one_rank_group_runs_the_project_loop_as_ddp_on_gloo(tmp_path):
-    """The NCCL step's worker, on CPU: the project's loop takes a group of one as distributed."""
-    splits = gpu.Workspace(tmp_path, gpu.SMOKE).memory_splits
-    config = TrainConfig(epochs=2, batch_size=512, grad_accum_steps=2, model=mlp_spec([32]))
-    run = gpu.launch_workers(gpu.train_on_one_rank_group, config, splits, "gloo")[0]
-    assert gpu.ddp_finding(run, config, backend="gloo").startswith("DDP over gloo, 1 rank on cpu")
-
-
 def two_ranks(micro=(1024, 1024), accum=4, steps=(8, 8), same=True, backend="gloo") -> list[dict]:
     weights = [np.ones(3), np.ones(3) if same else np.zeros(3)]
     return [
@@ -282,18 +192,6 @@ def test_the_collective_guard_check_wants_both_ranks_halved_together():
 def test_the_collective_guard_check_fails_what_the_guard_must_not_do(ranks, problem):
     with pytest.raises(gpu.CheckFailed, match=problem):
         gpu.collective_guard_finding(ranks, TrainConfig(epochs=1, batch_size=8192), expected_steps=8)
-
-
-@pytest.mark.slow
-def test_the_two_rank_worker_trains_ddp_over_gloo_in_step(tmp_path):
-    """The two-rank step's workers, on CPU and uncapped: they train in step over gloo, and without an
-    out-of-memory error the check says so."""
-    splits = gpu.Workspace(tmp_path, gpu.SMOKE).memory_splits
-    config = TrainConfig(epochs=1, batch_size=1024, model=mlp_spec([32]))
-    ranks = gpu.launch_workers(gpu.train_two_ranks_on_one_gpu, config, splits, 1, None, nproc=2)
-    assert [run["backend"] for run in ranks] == ["gloo", "gloo"]
-    with pytest.raises(gpu.CheckFailed, match="no out-of-memory error: the per-rank micro-batch 512 fit"):
-        gpu.collective_guard_finding(ranks, config, expected_steps=gpu.table_rows(splits.train) // 1024)
 
 
 @pytest.mark.slow

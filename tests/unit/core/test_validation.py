@@ -208,17 +208,10 @@ def test_a_run_billed_by_an_applied_plan_has_no_note():
     assert compare_runs([planned], {}).notes == []
 
 
-@pytest.mark.slow
-def test_the_comparison_refuses_a_bad_price_before_it_prepares_or_trains():
-    from workflows.comparison import hardware_comparison
-
-    with pytest.raises(Exception, match=r"input 'prices\['cpu'\]' = -1.0: must be a finite number >= 0"):
-        hardware_comparison(dataset="/no/such/data.parquet", prices={"cpu": -1.0, "nvidia-l4": 1})
-
-
 def test_on_a_cluster_every_step_of_the_comparison_waits_for_its_prices_check():
-    """The local run above checks the prices first because it runs the nodes in order; a cluster runs
-    what the graph allows, so there every other node must follow the check."""
+    """A local run checks the prices first because it runs the nodes in order
+    (tests/integration/test_comparison.py); a cluster runs what the graph allows, so there every other
+    node must follow the check."""
     from workflows.comparison import hardware_comparison
 
     upstream = {node.id: {up.id for up in node.upstream_nodes} for node in hardware_comparison.nodes}

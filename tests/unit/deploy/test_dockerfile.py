@@ -37,7 +37,6 @@ from tests.dependencies import (
     requirement_closure,
     third_party_imports,
 )
-from tests.flyte_package import REGISTRY, TAG, image_of, requests_of
 
 TASKS = [
     preprocess, evaluate, compare, dataset_partition, train_torch, train_torch_multinode, train_tf_gpu, train_tf_tpu,
@@ -181,16 +180,6 @@ def test_one_stage_per_image_and_every_image_used():
     assert set(stages()) - {"base"} == set(TARGETS) == {image_target(task) for task in TASKS}
 
 
-def test_makefile_builds_pushes_and_registers_every_image():
-    """`make -n` expands the Makefile's image list (read from tasks/images.py) without building."""
-    dry_run = subprocess.run(
-        ["make", "-n", "-s", "push", "STAMP=Makefile"], cwd=REPO, capture_output=True, text=True, check=True
-    ).stdout
-    assert dry_run.count(f"for target in {' '.join(TARGETS)};") == 2, dry_run  # build, then push
-    (line,) = [line for line in (REPO / "Makefile").read_text().splitlines() if line.startswith("IMAGES :=")]
-    assert "tasks.images" in line  # read from the table, not listed again
-
-
 @pytest.mark.parametrize("target", TARGETS)
 def test_final_user_is_not_root(target):
     users = [
@@ -221,6 +210,7 @@ def test_each_framework_build_gets_the_release_constraints_txt_pins(target):
                 )
 
 
+@pytest.mark.slow  # reads the image's dependency closure: seconds
 @pytest.mark.parametrize("target", ["cpu", "ml-cpu"])
 def test_cpu_images_carry_no_cuda_libraries(target):
     cuda = {
@@ -239,11 +229,13 @@ def test_cpu_images_carry_no_cuda_libraries(target):
         assert all(str(Requirement(r).specifier).endswith("+cpu") for r in install_targets(first)), first
 
 
+@pytest.mark.slow  # reads the image's dependency closure: seconds
 @pytest.mark.parametrize("target", ["torch-gpu", "tf-gpu", "tpu"])
 def test_each_accelerator_image_carries_one_framework(target):
     assert len(frameworks_carried(target)) == 1, frameworks_carried(target)
 
 
+@pytest.mark.slow  # reads the image's dependency closure: seconds
 @pytest.mark.parametrize("task", TASKS, ids=lambda t: t.name)
 def test_each_image_installs_what_its_tasks_import(task):
     target = image_target(task)
@@ -257,6 +249,7 @@ def test_each_image_installs_what_its_tasks_import(task):
     assert not missing, f"{task.name} runs in the {target} image, which lacks {missing}"
 
 
+@pytest.mark.slow  # reads the image's dependency closure: seconds
 @pytest.mark.parametrize("target", TARGETS)
 def test_each_image_carries_no_framework_its_tasks_do_not_import(target):
     imported = set().union(
@@ -373,18 +366,6 @@ def test_every_image_a_gpu_task_runs_in_finds_the_driver_where_gke_mounts_it():
     stages_of_gpu_tasks = gpu_task_stages()
     assert stages_of_gpu_tasks  # the project has GPU tasks, so this checks something
     for stage in stages_of_gpu_tasks:
-        finds_the_gke_driver(stage)
-
-
-@pytest.mark.slow
-def test_every_packaged_task_that_requests_gpus_runs_in_an_image_that_finds_the_driver(flyte_package):
-    """The same, from what the cluster receives: each GPU task's image as registration names it."""
-    images = {image_of(spec) for spec in flyte_package.tasks.values() if "gpu" in requests_of(spec)}
-    stages_named = {
-        re.fullmatch(rf"{re.escape(REGISTRY)}/mixedml-([\w-]+):{TAG}", image).group(1) for image in images
-    }
-    assert stages_named == gpu_task_stages()
-    for stage in stages_named:
         finds_the_gke_driver(stage)
 
 

@@ -5,9 +5,6 @@ starts (tasks/gpudirect.py, docs/reliability.md)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections import OrderedDict
 from dataclasses import replace
 
@@ -24,13 +21,11 @@ from tasks.hardware import (
     A3_HIGHGPU_8G,
     A3_ULTRAGPU_8G,
     G2_STANDARD_8,
-    GPUDIRECT_VARIABLE,
     TORCH_DDP_ENVIRONMENT,
     TRAIN_GPU,
     TRAIN_GPU_MULTINODE,
     GpuTrainingProfile,
 )
-from tests.flyte_package import REPO
 
 A3_MEGAGPU_8G = MachineType("a3-megagpu-8g", 208, 1872, gpus=8)
 SETTINGS = SerializationSettings(
@@ -176,40 +171,6 @@ def test_a_pod_without_gpudirect_declares_none_of_it(profile):
     assert "volumeMounts" not in container and "securityContext" not in container
 
 
-@pytest.mark.slow  # a fresh interpreter: the variable is read when tasks.hardware is imported
-def test_the_cluster_turns_gpudirect_on_at_registration():
-    """MIXEDML_GPUDIRECT=1 where the tasks are serialized puts the multi-node profile's pods on it (its
-    task is decorated with the profile's options: tests/unit/tasks/test_hardware.py); only that one."""
-    probe = (
-        "from tasks.hardware import TRAIN_GPU, TRAIN_GPU_MULTINODE as multinode; "
-        "print(sorted(multinode.pod_template().annotations or {}), TRAIN_GPU.gpudirect)"
-    )
-    registering = {**os.environ, GPUDIRECT_VARIABLE: "1"}
-    result = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env=registering, capture_output=True,
-                            text=True, timeout=120)  # fmt: skip
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "networking.gke.io/interfaces" in result.stdout
-    assert "devices.gke.io/container.tcpx-daemon" in result.stdout
-    assert result.stdout.split()[-1] == "False"  # the single-node profile is never on it
-
-
-PROFILE = """echo "the profile's own output"
-export NCCL_PROTO=Simple
-NCCL_ALGO=Ring,Tree
-NCCL_DEBUG=INFO
-"""
-
-
-def test_the_node_profile_is_sourced_into_the_environment_the_workers_inherit(tmp_path):
-    """Exported or plain assignments alike; what the shell sets of itself (SHLVL, PWD) is not copied."""
-    script = tmp_path / "nccl-env-profile.sh"
-    script.write_text(PROFILE)
-    environ = {PROFILE_VARIABLE: str(script), "NCCL_DEBUG": "WARN", "PATH": "/usr/bin:/bin"}
-    changed = apply_node_profile(environ)
-    assert changed == {"NCCL_PROTO": "Simple", "NCCL_ALGO": "Ring,Tree", "NCCL_DEBUG": "INFO"}
-    assert environ == {PROFILE_VARIABLE: str(script), "PATH": "/usr/bin:/bin", **changed}
-
-
 def test_no_profile_named_changes_nothing():
     environ = {"NCCL_DEBUG": "WARN"}
     assert apply_node_profile(environ) == {} and environ == {"NCCL_DEBUG": "WARN"}
@@ -219,33 +180,3 @@ def test_a_named_profile_the_node_lacks_fails_naming_the_installer(tmp_path):
     environ = {PROFILE_VARIABLE: str(tmp_path / "absent.sh")}
     with pytest.raises(FileNotFoundError, match="installer DaemonSet has not run"):
         apply_node_profile(environ)
-
-
-def test_a_failing_profile_fails_the_launch_with_its_error(tmp_path):
-    script = tmp_path / "nccl-env-profile.sh"
-    script.write_text("echo 'no plugin here' >&2\nfalse\n")
-    with pytest.raises(RuntimeError, match="no plugin here"):
-        apply_node_profile({PROFILE_VARIABLE: str(script), "PATH": "/usr/bin:/bin"})
-
-
-def test_the_launcher_loads_the_profile_before_it_plans_the_workers(tmp_path, monkeypatch):
-    """The launch reads the profile first: what plan_launch, and after it every worker, sees has it."""
-    import tasks.train_torch as train_torch
-
-    class Planned(Exception):
-        pass
-
-    seen = {}
-
-    def plan_launch(*args, **kwargs):
-        seen.update(NCCL_PROTO=train_torch.os.environ.get("NCCL_PROTO"))
-        raise Planned
-
-    script = tmp_path / "nccl-env-profile.sh"
-    script.write_text("export NCCL_PROTO=Simple\n")
-    monkeypatch.setenv(PROFILE_VARIABLE, str(script))
-    monkeypatch.setenv("NCCL_PROTO", "unset by the test")  # so that monkeypatch restores it
-    monkeypatch.setattr(train_torch, "plan_launch", plan_launch)
-    with pytest.raises(Planned):
-        train_torch.train_torch_multinode._launch_fitted()
-    assert seen == {"NCCL_PROTO": "Simple"}

@@ -10,7 +10,6 @@ import pytest
 from tasks.core.planning.accelerators import AcceleratorUnavailable, on_flyte_cluster
 from tasks.core.planning.cuda_check import CudaFindings, cuda_findings, require_cuda
 from tasks.core.planning.nvidia_driver import DRIVER_LIBRARIES, DriverLibraries
-from tests.pods import refused_like_a_pod
 
 # A GKE node with the default driver branch and PyPI's torch, a CUDA 13.0 build: NVML counts the GPU,
 # CUDA refuses it.
@@ -116,14 +115,3 @@ def test_a_cpu_build_is_not_blamed_on_the_driver_libraries():
 def test_only_a_pod_that_propeller_started_counts_as_a_cluster():
     assert on_flyte_cluster({"FLYTE_INTERNAL_EXECUTION_ID": "f00ba4"})
     assert not on_flyte_cluster({})
-
-
-@pytest.mark.slow
-def test_the_serialized_gpu_task_refuses_the_host_cpu_as_a_cluster_pod(train_spec, train_inputs, tmp_path):
-    """The torch task's own command, as a pod on a node without CUDA (this machine): it fails before
-    the launcher plans any worker or reads the splits."""
-    printed, error = refused_like_a_pod(train_spec, train_inputs, tmp_path / "pod")
-    assert "declared 1 x nvidia-l4 GPU (its pod requests nvidia.com/gpu)" in error
-    assert "(a CPU build, without CUDA)" in error and "CUDA is not usable" in error
-    assert "no GPU found; training with" not in printed  # the local fallback's launch note
-    assert not (tmp_path / "pod" / "checkpoint").exists()

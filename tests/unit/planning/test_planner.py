@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 import warnings
 from collections import OrderedDict
 from dataclasses import replace
@@ -30,7 +27,6 @@ from tasks.core.planning.planner import PlanError, Workload, estimate_for, plan_
 from tasks.core.training.config import TrainConfig
 from tasks.hardware import (
     CPU_NODE,
-    EXTRA_OPTIONS_VARIABLE,
     GPU_CATALOG,
     GPU_OPTIONS,
     TPU_CATALOG,
@@ -71,6 +67,7 @@ def mlp_estimate(n_features: int, n_classes: int, hidden: list[int], micro_batch
     return footprint.estimate(micro_batch, **where)
 
 
+@pytest.mark.slow  # measures a real allocation: two AdamW steps under the torch profiler
 @pytest.mark.parametrize(
     "n_features, n_classes, hidden, micro_batch",
     [(512, 10, [2048, 2048], 256), (1024, 10, [1024, 1024], 128), (1024, 100, [4096, 4096], 512)],
@@ -188,23 +185,6 @@ def test_options_beyond_the_default_catalog_are_opt_in_and_unknown_names_fail():
     assert default < {entry.name for entry in GPU_OPTIONS + TPU_OPTIONS}
     with pytest.raises(ValueError, match=r"MIXEDML_EXTRA_OPTIONS: unknown options \['a100-96gb'\]"):
         offered(GPU_OPTIONS, "a100-96gb l4")
-
-
-@pytest.mark.slow
-def test_the_catalogs_read_the_extra_options_where_the_module_is_imported():
-    """Registration (`pyflyte register --env`) puts the variable in every task's container, so the
-    planning tasks rank what their process reads at import."""
-    names = "from tasks.hardware import GPU_CATALOG, TPU_CATALOG; print(*[e.name for e in GPU_CATALOG + TPU_CATALOG])"
-    env = os.environ | {EXTRA_OPTIONS_VARIABLE: "a100-40gb tpu-v6e-1x1"}
-    ranked = subprocess.run(
-        [sys.executable, "-c", names], env=env, capture_output=True, text=True, check=True
-    )
-    assert {"a100-40gb", "tpu-v6e-1x1"} <= set(ranked.stdout.split())
-    env.pop(EXTRA_OPTIONS_VARIABLE)
-    ranked = subprocess.run(
-        [sys.executable, "-c", names], env=env, capture_output=True, text=True, check=True
-    )
-    assert not {"a100-40gb", "tpu-v6e-1x1"} & set(ranked.stdout.split())
 
 
 def test_tpu_plan_uses_the_tpu_catalog():

@@ -6,6 +6,7 @@ import re
 import xml.etree.ElementTree as ElementTree
 
 import numpy as np
+import pytest
 
 from tasks.core.report import plots
 
@@ -93,6 +94,7 @@ def test_a_200_label_bar_chart_is_small_and_shows_at_most_20_labels():
     assert "class_10" in texts(svg) and "class_1" not in texts(svg)  # every 10th label
 
 
+@pytest.mark.slow  # draws a thousand bars: seconds
 def test_thousands_of_bars_are_one_image_not_a_shape_each():
     labels = [str(i) for i in range(1000)]
     svg = plots.bar_chart(labels, [float(i % 37) for i in range(1000)], "rows per class", "rows")

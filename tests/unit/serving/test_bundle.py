@@ -121,6 +121,7 @@ def test_the_bundle_scores_the_raw_test_split_as_the_trained_model_scores_its_st
     assert (codes == table.column("species").to_numpy()).mean() >= 0.9
 
 
+@pytest.mark.slow  # `written` is a trained bundle (its fixtures train: TRAINING_FIXTURES)
 def test_shuffled_columns_and_extra_ids_predict_what_the_test_split_did(written, prepared):
     loaded = load_bundle(written.folder)
     expected = loaded.labels(loaded.predict_codes(split_table(prepared)))  # as evaluation scores it
@@ -301,6 +302,7 @@ def test_a_folder_without_a_readable_manifest_is_refused(torch_bundle, tmp_path)
         load_bundle("nosuchprotocol://x")
 
 
+@pytest.mark.slow  # `written` is a trained bundle (its fixtures train: TRAINING_FIXTURES)
 def test_a_bundle_is_read_through_an_fsspec_uri(written, prepared):
     memory = fsspec.filesystem("memory")
     target = f"/bundles/{Path(written.folder).parent.name}"
@@ -361,6 +363,7 @@ def messy(tmp_path_factory):
     return SimpleNamespace(folder=folder, table=table, prepared=prepared_table, encoding=encoding)
 
 
+@pytest.mark.slow  # writes a bundle with its model exports: seconds
 def test_raw_rows_of_text_booleans_dates_and_nulls_are_encoded_standardised_and_scored(messy):
     from tasks.core.models.torch_models import predict
 
@@ -381,6 +384,7 @@ def test_raw_rows_of_text_booleans_dates_and_nulls_are_encoded_standardised_and_
     assert loaded.predict(table).tolist() == np.asarray(loaded.class_labels)[codes].tolist()
 
 
+@pytest.mark.slow  # writes a bundle with its model exports: seconds
 def test_messy_rows_in_any_order_with_extra_columns_from_pandas_or_arrow_score_alike(messy):
     loaded = load_bundle(messy.folder)
     expected = loaded.predict_proba(messy.table)
@@ -392,6 +396,7 @@ def test_messy_rows_in_any_order_with_extra_columns_from_pandas_or_arrow_score_a
     np.testing.assert_array_equal(loaded.predict_proba(batch, first_row=40), expected[40:49])
 
 
+@pytest.mark.slow  # writes a bundle with its model exports: seconds
 def test_a_missing_raw_column_is_named_and_a_column_left_out_may_be_absent(messy):
     loaded = load_bundle(messy.folder)
     assert loaded.input_columns == MESSY_READ and loaded.manifest.record.columns == MESSY_COLUMNS
@@ -404,6 +409,7 @@ def test_a_missing_raw_column_is_named_and_a_column_left_out_may_be_absent(messy
     np.testing.assert_array_equal(loaded.predict_proba(without_left_out), loaded.predict_proba(messy.table))
 
 
+@pytest.mark.slow  # writes a bundle with its model exports: seconds
 def test_dates_as_iso_text_score_as_dates_and_a_value_not_of_its_kind_is_named(messy):
     loaded = load_bundle(messy.folder)
     rows = messy.table.slice(0, 8).to_pandas()
@@ -420,6 +426,7 @@ def test_dates_as_iso_text_score_as_dates_and_a_value_not_of_its_kind_is_named(m
             check(as_numbers)
 
 
+@pytest.mark.slow  # writes a bundle with its model exports: seconds
 def test_the_manifest_holds_the_raw_columns_and_the_encoding_and_its_raw_row_export(messy):
     manifest = json.loads((Path(messy.folder) / bundles.MANIFEST).read_text())
     assert manifest["format_version"] == 2
@@ -440,6 +447,7 @@ def test_the_manifest_holds_the_raw_columns_and_the_encoding_and_its_raw_row_exp
         (lambda encoding: {**encoding, "columns": [{**encoding["columns"][0], "kind": "text"}]}, "the feature encoding cannot be read"),
     ],
 )  # fmt: skip
+@pytest.mark.slow  # writes a bundle with its model exports: seconds
 def test_an_encoding_that_does_not_fit_the_bundle_is_refused(messy, tmp_path, change, words):
     folder = shutil.copytree(messy.folder, tmp_path / "bundle")
     manifest = json.loads((folder / bundles.MANIFEST).read_text())
@@ -449,6 +457,7 @@ def test_an_encoding_that_does_not_fit_the_bundle_is_refused(messy, tmp_path, ch
     assert str(folder / bundles.MANIFEST) in str(error.value) and words in str(error.value)
 
 
+@pytest.mark.slow  # writes a bundle with its model exports: seconds
 def test_an_encoding_that_reads_a_column_the_input_did_not_have_is_refused(messy, tmp_path):
     folder = shutil.copytree(messy.folder, tmp_path / "bundle")
     rewrite_manifest(folder, columns=["customer_id", "amount"])

@@ -80,6 +80,7 @@ def test_rows_that_do_not_overflow_are_answered(overflowing):
     assert set(overflowing.predict(table)) <= set(CLASSES)
 
 
+@pytest.mark.slow  # writes model exports: seconds
 @pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
 def test_the_exports_label_is_empty_where_the_outputs_are_not_finite(tmp_path, framework):
     """As the bundle gives no answer for such a row, the exports' "label" gives none: an empty string."""

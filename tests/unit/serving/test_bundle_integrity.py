@@ -58,6 +58,7 @@ def weights_for(n_features: int, n_classes: int, path: Path) -> None:
     save_torch_artifact(model, spec, input_spec_for(spec, n_features, n_classes), str(path))
 
 
+@pytest.mark.slow  # writes a bundle with its model exports: seconds
 def test_the_manifest_records_the_sha256_of_the_weights_and_each_export(bundle_pair):
     folder = Path(bundle_pair[0])
     manifest = manifest_of(folder)
@@ -96,6 +97,7 @@ MISMATCHES = {
 }  # fmt: skip
 
 
+@pytest.mark.slow  # writes a bundle with its model exports: seconds
 @pytest.mark.parametrize("change", list(MISMATCHES))
 def test_a_folder_that_does_not_match_its_manifest_is_refused_naming_the_mismatch(
     bundle_pair, tmp_path, change
@@ -108,6 +110,7 @@ def test_a_folder_that_does_not_match_its_manifest_is_refused_naming_the_mismatc
     assert str(error.value).startswith(str(folder)) and words in str(error.value)
 
 
+@pytest.mark.slow  # writes a bundle with its model exports: seconds
 def test_a_bundle_written_before_digests_loads_and_scores_as_it_did(bundle_pair, tmp_path):
     folder = copy_of(bundle_pair[0], tmp_path)
     edit_manifest(folder, without_digests)
@@ -117,6 +120,7 @@ def test_a_bundle_written_before_digests_loads_and_scores_as_it_did(bundle_pair,
     np.testing.assert_array_equal(old.predict_proba(rows), load_bundle(bundle_pair[0]).predict_proba(rows))
 
 
+@pytest.mark.slow  # writes a bundle with its model exports: seconds
 def test_publishing_checks_every_recorded_file_exports_included(bundle_pair, tmp_path):
     folder = copy_of(bundle_pair[0], tmp_path)
     exports = [path for path in manifest_of(folder)["files"].values() if path != "model.pt"]
@@ -128,6 +132,7 @@ def test_publishing_checks_every_recorded_file_exports_included(bundle_pair, tmp
     assert not (tmp_path / "models").exists()
 
 
+@pytest.mark.slow  # writes a bundle with its model exports: seconds
 def test_the_digests_survive_adding_the_metrics(bundle_pair, tmp_path):
     folder = copy_of(bundle_pair[0], tmp_path)
     digests = manifest_of(folder)["digests"]

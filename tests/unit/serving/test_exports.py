@@ -145,6 +145,7 @@ class FixedBatch(nn.Module):
         return self.linear(rows).reshape(2, N_CLASSES)
 
 
+@pytest.mark.slow  # writes model exports: seconds
 def test_an_export_the_model_cannot_give_is_left_out_with_the_reason(tmp_path):
     result = export(FixedBatch().eval(), "pytorch", tmp_path)
     assert result.files == {}
@@ -228,6 +229,7 @@ def test_a_column_that_is_not_a_number_as_it_is_is_encoded(case):
     assert encoded_columns(encoding) == list(columns)
 
 
+@pytest.mark.slow  # writes model exports: seconds
 @pytest.mark.parametrize("framework, names", [("pytorch", ["onnx"]), ("tensorflow", ["saved_model", "onnx"])])
 def test_where_a_column_is_encoded_the_exports_take_the_raw_columns_by_name(framework, names, tmp_path):
     columns = {name: values for case in NOT_AS_THEY_ARE.values() for name, values in case[0].items()}
@@ -247,6 +249,7 @@ def test_where_a_column_is_encoded_the_exports_take_the_raw_columns_by_name(fram
     ]
 
 
+@pytest.mark.slow  # writes model exports: seconds
 def test_a_model_that_cannot_export_still_leaves_a_note_where_a_column_is_encoded(tmp_path):
     encoding = fitted(pa.table({**NUMBERS, "city": ["a", "b", "a", "b"]}))
     assert len(encoding.encoded_names()) == N_FEATURES + 3  # city=a, city=b, city=<other>

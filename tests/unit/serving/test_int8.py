@@ -101,6 +101,7 @@ def test_the_tolerance_is_inclusive():
     assert decide(figures(fp32=0.9, int8_accuracy=0.895), tolerance=0.005)[0]
 
 
+@pytest.mark.slow  # writes a bundle with its model exports: seconds
 def test_dropped_without_test_rows_to_compare_on(torch_copy):
     folder, rows = torch_copy
     outcome = add_int8_export(folder, rows.slice(0, 0), "species", enabled=True)
@@ -110,6 +111,7 @@ def test_dropped_without_test_rows_to_compare_on(torch_copy):
     check_files(folder)
 
 
+@pytest.mark.slow  # writes a bundle with its model exports: seconds
 def test_quantized_weights_are_int8_and_the_answers_agree_with_fp32(bundle_copy, tmp_path):
     folder, rows = bundle_copy
     source, target = Path(folder) / "model.onnx", tmp_path / INT8_FILE
@@ -134,6 +136,7 @@ def test_quantized_weights_are_int8_and_the_answers_agree_with_fp32(bundle_copy,
     assert measured.fp32_rows_per_second > 0 and measured.int8_rows_per_second > 0
 
 
+@pytest.mark.slow  # writes a bundle with its model exports: seconds
 def test_a_kept_file_is_listed_with_its_digest_and_the_bundle_still_loads(bundle_copy, monkeypatch):
     folder, rows = bundle_copy
     monkeypatch.setattr(int8, "compare", lambda *args: figures(int8_rate=3e5))
@@ -150,6 +153,7 @@ def test_a_kept_file_is_listed_with_its_digest_and_the_bundle_still_loads(bundle
     load_bundle(folder)
 
 
+@pytest.mark.slow  # writes a bundle with its model exports: seconds
 def test_dropped_with_a_note_where_the_accuracy_falls_outside_the_tolerance(bundle_copy, monkeypatch):
     folder, rows = bundle_copy
     monkeypatch.setattr(int8, "compare", lambda *args: figures(int8_accuracy=0.8, int8_rate=1e6))
@@ -167,6 +171,7 @@ def test_dropped_with_a_note_where_the_accuracy_falls_outside_the_tolerance(bund
     load_bundle(folder)
 
 
+@pytest.mark.slow  # writes a bundle with its model exports: seconds
 def test_a_second_call_replaces_what_the_first_recorded(torch_copy, monkeypatch):
     folder, rows = torch_copy
     monkeypatch.setattr(int8, "compare", lambda *args: figures(int8_rate=3e5))
@@ -179,6 +184,7 @@ def test_a_second_call_replaces_what_the_first_recorded(torch_copy, monkeypatch)
     check_files(folder)
 
 
+@pytest.mark.slow  # writes a bundle with its model exports: seconds
 def test_the_real_check_records_both_figures_and_the_bundle_verifies_whichever_way_it_goes(torch_copy):
     folder, rows = torch_copy
     outcome = add_int8_export(folder, rows, "species", enabled=True)
@@ -190,6 +196,7 @@ def test_the_real_check_records_both_figures_and_the_bundle_verifies_whichever_w
     load_bundle(folder)
 
 
+@pytest.mark.slow  # writes a bundle with its model exports: seconds
 def test_a_bundle_without_an_onnx_export_is_left_as_it_is(torch_copy):
     folder, rows = torch_copy
     manifest = read_manifest(*filesystem_for(folder), folder)
@@ -206,6 +213,7 @@ def test_a_bundle_without_an_onnx_export_is_left_as_it_is(torch_copy):
     )
 
 
+@pytest.mark.slow  # writes a bundle with its model exports: seconds
 def test_nothing_happens_unless_asked(torch_copy):
     folder, rows = torch_copy
     before = (Path(folder) / MANIFEST).read_bytes()
@@ -214,6 +222,7 @@ def test_nothing_happens_unless_asked(torch_copy):
     assert (Path(folder) / MANIFEST).read_bytes() == before and not (Path(folder) / INT8_FILE).exists()
 
 
+@pytest.mark.slow  # writes a bundle with its model exports: seconds
 def test_a_scoring_failure_is_a_note_naming_the_stage(torch_copy):
     folder, rows = torch_copy
     outcome = add_int8_export(folder, rows.drop_columns(["f1"]), "species", enabled=True)
@@ -222,6 +231,7 @@ def test_a_scoring_failure_is_a_note_naming_the_stage(torch_copy):
     check_files(folder)
 
 
+@pytest.mark.slow  # writes a bundle with its model exports: seconds
 def test_a_quantizer_failure_is_a_note_not_an_error(torch_copy, monkeypatch):
     folder, rows = torch_copy
 

@@ -8,8 +8,6 @@ import ast
 import importlib.metadata
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -25,10 +23,7 @@ from tasks.core.serving.raw_inputs import raw_feeds
 from tests.unit.serving.test_raw_row_exports import (
     CLASSES,
     COLUMNS,
-    prepared_table,
     scoring_rows,
-    train_table,
-    write_raw_bundle,
 )
 
 # Each test here writes a model export (torch.onnx, tf2onnx, a SavedModel): seconds, so not in make test-fast.
@@ -46,18 +41,13 @@ MLFLOW_TYPES = {"amount": "double", "home city": "string", "member": "double", "
 
 
 @pytest.fixture(scope="module")
-def bundle_dir(tmp_path_factory) -> str:
-    """A torch bundle over raw columns of every kind (writing it exports the ONNX file: seconds)."""
-    return write_raw_bundle(
-        tmp_path_factory.mktemp("mlflow") / "bundle", "pytorch", prepared_table(train_table())
-    )
+def bundle_dir(mlflow_bundle) -> str:
+    return mlflow_bundle  # tests/conftest.py: a process without the project reads it too
 
 
 @pytest.fixture(scope="module")
-def model_dir(bundle_dir) -> Path:
-    out = Path(bundle_dir) / "mlflow"
-    assert write_mlflow_model(bundle_dir, str(out)) is None
-    return out
+def model_dir(mlflow_model_dir) -> Path:
+    return mlflow_model_dir
 
 
 def as_mlflow_casts(frame: pd.DataFrame) -> pd.DataFrame:
@@ -120,50 +110,6 @@ def test_the_environment_pins_what_the_loader_imports(model_dir):
                      [node.module] if isinstance(node, ast.ImportFrom) else [])
     }  # fmt: skip
     assert imported == {"__future__", "json", "os", "numpy", "onnxruntime", "pandas", "pyarrow"}
-
-
-ANSWER_WITHOUT_THE_PROJECT = """
-import json, sys
-sys.modules["tasks"] = None  # importing this project's code now fails
-sys.modules["flytekit"] = None
-code, data, rows = sys.argv[1:4]
-sys.path.insert(0, code)
-import pandas as pd
-from mixedml_onnx_pyfunc import _load_pyfunc
-model = _load_pyfunc(data)
-answers = {}
-for name in ("as_read", "as_mlflow_casts"):
-    frame = pd.read_pickle(f"{rows}.{name}.pkl")
-    answer = model.predict(frame)
-    answers[name] = {"columns": list(answer.columns), "rows": answer.values.tolist(),
-                     "index": answer.index.tolist()}
-print(json.dumps(answers))
-"""
-
-
-def test_the_loader_answers_as_the_bundle_where_the_project_cannot_be_imported(
-    model_dir, bundle_dir, tmp_path
-):
-    rows = scoring_rows()
-    frames = {"as_read": rows.to_pandas(), "as_mlflow_casts": as_mlflow_casts(rows.to_pandas())}
-    for name, frame in frames.items():
-        frame.index = frame.index + 100  # the answer keeps the request's index
-        frame.to_pickle(tmp_path / f"rows.{name}.pkl")
-    result = subprocess.run(
-        [sys.executable, "-I", "-c", ANSWER_WITHOUT_THE_PROJECT, str(model_dir / "code"), str(model_dir / "model"),
-         str(tmp_path / "rows")],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    bundle = load_bundle(bundle_dir)
-    expected = bundle.predict_proba(rows)
-    assert len(set(expected.argmax(axis=1))) > 1, "an untrained model that predicts one class tests little"
-    for answer in json.loads(result.stdout.strip().splitlines()[-1]).values():
-        assert answer["columns"] == ["prediction"] + [f"probability_{label}" for label in CLASSES]
-        assert answer["index"] == list(range(100, 100 + rows.num_rows))
-        served = np.asarray([row[1:] for row in answer["rows"]], np.float32)
-        assert [row[0] for row in answer["rows"]] == bundle.predict(rows).tolist()
-        np.testing.assert_allclose(served, expected, atol=1e-5)
 
 
 @pytest.mark.parametrize("form", ["arrow", "pandas", "as_mlflow_casts"])

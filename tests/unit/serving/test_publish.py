@@ -240,6 +240,7 @@ def test_a_prefix_that_names_no_bundle_is_refused_naming_it(tmp_path, latest, ex
         assert words in str(error.value)
 
 
+@pytest.mark.slow  # writes a bundle with its model exports: seconds
 def test_a_bundle_with_an_encoding_is_published_and_scores_raw_rows_from_the_prefix(tmp_path):
     folder = write_messy_bundle(tmp_path / "messy")
     uri = publish_bundle(folder, "memory://mixedml-publish/messy")

@@ -96,6 +96,7 @@ def test_memory_does_not_grow_with_the_split(bundle, tmp_path):
         assert large < whole_split / 20
 
 
+@pytest.mark.slow  # writes a bundle with its model exports: seconds
 def test_a_raw_split_of_text_booleans_dates_and_nulls_gives_the_metrics_its_later_scoring_gives(tmp_path):
     """The test split as preprocessing writes it for a mixed table: the raw columns with their own types
     and the class codes; a user's scoring of the same rows, labels as text, counts the same."""
