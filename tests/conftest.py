@@ -127,6 +127,7 @@ HEAVY_MODULES = {
     "integration/test_retries.py",  # pods killed mid-epoch and retried from their checkpoints
     "integration/test_pod_execution.py",  # preprocess, train and evaluate as pods of the package
     "integration/test_tf_accelerator_guard.py",  # TensorFlow pods on nodes without their accelerator
+    "integration/test_accelerators.py",  # the torch task as a pod on a node without its GPU
     "integration/test_streaming_ddp.py",  # two DDP ranks streaming against device-resident rows
     "integration/test_checkpoint.py",  # runs killed and resumed, against uninterrupted ones
     "integration/test_ddp_overlap.py",  # DDP's overlapped reduction: guarded steps, an OOM and its retry

@@ -97,6 +97,7 @@ def make_register(tmp_path: Path, schedules: Path | None) -> tuple[str, dict[str
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # `make register` against a recording flyteadmin: the deploy scenario
 def test_register_activates_only_the_launch_plans_the_file_completes_and_names_what_the_others_lack(tmp_path):
     config = yaml.safe_load(SCHEDULES.read_text())
     del config["launch_plans"]["nightly_scoring"]["model_prefix"]
@@ -119,6 +120,7 @@ def test_register_activates_only_the_launch_plans_the_file_completes_and_names_w
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # `make register` against a recording flyteadmin: the deploy scenario
 def test_register_with_the_shipped_file_activates_no_schedule(tmp_path):
     """Nothing in deploy/schedules.yaml as shipped names a user's data, so no schedule may fire."""
     output, created, activated = make_register(tmp_path, None)
