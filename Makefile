@@ -55,9 +55,10 @@ lint: install
 TEST_WORKERS ?= 2
 PYTEST := $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
 
-# `make test` leaves out the tests marked `heavy` (minutes of CPU each: the README's commands, the
-# benchmark smokes, pods killed and retried); `make test-heavy` runs those, `make test-all` both. CI
-# runs `make test`, then `make test-heavy`.
+# `make test` proves each path once and leaves out the tests marked `heavy`: the scenarios built on
+# those paths (the README's commands, the benchmark smokes, runs killed and resumed, failures in one
+# DDP rank; docs/testing.md). `make test-heavy` runs those, `make test-all` both. CI runs `make test`,
+# then `make test-heavy`.
 test: lint browser
 	$(PYTEST) -m "not heavy"
 
