@@ -20,7 +20,15 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("imports")]
 STEPS = {
     "the data api": (
         "import tasks.core.data.api",
-        ["sklearn", "torch", "tensorflow", "flytekit", "tasks.core.data.prepare", "tasks.core.data.pieces"],
+        [
+            "sklearn",
+            "torch",
+            "tensorflow",
+            "flytekit",
+            "tasks.core.data.prepare",
+            "tasks.core.data.pieces",
+            "tasks.core.data.assignment",
+        ],
     ),
     "the core models": (
         "import tasks.core.models.plugins, tasks.core.models.torch_models, tasks.core.models.probe, "
