@@ -23,11 +23,12 @@ from flytekit import Email, PagerDuty, Slack, WorkflowExecutionPhase
 from flytekit.core.notification import Notification
 
 from tasks.core.data.partition import partition_uri
+from tasks.core.data.target import problem_type_problems
 from tasks.core.serving.promotion import EXAMPLE as PROMOTION_EXAMPLE
 from tasks.core.serving.promotion import PromotionPolicy
 from tasks.core.strict_json import convert, instantiate, shape_problems, value_problems
 from tasks.core.training.config import EXAMPLES, with_option_lists_joined
-from tasks.core.validation import price_problems, unknown_price_key
+from tasks.core.validation import FORCED_KINDS, price_problems, unknown_price_key
 from tasks.hardware import DEFAULT_PRICES_PER_HOUR
 from tasks.targets import TARGETS
 
@@ -191,6 +192,11 @@ def template_rule(template: str) -> str:
     return ""
 
 
+def column_kinds_rule(column_kinds: Mapping[str, str]) -> str:
+    wrong = [f"{name!r}: {kind!r}" for name, kind in column_kinds.items() if kind not in FORCED_KINDS]
+    return f"{', '.join(wrong)}: a column's kind is one of {', '.join(FORCED_KINDS)}" if wrong else ""
+
+
 def price_rule(prices: Mapping[str, float]) -> str:
     unknown = [name for name in prices if name not in DEFAULT_PRICES_PER_HOUR]
     if unknown:
@@ -206,6 +212,10 @@ RULES = {
     "target": lambda target: "" if target in TARGETS else f"not one of {', '.join(TARGETS)}",
     "max_parallel": lambda count: "" if count >= 1 else "must be at least 1",
     "prices": price_rule,
+    "column_kinds": column_kinds_rule,
+    "problem_type": lambda problem_type: problem_type_problems(problem_type).removeprefix(
+        f"problem_type={problem_type!r} "
+    ),
 }
 
 

@@ -35,15 +35,17 @@ def batch_problems(config: TrainConfig, world_size: int, train_rows: int) -> lis
     return found
 
 
+FORCED_KINDS = (*KINDS, DROP)  # what the column_kinds input may give a column
+
+
 def column_kind_problems(column_kinds: Mapping[str, str]) -> list[str]:
     """Each forced kind must be one the preprocessing knows; whether the column exists and reads as that
     kind is preprocessing's to say, with the data."""
-    allowed = (*KINDS, DROP)
     return [
-        f"input 'column_kinds[{name!r}]' = {kind!r}: not one of {', '.join(allowed)}; "
+        f"input 'column_kinds[{name!r}]' = {kind!r}: not one of {', '.join(FORCED_KINDS)}; "
         f"pass e.g. --column_kinds '{json.dumps({name: CATEGORICAL})}'"
         for name, kind in column_kinds.items()
-        if kind not in allowed
+        if kind not in FORCED_KINDS
     ]
 
 

@@ -60,6 +60,10 @@ def load_text(tmp_path: Path, text: str):
          "'launch_plans.weekly_hardware_comparison.prices' = {'CPU': 1.0}: the key 'CPU', which prices nothing: did you mean 'cpu'?"),
         ("launch_plans: {weekly_hardware_comparison: {plan_resources: 'yes'}}",
          "'launch_plans.weekly_hardware_comparison.plan_resources' = 'yes': expected true or false"),
+        ("launch_plans: {nightly_retrain: {column_kinds: {zip: cat}}}",
+         "'launch_plans.nightly_retrain.column_kinds' = {'zip': 'cat'}: 'zip': 'cat': a column's kind is one of numeric, categorical, boolean, date, drop"),
+        ("launch_plans: {weekly_hardware_comparison: {problem_type: regresion}}",
+         "'launch_plans.weekly_hardware_comparison.problem_type' = 'regresion': is not one of auto, classification, regression"),
         ("launch_plans: {nightly_retrain: {kickoff_time: 2026-01-01}}",
          "'launch_plans.nightly_retrain.kickoff_time': set by the schedule"),
         ("launch_plans: {nightly_scoring: [model_prefix]}", "'launch_plans.nightly_scoring' = ['model_prefix']: expected a mapping"),
@@ -122,3 +126,34 @@ def test_the_nightly_retraining_gates_promotion_where_a_run_by_hand_promotes_alw
     text = "launch_plans: {nightly_retrain: {promotion: {metric: accuracy, tolerance: 0.01}}}"
     given = load_text(tmp_path, text).plans["nightly_retrain"].inputs["promotion"]
     assert given == PromotionPolicy(mode="gate", metric="accuracy", tolerance=0.01)
+
+
+@pytest.mark.parametrize(
+    "plan, scheduled_input", [("nightly_retrain", "training_pipeline"), ("weekly_hardware_comparison", "hardware_comparison")]
+)  # fmt: skip
+def test_a_scheduled_workflow_takes_every_input_of_the_workflow_it_runs_but_the_dataset(
+    plan, scheduled_input
+):
+    """So the file can set anything a run by hand can: the dataset comes from the template and the kickoff."""
+    import workflows.comparison
+    import workflows.pipeline
+
+    runs = {"training_pipeline": workflows.pipeline.training_pipeline,
+            "hardware_comparison": workflows.comparison.hardware_comparison}[scheduled_input]  # fmt: skip
+    scheduled = SCHEDULED[plan].workflow.python_interface
+    assert set(scheduled.inputs) - {"kickoff_time", "dataset_template"} == set(
+        runs.python_interface.inputs
+    ) - {"dataset"}
+    for name, default in runs.python_interface.default_inputs_as_kwargs.items():
+        if name not in ("dataset", "promotion"):  # a schedule gates promotion: see the test above
+            assert scheduled.default_inputs_as_kwargs[name] == default, name
+
+
+def test_a_file_sets_the_column_kinds_the_split_and_the_problem_type_of_the_nightly_retraining(tmp_path):
+    text = (
+        "launch_plans: {nightly_retrain: {column_kinds: {zip: categorical, notes: drop}, split_by: day, "
+        "problem_type: regression, int8_export: true}}"
+    )
+    inputs = load_text(tmp_path, text).plans["nightly_retrain"].inputs
+    assert inputs["column_kinds"] == {"zip": "categorical", "notes": "drop"}
+    assert (inputs["split_by"], inputs["problem_type"], inputs["int8_export"]) == ("day", "regression", True)
