@@ -114,7 +114,8 @@ LONGEST_FIRST = ["readme", "pods", "test_smoke_orchestration_prints_every_figure
                  "comparison", "test_killed_and_resumed_run_matches_an_uninterrupted_run",
                  "test_smoke_loops_print_every_figure_with_a_ratio",
                  "test_sigterm_saves_the_step_reached_and_the_retry_trains_the_rest",
-                 "test_mirrored_strategy_with_two_logical_cpu_devices", "scheduled", "ddp"]  # fmt: skip
+                 "test_mirrored_strategy_with_two_logical_cpu_devices", "scheduled", "scoring", "raw_rows", "ddp",
+                 "imports", "mlflow"]  # fmt: skip
 
 
 # `make test` proves each path once: the unit folder, one local run of the default pipeline, of a
