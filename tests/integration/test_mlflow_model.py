@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,16 +16,6 @@ from tests.unit.serving.test_raw_row_exports import CLASSES, scoring_rows
 
 # The bundle's export is written in seconds, and the answer comes from a process of its own.
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def bundle_dir(mlflow_bundle) -> str:
-    return mlflow_bundle  # tests/conftest.py: the unit module's tests read it too
-
-
-@pytest.fixture(scope="module")
-def model_dir(mlflow_model_dir) -> Path:
-    return mlflow_model_dir
 
 
 ANSWER_WITHOUT_THE_PROJECT = """
@@ -49,7 +38,7 @@ print(json.dumps(answers))
 
 
 def test_the_loader_answers_as_the_bundle_where_the_project_cannot_be_imported(
-    model_dir, bundle_dir, tmp_path
+    mlflow_model_dir, mlflow_bundle, tmp_path
 ):
     rows = scoring_rows()
     frames = {"as_read": rows.to_pandas(), "as_mlflow_casts": as_mlflow_casts(rows.to_pandas())}
@@ -57,12 +46,12 @@ def test_the_loader_answers_as_the_bundle_where_the_project_cannot_be_imported(
         frame.index = frame.index + 100  # the answer keeps the request's index
         frame.to_pickle(tmp_path / f"rows.{name}.pkl")
     result = subprocess.run(
-        [sys.executable, "-I", "-c", ANSWER_WITHOUT_THE_PROJECT, str(model_dir / "code"), str(model_dir / "model"),
+        [sys.executable, "-I", "-c", ANSWER_WITHOUT_THE_PROJECT, str(mlflow_model_dir / "code"), str(mlflow_model_dir / "model"),
          str(tmp_path / "rows")],
         cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    bundle = load_bundle(bundle_dir)
+    bundle = load_bundle(mlflow_bundle)
     expected = bundle.predict_proba(rows)
     assert len(set(expected.argmax(axis=1))) > 1, "an untrained model that predicts one class tests little"
     for answer in json.loads(result.stdout.strip().splitlines()[-1]).values():

@@ -34,17 +34,7 @@ def scoring_root(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def bundle_folder(scoring_bundle) -> str:
-    return scoring_bundle  # tests/conftest.py: the unit module's tests read it too
-
-
-@pytest.fixture(scope="module")
-def users_parts(scoring_parts) -> str:
-    return scoring_parts
-
-
-@pytest.fixture(scope="module")
-def nightly_scoring_run(scoring_root, bundle_folder):
+def nightly_scoring_run(scoring_root, scoring_bundle):
     """`scheduled_scoring` as its schedule would run it: the kickoff time names the day's folder of
     parts, and the prefix holds two published bundles, of which LATEST names the second."""
     from workflows.launch_plans import scheduled_scoring
@@ -52,7 +42,7 @@ def nightly_scoring_run(scoring_root, bundle_folder):
     write_parts(scoring_root / "events" / "day=2025-03-01.parquet", users_table())
     prefix = str(scoring_root / "models")
     older = publish_bundle(write_test_bundle(scoring_root / "older", seed=4), prefix)
-    latest = publish_bundle(bundle_folder, prefix)
+    latest = publish_bundle(scoring_bundle, prefix)
     outputs = scheduled_scoring(kickoff_time=KICKOFF, model_prefix=prefix, max_parallel=2,
                                 dataset_template=str(scoring_root / "events" / "day={yesterday}.parquet"))  # fmt: skip
     return outputs, older, latest
@@ -74,7 +64,7 @@ def test_the_nightly_scoring_scores_every_row_of_the_days_parts_with_the_latest_
 
 
 @pytest.mark.slow
-def test_the_workflow_checks_its_inputs_before_any_piece_is_scored(bundle_folder, tmp_path, monkeypatch):
+def test_the_workflow_checks_its_inputs_before_any_piece_is_scored(scoring_bundle, tmp_path, monkeypatch):
     import tasks.score
     from workflows.scoring import batch_predict
 
@@ -82,7 +72,7 @@ def test_the_workflow_checks_its_inputs_before_any_piece_is_scored(bundle_folder
     monkeypatch.setattr(tasks.score, "score_piece", lambda *args: scored.append(args))
     dataset = write_parts(tmp_path / "users.parquet", users_table().drop(columns="f1"))
     with pytest.raises(Exception, match="missing feature column 'f1'"):
-        batch_predict(model=bundle_folder, dataset=dataset)
+        batch_predict(model=scoring_bundle, dataset=dataset)
     assert scored == []
 
 
@@ -117,8 +107,15 @@ print(score_dataset(*sys.argv[1:]).rows)
 
 
 @pytest.mark.slow
-def test_the_scorer_runs_where_flytekit_cannot_be_imported(bundle_folder, users_parts, tmp_path):
-    command = [sys.executable, "-c", SCORE_WITHOUT_FLYTE, bundle_folder, users_parts, str(tmp_path / "out")]
+def test_the_scorer_runs_where_flytekit_cannot_be_imported(scoring_bundle, scoring_parts, tmp_path):
+    command = [
+        sys.executable,
+        "-c",
+        SCORE_WITHOUT_FLYTE,
+        scoring_bundle,
+        scoring_parts,
+        str(tmp_path / "out"),
+    ]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split()[-1] == str(sum(PART_ROWS))
