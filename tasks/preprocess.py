@@ -18,7 +18,6 @@ from flytekit.types.structured import StructuredDataset
 
 from tasks.core.data.assignment import SplitConfig
 from tasks.core.data.encoding import EncodingStats
-from tasks.core.data.moments import FeatureMoments
 from tasks.core.data.pieces import (
     DataPiece,
     assign_pieces,
@@ -26,7 +25,6 @@ from tasks.core.data.pieces import (
     encoded,
     merged_encoding,
     merged_scaler,
-    piece_moments,
     piece_stats,
     write_piece,
 )
@@ -165,18 +163,12 @@ def fit_piece_encoding(splits: PieceSplits, stats: list[dict]) -> str:
     return merged_encoding(splits.layout, [EncodingStats.from_dict(piece) for piece in stats])
 
 
-@task(container_image=CPU_IMAGE, **guaranteed(PREPROCESS_CPU), **CACHED, **PIECE_ATTEMPTS)
-def piece_train_moments(splits: PieceSplits, encoding: str, piece: DataPiece) -> dict:
-    """The moments of the piece's encoded train rows (`FeatureMoments.to_dict`)."""
-    begin_task()
-    return piece_moments(encoded(splits.layout, encoding), piece, local_assignment(splits)).to_dict()
-
-
 @task(container_image=CPU_IMAGE, **guaranteed(SMALL_CPU), **CACHED)
-def merge_piece_moments(splits: PieceSplits, encoding: str, moments: list[dict]) -> ScalerStats:
+def fit_piece_scaler(splits: PieceSplits, encoding: str, stats: list[dict]) -> ScalerStats:
+    """The standardisation of the encoded features fitted on every piece's train rows."""
     begin_task()
     layout = encoded(splits.layout, encoding)
-    return merged_scaler(layout, [FeatureMoments.from_dict(piece) for piece in moments])
+    return merged_scaler(layout, [EncodingStats.from_dict(piece) for piece in stats])
 
 
 @task(container_image=CPU_IMAGE, **guaranteed(PREPROCESS_CPU), **CACHED, **PIECE_ATTEMPTS)
@@ -207,14 +199,13 @@ def preprocess_in_pieces(
 ) -> PreparedData:
     """`preprocess`'s result from map tasks over `pieces`, for a @dynamic to run: `inputs` are
     `preprocess`'s. The label scan gets the planned memory; the pieces that of a few batches. The
-    pieces read the input three times: for the encoding's statistics, fitted once when all are in; for
-    the moments of the encoded train rows; and to write their parts."""
+    pieces read the input twice: for the statistics of their train rows, from which the encoding and
+    the standardisation are fitted once all are in; and to write their parts."""
     splits = assign_piece_splits(**inputs, pieces=pieces)
     mapped = partial(map_task, concurrency=PIECE_CONCURRENCY)
     stats = mapped(partial(piece_encoding_stats, splits=splits))(piece=pieces)
     encoding = fit_piece_encoding(splits=splits, stats=stats)
-    moments = mapped(partial(piece_train_moments, splits=splits, encoding=encoding))(piece=pieces)
-    scaler = merge_piece_moments(splits=splits, encoding=encoding, moments=moments)
+    scaler = fit_piece_scaler(splits=splits, encoding=encoding, stats=stats)
     written = mapped(partial(write_piece_splits, splits=splits, encoding=encoding, scaler=scaler))(
         piece=pieces
     )
@@ -222,7 +213,6 @@ def preprocess_in_pieces(
         for node, mem in (
             (splits, plan.mem),
             (stats, plan.piece_mem),
-            (moments, plan.piece_mem),
             (written, plan.piece_mem),
         ):
             sized = Resources(cpu=plan.cpu, mem=mem)

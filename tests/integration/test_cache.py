@@ -85,8 +85,7 @@ def test_cache_version_follows_the_code_that_shapes_the_splits_and_no_other():
         preprocess_module.assign_piece_splits,
         preprocess_module.piece_encoding_stats,
         preprocess_module.fit_piece_encoding,
-        preprocess_module.piece_train_moments,
-        preprocess_module.merge_piece_moments,
+        preprocess_module.fit_piece_scaler,
         preprocess_module.write_piece_splits,
         preprocess_module.collect_piece_splits,
     )

@@ -50,6 +50,16 @@ MICROS_PER_UNIT = {"s": 1_000_000, "ms": 1_000, "us": 1}
 MISSING_INSTANT = np.iinfo(np.int64).min
 
 
+def month_of(micros: np.ndarray) -> np.ndarray:
+    """The month of each instant (microseconds since 1970-01-01 UTC): 1 to 12."""
+    return micros.astype("datetime64[us]").astype("datetime64[M]").astype(np.int64) % 12 + 1
+
+
+def weekday_of(micros: np.ndarray) -> np.ndarray:
+    """The day of the week of each instant: 0 = Monday ... 6 = Sunday (1970-01-01 was a Thursday)."""
+    return (micros // MICROS_PER_DAY + 3) % 7
+
+
 @dataclass(frozen=True)
 class ColumnKind:
     kind: str  # one of KINDS, or DROP

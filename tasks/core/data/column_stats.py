@@ -7,8 +7,12 @@ or the order of the pieces:
   summed as Python integers), minimum and maximum;
 - categories: counts by value and missing; see `CategoryStats` for the bound on distinct values;
 - booleans: true, false and missing;
-- dates: count, missing, earliest and latest instant (microseconds, UTC).
-Each takes its kind's values as `column_kinds.canonical` gives them.
+- dates: count, missing, the exact sum, earliest and latest instant (microseconds, UTC), and counts
+  by month and by day of the week.
+Besides, numbers and dates hold the sum of squared deviations from their mean (`m2`), which merges
+with Chan, Golub and LeVeque's pairwise update, so within float64 rounding: with the counts it gives
+the moments of every encoded feature, and so the standardisation, without another pass over the rows
+(scaling.py). Each takes its kind's values as `column_kinds.canonical` gives them.
 """
 
 from __future__ import annotations
@@ -21,7 +25,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tasks.core.data.column_kinds import BOOLEAN, CATEGORICAL, DATE, MISSING_INSTANT, NUMERIC
+from tasks.core.data.column_kinds import (
+    BOOLEAN,
+    CATEGORICAL,
+    DATE,
+    MISSING_INSTANT,
+    NUMERIC,
+    month_of,
+    weekday_of,
+)
 
 # float64 is m * 2**e with m a 53-bit integer and e >= -1126 (the least subnormal is 2**-1074), so every
 # value times 2**SUM_SCALE_BITS is an integer.
@@ -50,6 +62,21 @@ def exact_sum(values: np.ndarray) -> int:
     )
 
 
+def squared_deviations(values: np.ndarray, mean: float) -> float:
+    """The sum of (value - mean)**2, in float64; inf where it overflows (refused by column later)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return float(np.square(values - mean).sum())
+
+
+def merged_m2(a: NumberStats | DateStats, b: NumberStats | DateStats) -> float:
+    """The squared deviations of two groups' values from their joint mean (Chan, Golub and LeVeque)."""
+    if not (a.count and b.count):
+        return a.m2 + b.m2
+    delta = b.mean - a.mean
+    with np.errstate(over="ignore", invalid="ignore"):
+        return a.m2 + b.m2 + delta * delta * (a.count * b.count / (a.count + b.count))
+
+
 def lower(a: float | None, b: float | None) -> float | None:
     return b if a is None else a if b is None else min(a, b)
 
@@ -65,6 +92,7 @@ class NumberStats:
     total: int = 0  # their exact sum times 2**SUM_SCALE_BITS
     low: float | None = None
     high: float | None = None
+    m2: float = 0.0  # the values' squared deviations from their mean
 
     @classmethod
     def of(cls, values: np.ndarray) -> NumberStats:
@@ -72,7 +100,9 @@ class NumberStats:
         if not len(present):
             return cls(missing=len(values))
         low, high = float(present.min()), float(present.max())
-        return cls(len(present), len(values) - len(present), exact_sum(present), low, high)
+        stats = cls(len(present), len(values) - len(present), exact_sum(present), low, high)
+        stats.m2 = squared_deviations(present, stats.mean)
+        return stats
 
     def merge(self, other: NumberStats) -> NumberStats:
         return NumberStats(
@@ -81,6 +111,7 @@ class NumberStats:
             self.total + other.total,
             lower(self.low, other.low),
             higher(self.high, other.high),
+            merged_m2(self, other),
         )
 
     @property
@@ -92,14 +123,15 @@ class NumberStats:
         return self.low == self.high
 
     def to_dict(self) -> dict:
-        """The sum as text, 'odd<<shift', as JSON readers other than Python's cap integers."""
+        """The sum as text, 'odd<<shift', as JSON readers other than Python's cap integers; `m2` as
+        hexadecimal text, exact and readable where it overflowed."""
         shift = (self.total & -self.total).bit_length() - 1 if self.total else 0
-        return {**asdict(self), "total": f"{self.total >> shift}<<{shift}"}
+        return {**asdict(self), "total": f"{self.total >> shift}<<{shift}", "m2": self.m2.hex()}
 
     @classmethod
     def from_dict(cls, saved: dict) -> NumberStats:
         odd, shift = saved["total"].split("<<")
-        return cls(**{**saved, "total": int(odd) << int(shift)})
+        return cls(**{**saved, "total": int(odd) << int(shift), "m2": float.fromhex(saved["m2"])})
 
 
 @dataclass
@@ -132,13 +164,28 @@ class DateStats:
     missing: int = 0
     low: int | None = None  # microseconds since 1970-01-01 UTC
     high: int | None = None
+    total: int = 0  # the instants' exact sum
+    m2: float = 0.0  # their squared deviations from their mean
+    months: list[int] = field(default_factory=lambda: [0] * 12)  # instants by month, January first
+    weekdays: list[int] = field(default_factory=lambda: [0] * 7)  # by day of the week, Monday first
 
     @classmethod
     def of(cls, micros: np.ndarray) -> DateStats:
         present = micros[micros != MISSING_INSTANT]
         if not len(present):
             return cls(missing=len(micros))
-        return cls(len(present), len(micros) - len(present), int(present.min()), int(present.max()))
+        # Summed as 32-bit halves, which int64 holds for 2**31 rows: the instants themselves overflow.
+        total = (int((present >> 32).sum()) << 32) + int((present & 0xFFFFFFFF).sum())
+        return cls(
+            len(present),
+            len(micros) - len(present),
+            int(present.min()),
+            int(present.max()),
+            total,
+            squared_deviations(present.astype(np.float64), total / len(present)),
+            np.bincount(month_of(present) - 1, minlength=12).tolist(),
+            np.bincount(weekday_of(present), minlength=7).tolist(),
+        )
 
     def merge(self, other: DateStats) -> DateStats:
         return DateStats(
@@ -146,7 +193,15 @@ class DateStats:
             self.missing + other.missing,
             lower(self.low, other.low),
             higher(self.high, other.high),
+            self.total + other.total,
+            merged_m2(self, other),
+            [a + b for a, b in zip(self.months, other.months, strict=True)],
+            [a + b for a, b in zip(self.weekdays, other.weekdays, strict=True)],
         )
+
+    @property
+    def mean(self) -> float:
+        return self.total / self.count
 
     @property
     def constant(self) -> bool:

@@ -56,6 +56,8 @@ from tasks.core.data.column_kinds import (
     ColumnKind,
     Place,
     canonical,
+    month_of,
+    weekday_of,
 )
 from tasks.core.data.column_stats import (
     COUNT_CAP,
@@ -270,8 +272,8 @@ class DateEncoding:
         missing = micros == MISSING_INSTANT
         filled = np.where(missing, self.fill, micros)
         out[:, 0] = (filled - self.origin) / MICROS_PER_DAY
-        out[:, 1] = filled.astype("datetime64[us]").astype("datetime64[M]").astype(np.int64) % 12 + 1
-        out[:, 2] = (filled // MICROS_PER_DAY + 3) % 7  # 1970-01-01 was a Thursday
+        out[:, 1] = month_of(filled)
+        out[:, 2] = weekday_of(filled)
         write_indicator(out, missing, self.indicator)
 
     def write_scaled(self, micros: np.ndarray, mean: np.ndarray, scale: np.ndarray, out: np.ndarray) -> None:

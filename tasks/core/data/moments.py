@@ -1,9 +1,9 @@
-"""Per-feature moments of the training rows, computed in pieces and merged exactly.
+"""Per-feature moments: count, mean, sum of squared deviations (M2), minimum and maximum.
 
-Each piece of the data (a batch, a part file, a pod's share) gives its count, mean, sum of squared
-deviations (M2), minimum and maximum per feature; two pieces merge with Chan, Golub and LeVeque's
-pairwise update, so the statistics of many pods equal those of one pass up to float64 rounding,
-whatever the order or the number of pieces.
+Two groups of rows merge with Chan, Golub and LeVeque's pairwise update, so the moments of many
+groups equal those of one pass up to float64 rounding, whatever their order or number. The encoded
+features' moments are built from the columns' statistics (scaling.py): a group of values summed up
+(`one`), or a feature taking a few values, each some number of times (`of_counts`).
 """
 
 from __future__ import annotations
@@ -25,6 +25,34 @@ class FeatureMoments:
     def empty(cls, n_features: int) -> FeatureMoments:
         zeros = np.zeros(n_features)
         return cls(0, zeros, zeros.copy(), np.full(n_features, np.inf), np.full(n_features, -np.inf))
+
+    @classmethod
+    def one(cls, count: int, mean: float, m2: float, low: float, high: float) -> FeatureMoments:
+        """The moments of one feature."""
+        return cls(count, *(np.array([value], dtype=np.float64) for value in (mean, m2, low, high)))
+
+    @classmethod
+    def repeated(cls, count: int, value: float) -> FeatureMoments:
+        """The moments of one feature that is `value` in `count` rows."""
+        return cls.one(count, value, 0.0, value, value)
+
+    @classmethod
+    def of_counts(cls, values: list[float], counts: list[int]) -> FeatureMoments:
+        """The moments of one feature that takes each of `values` `counts` times (some at least once)."""
+        values, counts = np.asarray(values, dtype=np.float64), np.asarray(counts, dtype=np.int64)
+        values, counts = values[counts > 0], counts[counts > 0]
+        count = int(counts.sum())
+        mean = float(values @ counts / count)
+        m2 = float(counts @ np.square(values - mean))
+        return cls.one(count, mean, m2, float(values.min()), float(values.max()))
+
+    @classmethod
+    def joined(cls, features: list[FeatureMoments]) -> FeatureMoments:
+        """Side by side: the moments of the same rows' features, in order."""
+        arrays = (
+            np.concatenate([getattr(f, name) for f in features]) for name in ("mean", "m2", "low", "high")
+        )
+        return cls(features[0].count, *arrays)
 
     @classmethod
     def of(cls, rows: np.ndarray) -> FeatureMoments:

@@ -8,14 +8,13 @@
    first batch, as one pod does.
 3. `piece_stats`: each piece reads its feature values as their kinds (refusing a bad one by its row in
    the input) and gives the encoding statistics of its train rows; they merge exactly, so
-   `merged_encoding` fits, once, the encoding one pass over the rows fits.
-4. `piece_moments`: each piece gives the moments of its encoded train rows; merged, they give the
-   scaler (`fitted_scaler`) one pass over the rows would, within float64 rounding.
-5. `write_piece`: each piece writes its rows of each split as the part file numbered by its index,
+   `merged_encoding` fits, once, the encoding one pass over the rows fits, and `merged_scaler` the
+   standardisation it fits, within float64 rounding (`train_scaler`).
+4. `write_piece`: each piece writes its rows of each split as the part file numbered by its index,
    so a split is a folder of parts holding the same rows, in the same order, as one pod writes; and
    their hashes beside them, from which `collected` counts the rows copied between splits as one pod
    does (`copy_notes`).
-Steps 4 and 5 read the layout with the fitted encoding (`encoded`).
+Step 4 reads the layout with the fitted encoding (`encoded`).
 """
 
 from __future__ import annotations
@@ -36,7 +35,6 @@ from tasks.core.data.copies import hash_files
 from tasks.core.data.encoding import EncodingStats
 from tasks.core.data.files import row_group_fragments
 from tasks.core.data.labels import Labels, clean_labels
-from tasks.core.data.moments import FeatureMoments, merged
 from tasks.core.data.prepare import (
     PreparedSplits,
     PreparedTable,
@@ -51,7 +49,7 @@ from tasks.core.data.prepare import (
     write_splits,
 )
 from tasks.core.data.reading import iter_batches, open_dataset
-from tasks.core.data.scaling import ScalerStats, fitted_scaler, train_moments
+from tasks.core.data.scaling import ScalerStats, train_scaler
 
 
 @dataclass
@@ -171,12 +169,16 @@ def piece_stats(layout: PieceLayout, piece: DataPiece, assignment: np.ndarray) -
     return train_encoding_stats(dataset, layout.uri, layout.kinds, assignment[rows], rows.start)
 
 
-def merged_encoding(layout: PieceLayout, stats: list[EncodingStats]) -> str:
-    """The encoding fitted on every piece's train rows: the JSON text `encoded` reads."""
+def merged_stats(layout: PieceLayout, stats: list[EncodingStats]) -> EncodingStats:
     total = EncodingStats.empty(layout.kinds)
     for piece in stats:
         total = total.merge(piece)
-    return fit_encoding(total, layout.uri)
+    return total
+
+
+def merged_encoding(layout: PieceLayout, stats: list[EncodingStats]) -> str:
+    """The encoding fitted on every piece's train rows: the JSON text `encoded` reads."""
+    return fit_encoding(merged_stats(layout, stats), layout.uri)
 
 
 def encoded(layout: PieceLayout, encoding: str) -> PieceLayout:
@@ -184,15 +186,9 @@ def encoded(layout: PieceLayout, encoding: str) -> PieceLayout:
     return replace(layout, table=with_encoding(layout.table, encoding))
 
 
-def piece_moments(layout: PieceLayout, piece: DataPiece, assignment: np.ndarray) -> FeatureMoments:
-    """The moments of the piece's encoded train rows; `layout` is `encoded`."""
-    dataset = piece_dataset(open_dataset(layout.uri, layout.table.label_column), piece)
-    encoding = layout.table.fitted_encoding()
-    return train_moments(dataset, layout.uri, encoding, assignment[layout.rows_of(piece)])
-
-
-def merged_scaler(layout: PieceLayout, moments: list[FeatureMoments]) -> ScalerStats:
-    return fitted_scaler(merged(moments), layout.table.feature_names, layout.uri)
+def merged_scaler(layout: PieceLayout, stats: list[EncodingStats]) -> ScalerStats:
+    """The standardisation fitted on every piece's train rows; `layout` is `encoded`."""
+    return train_scaler(merged_stats(layout, stats), layout.table.fitted_encoding(), layout.uri)
 
 
 def write_piece(
@@ -252,8 +248,8 @@ def prepare_in_pieces(
     assignment_file = f"{out_dir}/assignment.npy"
     layout = assign_pieces(uri, label_column, split, pieces, out_dir, assignment_file, column_kinds)
     assignment = np.load(assignment_file, mmap_mode="r")
-    encoding = merged_encoding(layout, [piece_stats(layout, piece, assignment) for piece in pieces])
-    layout = encoded(layout, encoding)
-    scaler = merged_scaler(layout, [piece_moments(layout, piece, assignment) for piece in pieces])
+    stats = [piece_stats(layout, piece, assignment) for piece in pieces]
+    layout = encoded(layout, merged_encoding(layout, stats))
+    scaler = merged_scaler(layout, stats)
     written = [write_piece(layout, piece, assignment, scaler) for piece in pieces]
     return collected(layout, scaler, written)

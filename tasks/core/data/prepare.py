@@ -44,12 +44,7 @@ from tasks.core.data.labels import (
     scan_labels,
 )
 from tasks.core.data.reading import iter_batches, open_dataset
-from tasks.core.data.scaling import (
-    ScalerStats,
-    fitted_scaler,
-    split_columns,
-    train_moments,
-)
+from tasks.core.data.scaling import ScalerStats, split_columns, train_scaler
 from tasks.core.data.split_codes import SplitLayout, split_layout
 from tasks.core.data.splits import SplitPaths
 from tasks.core.data.table import PreparedTable
@@ -264,7 +259,7 @@ class RowSplit:
         self, columns: list[str], label_column: str, uri: str, left_out: dict[str, str]
     ) -> PreparedTable:
         """What the splits hold, but the encoding and the scaler: fitted afterwards on the train rows
-        (`with_encoding`, `fitted_scaler`)."""
+        (`with_encoding`, `train_scaler`)."""
         classes = self.class_labels
         counts = np.bincount(self.codes[self.codes >= 0], minlength=len(classes)) if classes else []
         return PreparedTable(
@@ -351,10 +346,9 @@ def prepare_dataset(
     labels = clean_labels(scan_labels(dataset, uri, label_column), uri, label_column, from_csv)
     rows = RowSplit.of(labels, uri, label_column, split, split_times([dataset], uri, split, label_column))
     del labels  # 8 bytes a row of text labels, not kept: the rows' codes stand for them now
-    encoding = fit_encoding(train_encoding_stats(dataset, uri, kinds, rows.assignment), uri)
-    table = with_encoding(rows.table(columns, label_column, uri, left_out), encoding)
-    moments = train_moments(dataset, uri, table.fitted_encoding(), rows.assignment)
-    table = replace(table, scaler=fitted_scaler(moments, table.feature_names, uri))
+    stats = train_encoding_stats(dataset, uri, kinds, rows.assignment)
+    table = with_encoding(rows.table(columns, label_column, uri, left_out), fit_encoding(stats, uri))
+    table = replace(table, scaler=train_scaler(stats, table.fitted_encoding(), uri))
     prepared = PreparedSplits(paths=split_files(out_dir), table=table)
     write_splits(dataset, uri, prepared, rows.codes, rows.assignment, hash_files(out_dir))
     return with_copy_notes(prepared, out_dir)

@@ -1,5 +1,5 @@
-"""Standardisation: per-feature moments of the train rows' encoded features, the scaler fitted on them,
-and its checks."""
+"""Standardisation: per-feature moments of the train rows' encoded features, from the columns'
+statistics; the scaler fitted on them, and its checks."""
 
 from __future__ import annotations
 
@@ -7,14 +7,20 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.dataset as ds
 
-from tasks.core.data.encoding import FittedEncoding, check_columns
+from tasks.core.data.column_kinds import BOOLEAN, MICROS_PER_DAY, month_of, weekday_of
+from tasks.core.data.column_stats import ColumnStats, DateStats
+from tasks.core.data.encoding import (
+    CategoryEncoding,
+    ColumnEncoding,
+    DateEncoding,
+    EncodingStats,
+    FittedEncoding,
+    check_columns,
+)
 from tasks.core.data.files import DatasetError
 from tasks.core.data.moments import FeatureMoments
-from tasks.core.data.reading import iter_batches
 from tasks.core.data.split_codes import SplitLayout, code_type, is_coded
-from tasks.core.data.splits import SPLITS
 
 
 @dataclass
@@ -91,60 +97,55 @@ def all_finite(columns: list[np.ndarray], layout: SplitLayout) -> bool:
     return all(np.isfinite(values).all() for values in (*floats, *expanded))
 
 
-def train_moments(
-    dataset: ds.Dataset, uri: str, encoding: FittedEncoding, assignment: np.ndarray
-) -> FeatureMoments:
-    """The moments of the train rows' encoded features (`encoding.transform`, `encoded_moments`), merged
-    batch by batch. `assignment` holds the splits of the dataset's rows; their values were checked as the
-    encoding's statistics were gathered."""
-    moments = FeatureMoments.empty(len(encoding.encoded_names()))
-    columns = [column.name for column in encoding.columns]
-    offset = 0
-    with np.errstate(over="ignore", invalid="ignore"):  # an overflowing statistic is refused by name later
-        for batch in iter_batches(dataset, uri, columns=columns):
-            in_train = assignment[offset : offset + batch.num_rows] == SPLITS.index("train")
-            offset += batch.num_rows
-            if in_train.any():
-                moments = moments.merge(encoded_moments(encoding, batch.filter(pa.array(in_train)), uri))
-    return moments
+def encoded_moments(stats: EncodingStats, encoding: FittedEncoding) -> FeatureMoments:
+    """The moments of the train rows' encoded features (`encoding.transform`), from the columns'
+    statistics (column_stats.py) rather than another pass over the rows: within float64 rounding of
+    `FeatureMoments.of(encoding.transform(train_rows))`. A categorical column beyond `COUNT_CAP`
+    distinct values counts its vocabulary's values within the summary's bound (`CategoryStats`)."""
+    return FeatureMoments.joined(
+        [part for column in encoding.columns for part in column_moments(column, stats.columns[column.name])]
+    )
 
 
-def encoded_moments(encoding: FittedEncoding, batch: pa.RecordBatch, uri: str) -> FeatureMoments:
-    """`FeatureMoments.of(encoding.transform(batch))`, bit for bit, without building the one-hot columns
-    in float64: those come from each categorical column's codes (`category_moments`), the others from
-    their encoded block. numpy sums each column of a matrix of two or more columns row after row
-    (one column alone pairwise), so a block's sums are those of the whole matrix."""
-    widths = [column.encoder.width() for column in encoding.columns]
-    if sum(widths) < 2 or not batch.num_rows or not any(map(is_coded, encoding.columns)):
-        return FeatureMoments.of(encoding.transform(batch, source=uri))
-    stats = np.empty((4, sum(widths)))  # mean, m2, low, high
-    starts = np.cumsum([0, *widths])
-    dense = [index for index, column in enumerate(encoding.columns) if not is_coded(column)]
-    if dense:
-        block = FittedEncoding([encoding.columns[index] for index in dense], {}).transform(batch, source=uri)
-        at = np.concatenate([np.arange(starts[index], starts[index + 1]) for index in dense])
-        stats[:, at] = moment_rows(FeatureMoments.of(np.pad(block, ((0, 0), (0, 1)))))[:, : len(at)]
-    for index, column in enumerate(encoding.columns):
-        if is_coded(column):
-            codes = column.category_codes(batch.column(column.name), 0, uri)
-            stats[:, starts[index] : starts[index + 1]] = category_moments(codes, widths[index])
-    return FeatureMoments(batch.num_rows, *stats)
+def column_moments(column: ColumnEncoding, stats: ColumnStats) -> list[FeatureMoments]:
+    """The moments of each of the column's encoded features, from its statistics."""
+    encoder, rows = column.encoder, stats.count + stats.missing
+    indicator = [FeatureMoments.of_counts([0, 1], [stats.count, stats.missing])] if encoder.indicator else []
+    if isinstance(encoder, CategoryEncoding):
+        ones = [stats.counts.get(value, 0) for value in encoder.vocabulary]
+        other = rows - sum(ones) - (stats.missing if encoder.indicator else 0)
+        return [FeatureMoments.of_counts([0, 1], [rows - n, n]) for n in [*ones, other]] + indicator
+    if isinstance(encoder, DateEncoding):
+        return [*date_moments(encoder, stats), *indicator]
+    if column.kind == BOOLEAN:
+        values = FeatureMoments.of_counts([0, 1, encoder.fill], [stats.false, stats.true, stats.missing])
+    else:
+        values = FeatureMoments.one(stats.count, stats.mean, stats.m2, stats.low, stats.high)
+        values = values.merge(FeatureMoments.repeated(stats.missing, encoder.fill))
+    return [values, *indicator]
 
 
-def moment_rows(moments: FeatureMoments) -> np.ndarray:
-    return np.stack([moments.mean, moments.m2, moments.low, moments.high])
+def date_moments(encoder: DateEncoding, stats: DateStats) -> list[FeatureMoments]:
+    """The moments of a date's days since the origin, month and weekday; a missing date is the fill."""
+    day = MICROS_PER_DAY
+    # The mean in integers first: the instants' float64 sum would round.
+    mean_days = (stats.total - stats.count * encoder.origin) / (stats.count * day)
+    low, high = ((stats.low - encoder.origin) / day, (stats.high - encoder.origin) / day)
+    days = FeatureMoments.one(stats.count, mean_days, stats.m2 / day**2, low, high)
+    fill = np.array([encoder.fill])
+    months, weekdays = np.array(stats.months), np.array(stats.weekdays)
+    months[month_of(fill)[0] - 1] += stats.missing
+    weekdays[weekday_of(fill)[0]] += stats.missing
+    return [
+        days.merge(FeatureMoments.repeated(stats.missing, (encoder.fill - encoder.origin) / day)),
+        FeatureMoments.of_counts(list(range(1, 13)), months.tolist()),
+        FeatureMoments.of_counts(list(range(7)), weekdays.tolist()),
+    ]
 
 
-def category_moments(codes: np.ndarray, width: int) -> np.ndarray:
-    """The mean, m2, low and high of the one-hot columns of `codes`, as `FeatureMoments.of` computes
-    them: a column's sum is its count of ones (exact), and each squared deviation one of two values."""
-    rows = len(codes)
-    counts = np.bincount(codes, minlength=width).astype(np.float64)
-    mean = counts / rows
-    squares = np.empty((rows, width))
-    squares[:] = np.square(0.0 - mean)
-    squares[np.arange(rows), codes] = np.square(1.0 - mean)[codes]
-    return np.stack([mean, squares.sum(axis=0), (counts == rows).astype(float), (counts > 0).astype(float)])
+def train_scaler(stats: EncodingStats, encoding: FittedEncoding, uri: str) -> ScalerStats:
+    """The standardisation of the encoded features that the train rows' statistics give."""
+    return fitted_scaler(encoded_moments(stats, encoding), encoding.encoded_names(), uri)
 
 
 def fitted_scaler(moments: FeatureMoments, features: list[str], uri: str) -> ScalerStats:

@@ -14,17 +14,16 @@ import pytest
 
 from tasks.core.data.assignment import SPLITS, UNLABELLED, SplitConfig
 from tasks.core.data.files import DatasetError
-from tasks.core.data.moments import merged
 from tasks.core.data.pieces import (
     assign_pieces,
     encoded,
-    merged_encoding,
-    piece_moments,
+    merged_stats,
     piece_stats,
     plan_pieces,
     prepare_in_pieces,
 )
-from tasks.core.data.prepare import PreparedSplits, prepare_dataset
+from tasks.core.data.prepare import PreparedSplits, fit_encoding, prepare_dataset
+from tasks.core.data.scaling import encoded_moments
 from tasks.core.data.splits import read_split
 from tests.conftest import blobs_frame
 from tests.unit.data.tables import (
@@ -91,11 +90,10 @@ def test_merged_piece_statistics_equal_numpy_on_the_train_rows(tmp_path):
     )
     assignment = np.load(tmp_path / "a.npy")
     assert assignment.dtype == np.uint8 and len(assignment) == len(whole) == layout.first_rows[-1]
-    layout = encoded(
-        layout, merged_encoding(layout, [piece_stats(layout, piece, assignment) for piece in pieces])
-    )
+    stats = merged_stats(layout, [piece_stats(layout, piece, assignment) for piece in pieces])
+    layout = encoded(layout, fit_encoding(stats, "parts"))
     assert layout.table.feature_names == layout.table.columns  # numbers, none missing: as they are
-    total = merged([piece_moments(layout, piece, assignment) for piece in pieces])
+    total = encoded_moments(stats, layout.table.fitted_encoding())
     train = whole[layout.table.feature_names].to_numpy()[assignment == SPLITS.index("train")]
     assert total.count == len(train)
     np.testing.assert_allclose(total.mean, train.mean(axis=0), rtol=1e-12)

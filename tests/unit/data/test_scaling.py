@@ -7,10 +7,21 @@ from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 
+from benchmarks.tables import Churn
+from tasks.core.data.column_kinds import DATE, KINDS, propose_kinds
+from tasks.core.data.encoding import EncodingStats, batch_stats
 from tasks.core.data.files import DatasetError
-from tasks.core.data.scaling import ScalerStats, check_standardised, standardise
+from tasks.core.data.moments import FeatureMoments
+from tasks.core.data.scaling import (
+    ScalerStats,
+    check_standardised,
+    encoded_moments,
+    standardise,
+    train_scaler,
+)
 from tests.conftest import blobs_frame
 from tests.unit.data.tables import prepare, prepare_unchanged, refusal, split_features, split_frames
 
@@ -83,3 +94,46 @@ def test_a_standardised_value_beyond_float32_names_the_column_and_row():
         values = standardise(raw, ScalerStats(mean=[0.0, 0.0], scale=[1.0, 1.0]))
     with pytest.raises(DatasetError, match=r"in.csv: feature column 'g' at row 11 holds 1e\+39"):
         check_standardised(values, raw, ["f", "g"], 10, "in.csv")
+
+
+# --- the encoded features' moments, from the columns' statistics ------------------------------------
+
+
+def churn_table(rows: int) -> pa.Table:
+    """The churn table (text with gaps and a long tail, numbers with gaps, a boolean with gaps, a
+    timestamp with gaps), a constant number with gaps and a boolean without any."""
+    rng = np.random.default_rng(7)
+    table = Churn(seed=7).chunk(rng, rows).drop_columns(["label"])
+    constant = pa.array(np.where(rng.random(rows) < 0.1, np.nan, 3.25), from_pandas=True)
+    return table.append_column("fixed", constant).append_column("flag", pa.array(rng.random(rows) < 0.3))
+
+
+@pytest.mark.parametrize("batches", [1, 7])
+def test_the_moments_from_statistics_are_those_of_the_encoded_rows(batches):
+    """The moments `train_scaler` standardises with, from the statistics one pass merged, in any
+    batching, against those of the encoded rows themselves."""
+    table = churn_table(5_000)
+    kinds = propose_kinds(table.schema, table.column_names, sample=table.to_batches()[0])
+    stats = EncodingStats.empty(kinds)
+    for chunk in np.array_split(np.arange(table.num_rows), batches):
+        stats = stats.merge(batch_stats(kinds, table.take(chunk)))
+    encoding = stats.fit()
+    assert {column.kind for column in encoding.columns} == set(KINDS)
+    assert any(column.encoder.indicator for column in encoding.columns if column.kind == DATE)
+    want = FeatureMoments.of(encoding.transform(table))
+    got = encoded_moments(stats, encoding)
+    assert got.count == want.count == table.num_rows
+    np.testing.assert_allclose(got.mean, want.mean, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(got.m2, want.m2, rtol=1e-9, atol=1e-9)
+    np.testing.assert_array_equal(got.low, want.low)
+    np.testing.assert_array_equal(got.high, want.high)
+
+
+def test_a_number_whose_squares_overflow_is_refused_after_merging():
+    """A variance that overflows float64 is refused by column, also where each batch's own fitted."""
+    values = pa.table({"big": [1e200, -1e200, 3e200, 0.0]})
+    kinds = propose_kinds(values.schema, ["big"])
+    stats = batch_stats(kinds, values.slice(0, 2)).merge(batch_stats(kinds, values.slice(2)))
+    assert stats.columns["big"].m2 == np.inf
+    with pytest.raises(DatasetError, match="feature column 'big' holds values too large to standardise"):
+        train_scaler(stats, stats.fit(), "data.parquet")

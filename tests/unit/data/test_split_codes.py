@@ -15,14 +15,11 @@ import pytest
 from benchmarks.tables import Churn
 from tasks.core.data import prepare as prepare_module
 from tasks.core.data.assignment import SPLITS, SplitConfig
-from tasks.core.data.column_kinds import CATEGORICAL, propose_kinds
-from tasks.core.data.encoding import FittedEncoding, batch_stats
+from tasks.core.data.column_kinds import CATEGORICAL
 from tasks.core.data.labels import clean_labels, scan_labels
-from tasks.core.data.moments import FeatureMoments
 from tasks.core.data.pieces import prepare_in_pieces
 from tasks.core.data.prepare import RAW_SPLIT, PreparedSplits, RowSplit, prepare_dataset
 from tasks.core.data.reading import open_dataset
-from tasks.core.data.scaling import encoded_moments
 from tasks.core.data.split_codes import CODES_KEY, code_type, split_coded, stored_columns
 from tasks.core.data.splits import read_split
 from tasks.core.training.rank_part import rank_part, read_shard
@@ -145,32 +142,3 @@ def test_code_types_grow_with_the_vocabulary():
         pa.int16(),
         pa.int32(),
     ]
-
-
-def fitted_on(table: pa.Table) -> FittedEncoding:
-    kinds = propose_kinds(table.schema, table.column_names, sample=table.to_batches()[0])
-    return batch_stats(kinds, table).fit()
-
-
-@pytest.mark.parametrize(
-    "columns",
-    [
-        ["plan", "contract", "region", "tenure_months", "monthly_charges", "autopay", "signed_up"],
-        ["plan", "region"],  # categories alone
-        ["visits", "plan"],  # a number without gaps: a dense block one column wide beside a category
-        ["support_calls", "autopay"],  # no category: the moments of the encoded block
-    ],
-)
-def test_the_moments_from_codes_are_those_of_the_encoded_rows_bit_for_bit(columns):
-    rng = np.random.default_rng(7)
-    table = Churn(seed=7).chunk(rng, 5_000)
-    table = table.append_column("visits", pa.array(rng.gamma(2.0, 3.0, table.num_rows)))
-    table = table.select(columns).combine_chunks()
-    encoding = fitted_on(table)
-    assert len(encoding.encoded_names()) > 1
-    batch = table.to_batches()[0]
-    want = FeatureMoments.of(encoding.transform(batch))
-    got = encoded_moments(encoding, batch, "churn")
-    assert got.count == want.count
-    for name in ("mean", "m2", "low", "high"):
-        assert getattr(got, name).tobytes() == getattr(want, name).tobytes(), name
