@@ -180,14 +180,32 @@ def checked_override(name: str, kind: str, arrow_type: pa.DataType, sample: pa.A
 
 
 def canonical(kind: str, column: pa.Array | pa.ChunkedArray, place: Place) -> np.ndarray | pa.Array:
-    """A column's values in the form its kind reads (see the module's docstring)."""
+    """A column's values in the form its kind reads (see the module's docstring). A dictionary array read
+    as categories stays one (`distinct_categories`)."""
     if pa.types.is_dictionary(column.type):
+        if kind == CATEGORICAL and isinstance(column, pa.Array):
+            return distinct_categories(column, place)
         column = pc.cast(column, column.type.value_type)
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
     if is_text(column.type):
         column = blank_as_null(column)
     return CONVERTERS[kind](column, place)
+
+
+def distinct_categories(column: pa.DictionaryArray, place: Place) -> pa.DictionaryArray:
+    """A dictionary array's categories as `canonical` reads them from text, each distinct value read once:
+    a dictionary of distinct texts, none null (a missing value is a null index)."""
+    values = canonical(CATEGORICAL, column.dictionary, place)
+    if not values.null_count and len(pc.unique(values)) == len(values):  # a parquet page's dictionary
+        return pa.DictionaryArray.from_arrays(column.indices, values)
+    distinct = pc.dictionary_encode(values)
+    return pa.DictionaryArray.from_arrays(pc.take(distinct.indices, column.indices), distinct.dictionary)
+
+
+def category_indices(categories: pa.DictionaryArray) -> np.ndarray:
+    """Each value's place in the dictionary of `distinct_categories`, -1 where missing."""
+    return categories.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.intp)
 
 
 def blank_as_null(text: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:

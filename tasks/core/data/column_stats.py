@@ -18,7 +18,6 @@ the moments of every encoded feature, and so the standardisation, without anothe
 from __future__ import annotations
 
 import heapq
-from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -31,6 +30,7 @@ from tasks.core.data.column_kinds import (
     DATE,
     MISSING_INSTANT,
     NUMERIC,
+    category_indices,
     month_of,
     weekday_of,
 )
@@ -224,13 +224,25 @@ class CategoryStats:
 
     @classmethod
     def of(cls, text: pa.Array, cap: int = COUNT_CAP) -> CategoryStats:
-        counted = pc.value_counts(text.drop_null())
-        values, counts = counted.field("values").to_pylist(), counted.field("counts").to_pylist()
+        """Of text, or of a dictionary of distinct texts (`distinct_categories`)."""
+        if pa.types.is_dictionary(text.type):
+            at = category_indices(text)
+            counts = np.bincount(at[at >= 0], minlength=len(text.dictionary))
+            present = np.flatnonzero(counts)
+            values, counts = text.dictionary.take(present).to_pylist(), counts[present].tolist()
+            missing = int((at < 0).sum())
+        else:
+            counted = pc.value_counts(text.drop_null())
+            values, counts = counted.field("values").to_pylist(), counted.field("counts").to_pylist()
+            missing = text.null_count
         kept, dropped = heavy_hitters(dict(zip(values, counts, strict=True)), cap)
-        return cls(kept, dropped, text.null_count, cap)
+        return cls(kept, dropped, missing, cap)
 
     def merge(self, other: CategoryStats) -> CategoryStats:
-        kept, dropped = heavy_hitters(dict(Counter(self.counts) + Counter(other.counts)), self.cap)
+        counts = dict(self.counts)
+        for value, count in other.counts.items():
+            counts[value] = counts.get(value, 0) + count
+        kept, dropped = heavy_hitters(counts, self.cap)
         return CategoryStats(kept, self.other + other.other + dropped, self.missing + other.missing, self.cap)
 
     @property

@@ -12,6 +12,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tasks.core.data.background import ordered_map
 from tasks.core.data.column_kinds import is_text
 from tasks.core.data.files import filesystem_for
 from tasks.core.data.splits import SPLITS
@@ -50,6 +51,8 @@ def column_hashes(column: pa.Array) -> np.ndarray:
     """A 64-bit hash of each value: numbers by value (a null float as NaN), dates and times by their
     integer value in the column's type, anything else by its text."""
     if pa.types.is_dictionary(column.type):
+        if is_text(column.type.value_type):
+            return text_hashes(column)
         column = column.dictionary_decode()
     if pa.types.is_temporal(column.type):  # making text of each instant took most of a row's hashing
         column = column.view(pa.int64() if column.type.bit_width == 64 else pa.int32())
@@ -66,8 +69,8 @@ def column_hashes(column: pa.Array) -> np.ndarray:
 
 def text_hashes(column: pa.Array) -> np.ndarray:
     """Each value's hash, as pandas hashes an object array of the texts: each distinct value is made a
-    Python string and hashed once (a null as pandas hashes None)."""
-    encoded = pc.dictionary_encode(column)
+    Python string and hashed once (a null as pandas hashes None). Of text, or a dictionary of texts."""
+    encoded = column if pa.types.is_dictionary(column.type) else pc.dictionary_encode(column)
     texts = np.array([*encoded.dictionary.to_pylist(), None], dtype=object)
     at = encoded.indices.fill_null(len(encoded.dictionary)).to_numpy(zero_copy_only=False)
     return pd.util.hash_array(texts)[at]
@@ -141,10 +144,13 @@ def marked_runs(held: np.ndarray, first: np.ndarray) -> int:
 
 def copy_notes(out_dir: str, rows: dict[str, int]) -> list[str]:
     """Notes on the rows of a split that are exact copies (the same features and label) of rows of
-    another split, from the row hashes `write_splits` wrote under `out_dir`; `rows` by split."""
+    another split, from the row hashes `write_splits` wrote under `out_dir`; `rows` by split. Two pairs
+    of splits are counted at once."""
+    pairs = list(COPIED_SPLITS)
+    counted = ordered_map(lambda pair: rows_with_copies(out_dir, *pair, rows), iter(pairs))
     notes = []
-    for (split, other), overstated in COPIED_SPLITS.items():
-        if copies := rows_with_copies(out_dir, split, other, rows):
+    for ((split, other), overstated), copies in zip(COPIED_SPLITS.items(), counted, strict=True):
+        if copies:
             notes.append(
                 f"{copies:,} {split} rows ({share(copies, rows[split])}) are exact copies of {other} rows "
                 f"(the same features and label): {overstated}"

@@ -56,6 +56,7 @@ from tasks.core.data.column_kinds import (
     ColumnKind,
     Place,
     canonical,
+    category_indices,
     month_of,
     weekday_of,
 )
@@ -230,9 +231,16 @@ class CategoryEncoding:
         return len(self.vocabulary) + 1 + self.indicator
 
     def codes(self, text: pa.Array) -> np.ndarray:
-        """Each value's one-hot column: its place in the vocabulary, else <other>, or <missing>."""
+        """Each value's one-hot column: its place in the vocabulary, else <other>, or <missing>. Of text,
+        or of a dictionary of distinct texts (`distinct_categories`), looked up once per distinct value."""
         other = len(self.vocabulary)
-        found = pc.index_in(text, value_set=pa.array(self.vocabulary, pa.string()))
+        vocabulary = pa.array(self.vocabulary, pa.string())
+        if pa.types.is_dictionary(text.type):
+            found = pc.fill_null(pc.index_in(text.dictionary, value_set=vocabulary), other)
+            missing = other + 1 if self.indicator else other
+            by_value = np.append(found.to_numpy(zero_copy_only=False), missing).astype(np.intp)
+            return by_value[category_indices(text)]  # -1, missing, is the last
+        found = pc.index_in(text, value_set=vocabulary)
         codes = pc.fill_null(found, other).to_numpy(zero_copy_only=False).astype(np.intp)
         if self.indicator:
             codes[text.is_null().to_numpy(zero_copy_only=False)] = other + 1
@@ -308,7 +316,7 @@ def write_scaled_block(
 ) -> None:
     """The encoder's few columns in float64, standardised as `scaling.standardise` does, into `out`
     (width x rows, float32): the assignment casts as its `astype` does."""
-    block = np.zeros((len(values), encoder.width()))
+    block = np.zeros((encoder.width(), len(values))).T  # each feature's values side by side: `out`'s layout
     encoder.write(values, block)
     block -= mean
     block /= scale

@@ -28,18 +28,23 @@ LABEL_PARSERS = {"string": str, "integer": int, "float": float, "boolean": lambd
 
 def scan_labels(dataset: ds.Dataset, uri: str, label_column: str) -> pa.ChunkedArray:
     """The label column of every row, read alone: the feature values are checked as they are encoded.
-    Text comes dictionary-encoded a batch at a time: a few distinct labels and 4 bytes a row, where the
-    text of every row took some 10 bytes a row or more."""
+    Text comes as a dictionary array a batch at a time: a few distinct labels and 4 bytes a row, where
+    the text of every row took some 10 bytes a row or more."""
     kind = dataset.schema.field(label_column).type
-    batches = iter_batches(dataset, uri, columns=[label_column])
+    batches = iter_batches(dataset, uri, columns=[label_column], as_dictionary=[label_column])
     if is_text(kind):
         kind = pa.dictionary(pa.int32(), kind)
-        chunks = [batch.column(label_column).dictionary_encode() for batch in batches]
+        chunks = [as_dictionary(batch.column(label_column)) for batch in batches]
     else:
         chunks = [batch.column(label_column) for batch in batches]
     if not sum(len(chunk) for chunk in chunks):
         raise DatasetError(f"{uri}: the dataset has no rows")
     return pa.chunked_array(chunks, type=kind)
+
+
+def as_dictionary(text: pa.Array) -> pa.DictionaryArray:
+    """Text as a dictionary array: a parquet input's text is read as one (`iter_batches`), a CSV's not."""
+    return text if pa.types.is_dictionary(text.type) else text.dictionary_encode()
 
 
 def as_numbers(labels: pa.ChunkedArray, kinds: tuple[pa.DataType, ...] = NUMBER_TYPES) -> pa.ChunkedArray:

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 import pyarrow as pa
@@ -30,7 +32,8 @@ from tasks.core.data.assignment import (
     split_times,
     time_assignment,
 )
-from tasks.core.data.column_kinds import ColumnKind, is_text, propose_kinds
+from tasks.core.data.background import WriteBehind, ordered_map
+from tasks.core.data.column_kinds import CATEGORICAL, ColumnKind, is_text, propose_kinds
 from tasks.core.data.columns import feature_columns, non_feature_columns
 from tasks.core.data.copies import copy_notes, hash_files, hash_writer, row_hashes
 from tasks.core.data.encoding import EncodingStats, FittedEncoding, batch_stats
@@ -127,36 +130,83 @@ def write_splits(
     """Append each batch's rows to the split they belong to: encoded and standardised, or raw in the raw
     split; and their hashes to the split's file in `hash_paths` (`row_hashes`). `codes` and `assignment`
     hold the dataset's rows, the first of which is row `first_row` of the input (a row without a label
-    is in no split); `prepared.paths` and `hash_paths` may be fsspec URIs."""
+    is in no split); `prepared.paths` and `hash_paths` may be fsspec URIs. Batches are encoded a few at
+    once (`ordered_map`) and written, a thread a split, while the next are encoded (`WriteBehind`)."""
     table = prepared.table
     encoding, layout = table.fitted_encoding(), split_layout_of(table)
     hashed = [name for name in table.columns if name not in encoding.left_out]  # the columns the model reads
-    schemas = {name: split_schema(table, dataset.schema, name) for name in SPLITS}
-    writers = {name: split_writer(prepared.paths[name], schemas[name]) for name in SPLITS}
-    hash_sinks = {name: hash_writer(hash_paths[name]) for name in SPLITS}
+    categories = [column.name for column in encoding.columns if column.kind == CATEGORICAL]
+    batches = iter_batches(dataset, uri, columns=table.columns, as_dictionary=categories)
+    sinks = SplitSinks.open(table, dataset.schema, prepared.paths, hash_paths)
+
+    def split_rows(numbered: tuple[int, pa.RecordBatch]) -> BatchRows:
+        offset, batch = numbered
+        rows = slice(offset, offset + batch.num_rows)
+        stored = split_columns(encoding, batch, table.scaler, layout, first_row + offset, uri)
+        scaled = feature_batch(stored, sinks.schemas["train"])
+        return BatchRows(batch, scaled, codes[rows], assignment[rows], row_hashes(batch, hashed, codes[rows]))
+
+    behind = WriteBehind(SPLITS)
     try:
-        offset = 0
-        for batch in iter_batches(dataset, uri, columns=table.columns):
-            rows = slice(offset, offset + batch.num_rows)
-            offset += batch.num_rows
-            stored = split_columns(encoding, batch, table.scaler, layout, first_row + rows.start, uri)
-            scaled_batch = feature_batch(stored, schemas["train"])
-            hashes = row_hashes(batch, hashed, codes[rows])
-            for index, name in enumerate(SPLITS):
-                keep = assignment[rows] == index
-                if keep.any():
-                    labels = split_labels(table, codes[rows][keep], name)
-                    rows_kept = raw_rows(batch if name == RAW_SPLIT else scaled_batch, keep)
-                    part = pa.Table.from_arrays([*rows_kept, labels], schema=schemas[name])
-                    writers[name].write_table(part, row_group_size=SPLIT_ROW_GROUP_ROWS)
-                    hash_sinks[name].write(hashes[keep].astype("<u8", copy=False).tobytes())
+        for batch_rows in ordered_map(split_rows, with_offsets(batches)):
+            for name in SPLITS:
+                behind.submit(name, partial(sinks.write, name, batch_rows))
     finally:
-        for writer in [*writers.values(), *hash_sinks.values()]:
+        try:
+            behind.finish()
+        finally:
+            sinks.close()
+
+
+@dataclass
+class BatchRows:
+    """A batch's rows as read (`raw`) and as the standardised splits store them (`scaled`), with their
+    class codes (or a regression's values), splits and hashes."""
+
+    raw: pa.RecordBatch
+    scaled: pa.RecordBatch
+    codes: np.ndarray
+    assignment: np.ndarray
+    hashes: np.ndarray
+
+
+@dataclass
+class SplitSinks:
+    """Each split's parquet writer and file of row hashes, and what it holds (`split_schema`)."""
+
+    table: PreparedTable
+    schemas: dict[str, pa.Schema]
+    writers: dict[str, pq.ParquetWriter]
+    hash_sinks: dict[str, IO[bytes]]
+
+    @classmethod
+    def open(
+        cls, table: PreparedTable, raw: pa.Schema, paths: dict[str, str], hash_paths: dict[str, str]
+    ) -> SplitSinks:
+        schemas = {name: split_schema(table, raw, name) for name in SPLITS}
+        writers = {name: split_writer(paths[name], schemas[name]) for name in SPLITS}
+        return cls(table, schemas, writers, {name: hash_writer(hash_paths[name]) for name in SPLITS})
+
+    def write(self, split: str, rows: BatchRows) -> None:
+        """The batch's rows of `split`, raw in the raw split, else standardised; and their hashes."""
+        keep = rows.assignment == SPLITS.index(split)
+        if keep.any():
+            labels = split_labels(self.table, rows.codes[keep], split)
+            kept = raw_rows(rows.raw if split == RAW_SPLIT else rows.scaled, keep, self.schemas[split])
+            part = pa.Table.from_arrays([*kept, labels], schema=self.schemas[split])
+            self.writers[split].write_table(part, row_group_size=SPLIT_ROW_GROUP_ROWS)
+            self.hash_sinks[split].write(rows.hashes[keep].astype("<u8", copy=False).tobytes())
+
+    def close(self) -> None:
+        for writer in [*self.writers.values(), *self.hash_sinks.values()]:
             writer.close()
 
 
-def raw_rows(batch: pa.RecordBatch, keep: np.ndarray) -> list[pa.Array]:
-    return batch.filter(pa.array(keep)).columns
+def raw_rows(batch: pa.RecordBatch, keep: np.ndarray, schema: pa.Schema) -> list[pa.Array]:
+    """The kept rows of each column, as `schema` types it: text read as a dictionary is written as text."""
+    columns = batch.filter(pa.array(keep)).columns
+    fields = list(schema)[: len(columns)]  # the label follows
+    return [c.cast(f.type) if c.type != f.type else c for c, f in zip(columns, fields, strict=True)]
 
 
 def feature_batch(stored: list[np.ndarray], schema: pa.Schema) -> pa.RecordBatch:
@@ -261,13 +311,14 @@ class RowSplit:
         """What the splits hold, but the encoding and the scaler: fitted afterwards on the train rows
         (`with_encoding`, `train_scaler`)."""
         classes = self.class_labels
-        counts = np.bincount(self.codes[self.codes >= 0], minlength=len(classes)) if classes else []
+        counts = np.bincount(self.codes + 1, minlength=len(classes) + 1)[1:] if classes else []  # -1: none
+        rows = np.bincount(self.assignment, minlength=len(SPLITS))
         return PreparedTable(
             feature_names=[],
             label_column=label_column,
             class_labels=self.class_labels,
             class_counts={c: int(n) for c, n in zip(self.class_labels, counts, strict=True)},
-            rows={name: int((self.assignment == i).sum()) for i, name in enumerate(SPLITS)},
+            rows={name: int(rows[i]) for i, name in enumerate(SPLITS)},
             scaler=ScalerStats(mean=[], scale=[]),
             source=uri,
             label_kind=self.label_kind,
@@ -302,13 +353,26 @@ def train_encoding_stats(
     """The encoding statistics of the train rows, merged batch by batch; every row's feature values are
     read as their kinds, and a bad one refused by column and row. `assignment` holds the splits of the
     dataset's rows, the first of which is row `first_row` of the input."""
-    stats = EncodingStats.empty(kinds)
-    offset = 0
-    for batch in iter_batches(dataset, uri, columns=list(kinds)):
+    categories = [name for name, kind in kinds.items() if kind.kind == CATEGORICAL]
+    batches = iter_batches(dataset, uri, columns=list(kinds), as_dictionary=categories)
+
+    def train_stats(numbered: tuple[int, pa.RecordBatch]) -> EncodingStats:
+        offset, batch = numbered
         in_train = assignment[offset : offset + batch.num_rows] == SPLITS.index("train")
-        stats = stats.merge(batch_stats(kinds, batch, first_row + offset, in_train, uri))
-        offset += batch.num_rows
+        return batch_stats(kinds, batch, first_row + offset, in_train, uri)
+
+    stats = EncodingStats.empty(kinds)
+    for batch_stats_ in ordered_map(train_stats, with_offsets(batches)):
+        stats = stats.merge(batch_stats_)
     return stats
+
+
+def with_offsets(batches: Iterator[pa.RecordBatch]) -> Iterator[tuple[int, pa.RecordBatch]]:
+    """Each batch with the number of rows before it."""
+    offset = 0
+    for batch in batches:
+        yield offset, batch
+        offset += batch.num_rows
 
 
 def fit_encoding(stats: EncodingStats, uri: str) -> str:

@@ -18,6 +18,7 @@ import pyarrow.csv as pa_csv
 import pyarrow.dataset as ds
 import pyarrow.fs as pa_fs
 
+from tasks.core.data.background import read_ahead
 from tasks.core.data.files import (
     DatasetError,
     detect_format,
@@ -323,17 +324,47 @@ def part_rows(dataset: ds.Dataset, fragment: ds.ParquetFileFragment, uri: str) -
         return fragment.metadata.num_rows
 
 
-def iter_batches(dataset: ds.Dataset, uri: str, columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
-    """Record batches in file order (the split assignment relies on a stable row order)."""
+def iter_batches(
+    dataset: ds.Dataset, uri: str, columns: list[str] | None = None, as_dictionary: Collection[str] = ()
+) -> Iterator[pa.RecordBatch]:
+    """Record batches in file order (the split assignment relies on a stable row order), the next ones
+    read in a thread while the caller works on one (`read_ahead`). The text columns named in
+    `as_dictionary` come as dictionary arrays from a parquet input (`dictionary_reading`)."""
+    yield from read_ahead(file_batches(dataset, uri, columns, as_dictionary))
+
+
+def file_batches(
+    dataset: ds.Dataset, uri: str, columns: list[str] | None, as_dictionary: Collection[str]
+) -> Iterator[pa.RecordBatch]:
+    schema, dictionary_format = dictionary_reading(dataset, as_dictionary)
     for fragment in dataset.get_fragments():
         with remote_errors(uri), data_errors(dataset, fragment.path, uri):
             for part in read_parts(fragment):
+                if dictionary_format is not None:
+                    groups = [group.id for group in part.row_groups] or None
+                    part = dictionary_format.make_fragment(part.path, part.filesystem, row_groups=groups)
                 yield from part.to_batches(
-                    schema=dataset.schema,
+                    schema=schema,
                     columns=columns,
                     batch_size=BATCH_ROWS,
                     batch_readahead=READAHEAD_BATCHES,
                 )
+
+
+def dictionary_reading(
+    dataset: ds.Dataset, names: Collection[str]
+) -> tuple[pa.Schema, ds.ParquetFileFormat | None]:
+    """The schema, and the parquet format, that read the text columns among `names` as dictionary
+    arrays: each row group's distinct texts are decoded once, and counting, looking up or hashing them
+    is done once per distinct text (column_kinds.distinct_categories). Other inputs read as they are."""
+    text = [name for name in names if column_kind(dataset.schema.field(name).type) == "text"]
+    if not text or not isinstance(dataset.format, ds.ParquetFileFormat):
+        return dataset.schema, None
+    read_options = ds.ParquetReadOptions(dictionary_columns=text)
+    scan_options = dataset.format.default_fragment_scan_options
+    parquet = ds.ParquetFileFormat(read_options=read_options, default_fragment_scan_options=scan_options)
+    fields = [f.with_type(pa.dictionary(pa.int32(), f.type)) if f.name in text else f for f in dataset.schema]
+    return pa.schema(fields, metadata=dataset.schema.metadata), parquet
 
 
 def read_parts(fragment: ds.Fragment) -> list[ds.Fragment]:
