@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import pandas as pd
@@ -89,10 +90,17 @@ def missing_labels(labels: pa.ChunkedArray) -> np.ndarray:
 
 @dataclass
 class Labels:
-    """The classes of the rows that have a label, in row order, and where the label is missing."""
+    """The classes of the rows that have a label, in row order, and where the label is missing. Text
+    labels are held as their distinct values and each labelled row's place among them (`at`)."""
 
-    values: np.ndarray
+    distinct: np.ndarray  # each labelled row's label; or where `at` is given, the distinct labels
     missing: np.ndarray  # one bool a row of the input (or of some of its rows)
+    at: np.ndarray | None = None  # each labelled row's place in `distinct`
+
+    @cached_property
+    def values(self) -> np.ndarray:
+        """Each labelled row's label, in row order."""
+        return self.distinct if self.at is None else self.distinct[self.at]
 
     def note(self, label_column: str) -> list[str]:
         """What the rows without a label became, for the prepared table's notes."""
@@ -136,7 +144,7 @@ def clean_labels(
     rows = indices.fill_null(len(distinct)).to_numpy(zero_copy_only=False)
     del encoded, indices
     missing = distinct_missing[rows]
-    return Labels(distinct_values(distinct)[rows[~missing]], missing)
+    return Labels(distinct_values(distinct), missing, rows[~missing])
 
 
 def cleaned_text(distinct: pa.Array, from_csv: bool, kind: str | None) -> pa.Array:
@@ -173,7 +181,19 @@ def typed_labels(class_labels: list[str], kind: str) -> list:
     return [LABEL_PARSERS[kind](label) for label in class_labels]
 
 
-def encode_labels(labels: np.ndarray, uri: str, label_column: str) -> tuple[np.ndarray, list[str]]:
+def encode_labels(labels: Labels, uri: str, label_column: str) -> tuple[np.ndarray, list[str]]:
+    """Each labelled row's class code (int32), and the classes, sorted. Labels held as distinct values
+    are coded once per distinct value."""
+    if labels.at is None:
+        return encode_values(labels.values, uri, label_column)
+    used = np.bincount(labels.at, minlength=len(labels.distinct)) > 0
+    codes, classes = encode_values(labels.distinct[used], uri, label_column)
+    code_of = np.zeros(len(labels.distinct), dtype=np.int32)
+    code_of[used] = codes
+    return code_of[labels.at], classes
+
+
+def encode_values(labels: np.ndarray, uri: str, label_column: str) -> tuple[np.ndarray, list[str]]:
     if not len(labels):
         raise DatasetError(f"{uri}: label column '{label_column}' has no value (each is empty, null or NaN)")
     classes, codes = sorted_classes(labels)

@@ -253,10 +253,12 @@ class RowSplit:
         """From the cleaned labels of every row (`clean_labels`), refusing a split the rows cannot fill;
         with the `times` of every row (`split_times`), in time order rather than at random."""
         pa.default_memory_pool().release_unused()  # the label column's Arrow memory, read and cleaned
-        target = decide_problem_type(labels.values, split.problem_type, uri, label_column)
+        text = labels.distinct.dtype == object  # its type decides alone: each row's text is not needed
+        values = labels.distinct if text else labels.values
+        target = decide_problem_type(values, split.problem_type, uri, label_column)
         if target.regression:
             return cls.of_numbers(labels, uri, label_column, split, times, target)
-        codes, class_labels = encode_labels(labels.values, uri, label_column)
+        codes, class_labels = encode_labels(labels, uri, label_column)
         if times is None:
             check_split_sizes(codes, class_labels, split, uri, label_column)
             assignment, notes = checked_assignment(codes, class_labels, split, uri), []
@@ -266,7 +268,7 @@ class RowSplit:
         return cls(
             every_row(codes, labels.missing, -1),
             class_labels,
-            label_kind(labels.values),
+            label_kind(labels.distinct),
             every_row(assignment, labels.missing, UNLABELLED),
             [*labels.note(label_column), *notes],
             target,
@@ -299,7 +301,7 @@ class RowSplit:
         return cls(
             every_row(values, labels.missing, np.nan),
             [],
-            label_kind(labels.values),
+            label_kind(labels.distinct),
             every_row(assignment, labels.missing, UNLABELLED),
             [*labels.note(label_column), *notes],
             target,

@@ -17,7 +17,9 @@ from tasks.core.data import labels as labels_module
 from tasks.core.data.assignment import SplitConfig
 from tasks.core.data.labels import (
     CASE_WARNINGS,
+    Labels,
     clean_labels,
+    encode_labels,
     label_case_warnings,
     sorted_classes,
     typed_labels,
@@ -263,3 +265,17 @@ def test_text_labels_read_a_batch_at_a_time_clean_as_the_whole_column(from_csv):
         whole, batched = (clean_labels(labels, "in.csv", "label", from_csv) for labels in (text, by_batch))
         np.testing.assert_array_equal(batched.missing, whole.missing)
         assert batched.values.dtype == whole.values.dtype and batched.values.tolist() == whole.values.tolist()
+
+
+@pytest.mark.parametrize("from_csv", [False, True])
+@pytest.mark.parametrize("chunks", [[TEXT_LABELS[0], TEXT_LABELS[1]], [TEXT_LABELS[2]], [TEXT_LABELS[3]]])
+def test_text_labels_coded_per_distinct_value_code_as_every_row(from_csv, chunks):
+    """Text labels are held as distinct values (two of which may clean to one class, or be used by no
+    labelled row) and each row's place: coded once per distinct value, as coding every row codes them."""
+    text = pa.chunked_array([pa.array(chunk).dictionary_encode() for chunk in chunks])
+    cleaned = clean_labels(text, "in.csv", "label", from_csv)
+    assert cleaned.at is not None and len(cleaned.at) == int((~cleaned.missing).sum())
+    codes, classes = encode_labels(cleaned, "in.csv", "label")
+    row_codes, row_classes = encode_labels(Labels(cleaned.values, cleaned.missing), "in.csv", "label")
+    assert classes == row_classes and codes.dtype == row_codes.dtype == np.int32
+    np.testing.assert_array_equal(codes, row_codes)
