@@ -84,8 +84,8 @@ def ordered_map(
 
 class WriteBehind:
     """Writes done in threads, one a lane (a file), each lane's in the order given, while the caller
-    prepares the next: at most two writes wait in a lane, and an error writing is raised at the lane's
-    next `submit` or at `finish`."""
+    prepares the next: at most two writes wait in a lane, and an error writing is raised by a later
+    `submit` to the lane (once the write is no longer among the two last) or by `finish`."""
 
     def __init__(self, lanes: list[str]) -> None:
         self.pools = {

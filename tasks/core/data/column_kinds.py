@@ -51,8 +51,17 @@ MISSING_INSTANT = np.iinfo(np.int64).min
 
 
 def month_of(micros: np.ndarray) -> np.ndarray:
-    """The month of each instant (microseconds since 1970-01-01 UTC): 1 to 12."""
-    return micros.astype("datetime64[us]").astype("datetime64[M]").astype(np.int64) % 12 + 1
+    """The month of each instant (microseconds since 1970-01-01 UTC): 1 to 12. Looked up by day where the
+    instants span fewer days than they number: numpy's calendar is slow an instant."""
+    days = micros // MICROS_PER_DAY
+    first, last = int(days.min(initial=0)), int(days.max(initial=0))
+    if last - first >= len(days):
+        return calendar_months(days)
+    return calendar_months(np.arange(first, last + 1))[days - first]
+
+
+def calendar_months(days: np.ndarray) -> np.ndarray:
+    return days.astype("datetime64[D]").astype("datetime64[M]").astype(np.int64) % 12 + 1
 
 
 def weekday_of(micros: np.ndarray) -> np.ndarray:
@@ -205,7 +214,8 @@ def distinct_categories(column: pa.DictionaryArray, place: Place) -> pa.Dictiona
 
 def category_indices(categories: pa.DictionaryArray) -> np.ndarray:
     """Each value's place in the dictionary of `distinct_categories`, -1 where missing."""
-    return categories.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.intp)
+    indices = pc.cast(categories.indices, pa.int64())  # an unsigned or narrow type cannot hold -1
+    return indices.fill_null(-1).to_numpy(zero_copy_only=False)
 
 
 def blank_as_null(text: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:

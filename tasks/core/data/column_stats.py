@@ -45,10 +45,16 @@ COUNT_CAP = 10_000
 
 def exact_sum(values: np.ndarray) -> int:
     """The sum of finite float64 `values` times 2**SUM_SCALE_BITS, exactly: integer sums add up the same
-    in any grouping, where float sums round differently. Values with the same exponent are summed in
-    int64 as 26-bit halves of their mantissas, which cannot overflow below 2**36 values."""
+    in any grouping, where float sums round differently. Small whole numbers are summed as floats;
+    otherwise values with the same exponent are summed in int64 as 26-bit halves of their mantissas,
+    which cannot overflow below 2**36 values."""
     if not len(values):
         return 0
+    with np.errstate(over="ignore"):
+        small = np.abs(values).max() * len(values) < 2.0**53
+    if small and (np.floor(values) == values).all():
+        # Whole numbers whose every partial sum is a whole number below 2**53: float64 adds them exactly.
+        return int(values.sum()) << SUM_SCALE_BITS
     mantissa, exponent = np.frexp(values)
     whole = (mantissa * 2.0**53).astype(np.int64)
     order = np.argsort(exponent, kind="stable")

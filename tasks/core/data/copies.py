@@ -4,6 +4,8 @@ read back from those hashes a chunk at a time."""
 
 from __future__ import annotations
 
+import threading
+from collections import deque
 from collections.abc import Iterator
 from typing import IO
 
@@ -41,10 +43,19 @@ def row_hashes(batch: pa.RecordBatch, columns: list[str], codes: np.ndarray) -> 
     """A 64-bit hash of each row's values in `columns` and its class code: equal rows hash equal in any
     batch or piece, as each column is hashed by its Arrow type (pandas would convert an integer column
     to floats in a batch with a null only)."""
-    hashes = pd.util.hash_array(codes if codes.dtype.kind == "f" else codes.astype(np.int64))
+    hashes = pd.util.hash_array(codes) if codes.dtype.kind == "f" else integer_hashes(codes)
     for name in columns:
         hashes = (hashes * HASH_MULTIPLIER) ^ column_hashes(batch.column(name))
     return hashes
+
+
+def integer_hashes(values: np.ndarray) -> np.ndarray:
+    """Each integer hashed as an int64: once per value in their range where it is narrower than they
+    are many (class codes, booleans, small counts)."""
+    low, high = int(values.min(initial=0)), int(values.max(initial=0))
+    if high - low >= len(values):
+        return pd.util.hash_array(values.astype(np.int64))
+    return pd.util.hash_array(np.arange(low, high + 1, dtype=np.int64))[values - low]
 
 
 def column_hashes(column: pa.Array) -> np.ndarray:
@@ -61,7 +72,7 @@ def column_hashes(column: pa.Array) -> np.ndarray:
     if pa.types.is_integer(column.type) or pa.types.is_boolean(column.type):
         values = pc.fill_null(pc.cast(column, pa.int64(), safe=False), 0).to_numpy()
         nulls = column.is_null().to_numpy(zero_copy_only=False)
-        return np.where(nulls, NULL_HASH, pd.util.hash_array(values))
+        return np.where(nulls, NULL_HASH, integer_hashes(values))
     if is_text(column.type):
         return text_hashes(column)
     return pd.util.hash_array(pc.cast(column, pa.string()).to_numpy(zero_copy_only=False))
@@ -71,9 +82,31 @@ def text_hashes(column: pa.Array) -> np.ndarray:
     """Each value's hash, as pandas hashes an object array of the texts: each distinct value is made a
     Python string and hashed once (a null as pandas hashes None). Of text, or a dictionary of texts."""
     encoded = column if pa.types.is_dictionary(column.type) else pc.dictionary_encode(column)
-    texts = np.array([*encoded.dictionary.to_pylist(), None], dtype=object)
-    at = encoded.indices.fill_null(len(encoded.dictionary)).to_numpy(zero_copy_only=False)
-    return pd.util.hash_array(texts)[at]
+    indices = pc.cast(encoded.indices, pa.int64())  # a narrow type may not hold the dictionary's length
+    at = indices.fill_null(len(encoded.dictionary)).to_numpy(zero_copy_only=False)
+    return DICTIONARY_HASHES.of(encoded.dictionary)[at]
+
+
+class DictionaryHashes:
+    """The hashes of each text of the last few dictionaries, and one more for a null: the batches of a
+    parquet row group share their text columns' dictionaries."""
+
+    def __init__(self, size: int = 16) -> None:
+        self.known: deque[tuple[pa.Array, np.ndarray]] = deque(maxlen=size)
+        self.lock = threading.Lock()
+
+    def of(self, dictionary: pa.Array) -> np.ndarray:
+        with self.lock:
+            for seen, hashes in self.known:
+                if len(seen) == len(dictionary) and seen.equals(dictionary):
+                    return hashes
+        hashes = pd.util.hash_array(np.array([*dictionary.to_pylist(), None], dtype=object))
+        with self.lock:
+            self.known.append((dictionary, hashes))
+        return hashes
+
+
+DICTIONARY_HASHES = DictionaryHashes()
 
 
 def hash_files(out_dir: str, part: int = 0) -> dict[str, str]:

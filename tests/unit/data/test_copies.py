@@ -19,7 +19,7 @@ import pytest
 from tasks.core.data import copies as copies_module
 from tasks.core.data import reading
 from tasks.core.data.assignment import SPLITS, SplitConfig
-from tasks.core.data.copies import COPIED_SPLITS, hash_files, rows_with_copies
+from tasks.core.data.copies import COPIED_SPLITS, column_hashes, hash_files, row_hashes, rows_with_copies
 from tasks.core.data.labels import clean_labels, scan_labels
 from tasks.core.data.pieces import prepare_in_pieces
 from tasks.core.data.prepare import (
@@ -173,3 +173,107 @@ def test_copies_are_counted_from_the_hashes_a_chunk_at_a_time(tmp_path, monkeypa
             path.write_bytes(np.array(hashes, dtype="<u8").tobytes())
     rows = {"test": sum(map(len, test_parts)), "train": sum(map(len, train_parts))}
     assert rows_with_copies(str(tmp_path), "test", "train", rows) == copies
+
+
+# --- text read as dictionaries --------------------------------------------------------------------
+
+
+def text_batch() -> pa.RecordBatch:
+    """Text columns with nulls and blanks, a large text column and a number."""
+    towns = ["x", None, "", "y", "x", "", None, "z", "y"]
+    return pa.record_batch(
+        {
+            "town": pa.array(towns),
+            "code": pa.array([f"c{i % 3}" if i % 4 else "" for i in range(len(towns))], pa.large_string()),
+            "f0": pa.array([float(i % 2) for i in range(len(towns))]),
+        }
+    )
+
+
+def keyed(text: pa.Array, repeated_entries: bool) -> pa.DictionaryArray:
+    """The text as a dictionary array: as parquet reads it, or with a dictionary that holds a value
+    twice, a null and a value no row takes (each row's value unchanged)."""
+    if not repeated_entries:
+        return text.dictionary_encode()
+    values = text.to_pylist()
+    dictionary = ["unused", None, *values]
+    return pa.DictionaryArray.from_arrays(
+        pa.array(range(2, len(values) + 2), pa.int32()), pa.array(dictionary, text.type)
+    )
+
+
+@pytest.mark.parametrize("repeated_entries", [False, True], ids=["distinct entries", "repeated entries"])
+def test_rows_hash_alike_with_text_as_a_dictionary_or_plain(repeated_entries):
+    plain = text_batch()
+    as_dictionary = pa.record_batch(
+        {
+            name: keyed(plain.column(name), repeated_entries) if name != "f0" else plain.column(name)
+            for name in plain.schema.names
+        }
+    )
+    assert pa.types.is_dictionary(as_dictionary.schema.field("town").type)
+    codes = np.arange(plain.num_rows) % 2
+    columns = ["town", "code", "f0"]
+    hashes = row_hashes(plain, columns, codes)
+    np.testing.assert_array_equal(row_hashes(as_dictionary, columns, codes), hashes)
+    town = column_hashes(as_dictionary.column("town"))
+    np.testing.assert_array_equal(town, column_hashes(plain.column("town")))
+    assert town[1] != town[2] and town[0] == town[4]  # a null is not a blank; an x is an x
+
+
+def test_rows_hash_alike_with_a_full_int8_dictionary():
+    """128 texts keyed by int8 (pyarrow keeps such an index type through parquet): a null's place, 128,
+    is past what int8 holds."""
+    dictionary = pa.array([f"t{i}" for i in range(128)])
+    column = pa.DictionaryArray.from_arrays(pa.array([0, 127, None, 5], pa.int8()), dictionary)
+    codes = np.zeros(4, dtype=np.int64)
+    as_dictionary = pa.record_batch({"town": column})
+    plain = pa.record_batch({"town": column.cast(pa.string())})
+    np.testing.assert_array_equal(
+        row_hashes(as_dictionary, ["town"], codes), row_hashes(plain, ["town"], codes)
+    )
+
+
+def copied_text_rows() -> pd.DataFrame:
+    """Rows each four times, with text category columns (one with nulls, one with blanks)."""
+    frame = random_labels(80, seed=6)
+    frame["town"] = np.array(["x", "y", None], dtype=object)[np.arange(80) % 3]
+    frame["shade"] = np.array(["", "dark", "light", "pale", "dark"], dtype=object)[np.arange(80) % 5]
+    frame["code"] = [f"k{i % 6}" for i in range(80)]
+    return repeated(frame, 4)
+
+
+def test_text_categories_from_parquet_keep_their_types_and_count_copies_as_from_csv(tmp_path, monkeypatch):
+    """The parquet file's text categories are hashed as dictionaries, the CSV file's as text."""
+    monkeypatch.setattr(reading, "BATCH_ROWS", BATCH_ROWS)  # many batches, each its own dictionaries
+    hashed_types = set()
+
+    def noting_types(column: pa.Array) -> np.ndarray:
+        hashed_types.add(column.type)
+        return column_hashes(column)
+
+    monkeypatch.setattr(copies_module, "column_hashes", noting_types)
+    frame = copied_text_rows()
+    parquet, csv = tmp_path / "data.parquet", tmp_path / "data.csv"
+    text_types = {"town": pa.string(), "shade": pa.string(), "code": pa.large_string(), LABEL: pa.string()}
+    table = pa.Table.from_pandas(frame, preserve_index=False).replace_schema_metadata()
+    table = table.cast(pa.schema([f.with_type(text_types.get(f.name, f.type)) for f in table.schema]))
+    pq.write_table(table, parquet, row_group_size=100)
+    frame.to_csv(csv, index=False)
+    split = SplitConfig(seed=2)
+    from_parquet = prepare_dataset(str(parquet), LABEL, str(tmp_path / "parquet"), split)
+    assert {
+        pa.dictionary(pa.int32(), pa.string()),
+        pa.dictionary(pa.int32(), pa.large_string()),
+    } <= hashed_types
+    from_csv = prepare_dataset(str(csv), LABEL, str(tmp_path / "csv"), split)
+    names = from_parquet.table.feature_names
+    assert {"town=x", "shade=dark", "code=k0"} <= set(names)  # read as categories
+    raw = pq.read_table(from_parquet.paths["test"])
+    for column in from_parquet.table.columns:
+        assert raw.schema.field(column).type == table.schema.field(column).type, column
+    assert raw.schema.field("code").type == pa.large_string() and raw.schema.field("town").type == pa.string()
+    assert set(raw.column("town").to_pylist()) <= {"x", "y", None}
+    copies = [note for note in from_parquet.table.notes if NOTE.match(note)]
+    assert copies and copies == [note for note in from_csv.table.notes if NOTE.match(note)]
+    assert noted_copies(copies) == pandas_copies(frame, parquet, split)

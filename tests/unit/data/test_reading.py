@@ -29,6 +29,7 @@ from tests.unit.data.tables import (
     prepare_y,
     refusal,
     refusal_y,
+    snapshot,
     with_labels,
     write_frame,
 )
@@ -231,3 +232,72 @@ def test_part_files_with_other_columns_name_them(tmp_path):
     write_frame(frame.rename(columns={"f1": "g1"}), parts / "b.parquet")
     message = refusal_y(str(parts), tmp_path)
     assert "b.parquet has other columns than part file" in message and "lacks 'f1' and adds 'g1'" in message
+
+
+# --- text read as dictionaries --------------------------------------------------------------------
+
+
+def text_table(n_rows: int = 100) -> pa.Table:
+    """Two text columns with nulls and blanks, a large text column, a number and the label."""
+    return pa.table(
+        {
+            "town": [None if i % 7 == 0 else ("" if i % 5 == 0 else f"t{i % 3}") for i in range(n_rows)],
+            "note": [f"n{i}" for i in range(n_rows)],
+            "shade": pa.array([f"s{i % 4}" for i in range(n_rows)], pa.large_string()),
+            "f0": np.arange(n_rows, dtype=float),
+            "y": [("a", "b")[i % 2] for i in range(n_rows)],
+        }
+    )
+
+
+def write_text_parquet(path: Path, parts: bool) -> pa.Table:
+    """One file of several row groups, or a folder of parts, one of which holds no text but nulls; the
+    rows written."""
+    table = text_table()
+    if not parts:
+        pq.write_table(table, path, row_group_size=30)
+        return table
+    path.mkdir()
+    nulls = table.slice(60, 10).set_column(0, "town", pa.nulls(10))  # a part whose 'town' has no type
+    pq.write_table(table.slice(0, 60), path / "part-00000.parquet", row_group_size=25)
+    pq.write_table(nulls, path / "part-00001.parquet")
+    pq.write_table(table.slice(70), path / "part-00002.parquet")
+    return pa.concat_tables([table.slice(0, 60), nulls.cast(table.schema), table.slice(70)])
+
+
+@pytest.mark.parametrize("parts", [False, True], ids=["one file", "parts"])
+def test_parquet_text_named_as_dictionary_is_read_as_dictionary_arrays_of_the_same_values(
+    tmp_path, monkeypatch, parts
+):
+    monkeypatch.setattr(reading, "BATCH_ROWS", 16)
+    path = tmp_path / "data.parquet"
+    written = write_text_parquet(path, parts)
+    before = snapshot(path)
+    dataset = open_dataset(str(path), "y")
+    plain = list(iter_batches(dataset, str(path)))
+    as_dictionary = list(iter_batches(dataset, str(path), as_dictionary=["town", "shade", "f0"]))
+    assert len(plain) == len(as_dictionary) > 4
+    for plain_batch, batch in zip(plain, as_dictionary, strict=True):
+        assert batch.schema.names == plain_batch.schema.names
+        for name in batch.schema.names:
+            column, expected = batch.column(name), plain_batch.column(name)
+            if name in ("town", "shade"):  # text named: a dictionary of that text
+                assert column.type == pa.dictionary(pa.int32(), expected.type), name
+                assert column.cast(expected.type).equals(expected), name
+            else:  # not named, or not text: as read plainly
+                assert column.equals(expected), name
+    assert pa.Table.from_batches(plain).equals(written)  # every row, as written
+    assert snapshot(path) == before
+
+
+def test_csv_text_named_as_dictionary_is_read_as_plain_text(tmp_path, monkeypatch):
+    monkeypatch.setattr(reading, "BATCH_ROWS", 16)
+    path = tmp_path / "data.csv"
+    pa_csv.write_csv(text_table(), path)
+    dataset = open_dataset(str(path), "y")
+    plain = list(iter_batches(dataset, str(path)))
+    as_dictionary = list(iter_batches(dataset, str(path), as_dictionary=["town", "note", "shade"]))
+    assert len(plain) == len(as_dictionary) and plain[0].schema.field("town").type == pa.string()
+    for plain_batch, batch in zip(plain, as_dictionary, strict=True):
+        assert batch.equals(plain_batch)
+        assert not any(pa.types.is_dictionary(field.type) for field in batch.schema)
