@@ -118,7 +118,8 @@ def checked_assignment(
 
 def classes_not_in_train(codes: np.ndarray, assignment: np.ndarray, n_classes: int) -> np.ndarray:
     """The class codes with no train row: a model never shown a class cannot predict it."""
-    return np.setdiff1d(np.arange(n_classes), codes[assignment == SPLITS.index("train")])
+    in_train = np.bincount(codes[assignment == SPLITS.index("train")], minlength=n_classes)
+    return np.flatnonzero(in_train == 0)
 
 
 def val_share(split: SplitConfig) -> float:
@@ -166,6 +167,7 @@ def assign_splits(codes: np.ndarray, split: SplitConfig) -> np.ndarray:
 # already known and comes before no other draw, so it is skipped.
 
 ROWS_PER_CHUNK = 1 << 16  # rows sorted at once by `grouped_positions`: its int64 work arrays stay small
+FEW_STRATA = 8  # up to this many, `grouped_positions` finds each stratum's rows in turn rather than sorting
 
 
 def row_numbers(n_rows: int) -> np.dtype:
@@ -233,8 +235,15 @@ def grouped_positions(strata: np.ndarray, counts: np.ndarray) -> np.ndarray:
     each), sorted a chunk at a time so that no int64 array of every row is made."""
     grouped = np.empty(len(strata), dtype=row_numbers(len(strata)))
     next_slot = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    present = np.flatnonzero(counts)
     for start in range(0, len(strata), ROWS_PER_CHUNK):
         chunk = strata[start : start + ROWS_PER_CHUNK]
+        if len(present) <= FEW_STRATA:  # a pass a stratum beats a sort
+            for stratum in present:
+                rows = np.flatnonzero(chunk == stratum)
+                grouped[next_slot[stratum] : next_slot[stratum] + len(rows)] = rows + start
+                next_slot[stratum] += len(rows)
+            continue
         by_stratum = np.argsort(chunk, kind="stable")
         chunk_strata = chunk[by_stratum]
         chunk_counts = np.bincount(chunk, minlength=len(counts))

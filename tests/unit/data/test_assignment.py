@@ -12,12 +12,14 @@ import pyarrow.dataset as ds
 import pytest
 from sklearn.model_selection import train_test_split
 
+from tasks.core.data import assignment as assignment_module
 from tasks.core.data.assignment import (
     SPLITS,
     SplitConfig,
     approximate_mode,
     assign_splits,
     checked_assignment,
+    grouped_positions,
     split_rows,
     val_share,
 )
@@ -339,3 +341,15 @@ def test_the_split_of_a_million_rows_takes_a_few_bytes_a_row():
 def test_a_negative_stratum_code_is_refused():
     with pytest.raises(ValueError, match="0 or more"):
         assign_splits(np.array([0, 1, -1] * 10), SplitConfig())
+
+
+@pytest.mark.parametrize("strata_count", [1, 2, 8, 9, 40])
+def test_positions_grouped_by_stratum_are_a_stable_argsort(monkeypatch, strata_count):
+    """A pass a stratum (few strata) or a chunked sort (many): both as `np.argsort(kind="stable")`."""
+    monkeypatch.setattr(assignment_module, "ROWS_PER_CHUNK", 7)
+    strata = np.random.default_rng(strata_count).integers(0, strata_count, 500).astype(np.uint8)
+    strata[strata == strata_count - 1] = 0 if strata_count > 2 else strata[0]  # a stratum with no row
+    counts = np.bincount(strata, minlength=strata_count)
+    grouped = grouped_positions(strata, counts)
+    assert grouped.dtype == np.int32
+    np.testing.assert_array_equal(grouped, np.argsort(strata, kind="stable"))
