@@ -194,15 +194,23 @@ def stratified_draw(
     grouped = grouped_positions(strata, counts)
     starts = np.concatenate(([0], np.cumsum(class_counts)[:-1]))
     for start, count in zip(starts, class_counts, strict=True):
-        rng.shuffle(grouped[start : start + count])
+        shuffle(rng, grouped[start : start + count])
     test_starts = starts + train_counts
     test = np.concatenate([grouped[s : s + n] for s, n in zip(test_starts, test_counts, strict=True)])
     if not with_train:
         return None, test
     train = np.concatenate([grouped[s : s + n] for s, n in zip(starts, train_counts, strict=True)])
     del grouped
-    rng.shuffle(train)
+    shuffle(rng, train)
     return train, test
+
+
+def shuffle(rng: np.random.RandomState, rows: np.ndarray) -> None:
+    """`rng.shuffle(rows)`, through an int64 copy: numpy shuffles 8-byte items about twice as fast as
+    4-byte ones, and the swaps depend only on the length."""
+    wide = rows.astype(np.int64)
+    rng.shuffle(wide)
+    rows[:] = wide
 
 
 def check_draw_sizes(n_rows: int, n_train: int, test_fraction: float) -> None:
