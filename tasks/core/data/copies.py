@@ -14,7 +14,6 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tasks.core.data.background import ordered_map
 from tasks.core.data.column_kinds import is_text
 from tasks.core.data.files import filesystem_for
 from tasks.core.data.splits import SPLITS
@@ -177,13 +176,11 @@ def marked_runs(held: np.ndarray, first: np.ndarray) -> int:
 
 def copy_notes(out_dir: str, rows: dict[str, int]) -> list[str]:
     """Notes on the rows of a split that are exact copies (the same features and label) of rows of
-    another split, from the row hashes `write_splits` wrote under `out_dir`; `rows` by split. Two pairs
-    of splits are counted at once."""
-    pairs = list(COPIED_SPLITS)
-    counted = ordered_map(lambda pair: rows_with_copies(out_dir, *pair, rows), iter(pairs))
+    another split, from the row hashes `write_splits` wrote under `out_dir`; `rows` by split. One pair
+    of splits at a time: two at once held some 80 MB more at 10M rows for half a second less."""
     notes = []
-    for ((split, other), overstated), copies in zip(COPIED_SPLITS.items(), counted, strict=True):
-        if copies:
+    for (split, other), overstated in COPIED_SPLITS.items():
+        if copies := rows_with_copies(out_dir, split, other, rows):
             notes.append(
                 f"{copies:,} {split} rows ({share(copies, rows[split])}) are exact copies of {other} rows "
                 f"(the same features and label): {overstated}"
