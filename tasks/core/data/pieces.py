@@ -42,14 +42,13 @@ from tasks.core.data.prepare import (
     every_row,
     feature_kinds,
     fit_encoding,
-    split_files,
     train_encoding_stats,
     with_copy_notes,
     with_encoding,
-    write_splits,
 )
 from tasks.core.data.reading import iter_batches, open_dataset
 from tasks.core.data.scaling import ScalerStats, train_scaler
+from tasks.core.data.writing import split_files, write_splits
 
 
 @dataclass
@@ -203,9 +202,9 @@ def write_piece(
     labels = clean_labels(column, layout.uri, label_column, from_csv, layout.table.label_kind)
     codes = encode_as(labels, layout)
     rows = layout.rows_of(piece)
-    prepared = PreparedSplits(split_files(layout.output, piece.index), replace(layout.table, scaler=scaler))
+    table, paths = replace(layout.table, scaler=scaler), split_files(layout.output, piece.index)
     hashes = hash_files(layout.output, piece.index)
-    write_splits(dataset, layout.uri, prepared, codes, assignment[rows], hashes, rows.start)
+    write_splits(dataset, layout.uri, table, paths, codes, assignment[rows], hashes, rows.start)
     return {name: int((assignment[rows] == index).sum()) for index, name in enumerate(SPLITS)}
 
 

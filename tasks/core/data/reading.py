@@ -333,6 +333,14 @@ def iter_batches(
     yield from read_ahead(file_batches(dataset, uri, columns, as_dictionary))
 
 
+def with_offsets(batches: Iterator[pa.RecordBatch]) -> Iterator[tuple[int, pa.RecordBatch]]:
+    """Each batch with the number of rows before it."""
+    offset = 0
+    for batch in batches:
+        yield offset, batch
+        offset += batch.num_rows
+
+
 def file_batches(
     dataset: ds.Dataset, uri: str, columns: list[str] | None, as_dictionary: Collection[str]
 ) -> Iterator[pa.RecordBatch]:

@@ -19,8 +19,9 @@ from tasks.core.data.column_kinds import propose_kinds
 from tasks.core.data.encoding import batch_stats
 from tasks.core.data.files import DatasetError
 from tasks.core.data.pieces import assign_pieces, plan_pieces, prepare_in_pieces
-from tasks.core.data.prepare import RAW_SPLIT, PreparedSplits, prepare_dataset
+from tasks.core.data.prepare import PreparedSplits, prepare_dataset
 from tasks.core.data.splits import batch_features
+from tasks.core.data.writing import RAW_SPLIT
 from tests.conftest import blobs_frame
 
 # --- blobs, labelled 'species' ----------------------------------------------------------------

@@ -17,14 +17,11 @@ from tasks.core.data import reading
 from tasks.core.data.assignment import SPLITS
 from tasks.core.data.column_kinds import is_text
 from tasks.core.data.files import DatasetError
-from tasks.core.data.prepare import (
-    EMBEDDED_DIGITS_LABEL,
-    RAW_SPLIT,
-    write_embedded_digits,
-)
+from tasks.core.data.prepare import EMBEDDED_DIGITS_LABEL, write_embedded_digits
 from tasks.core.data.reading import iter_batches, open_dataset
 from tasks.core.data.scaling import standardise
 from tasks.core.data.splits import batch_features, read_split
+from tasks.core.data.writing import RAW_SPLIT
 from tests.unit.data.tables import (
     MESSY_ROWS,
     MESSY_UNLABELLED,

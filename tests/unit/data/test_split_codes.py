@@ -13,15 +13,16 @@ import pyarrow.parquet as pq
 import pytest
 
 from benchmarks.tables import Churn
-from tasks.core.data import prepare as prepare_module
+from tasks.core.data import writing as writing_module
 from tasks.core.data.assignment import SPLITS, SplitConfig
 from tasks.core.data.column_kinds import CATEGORICAL
 from tasks.core.data.labels import clean_labels, scan_labels
 from tasks.core.data.pieces import prepare_in_pieces
-from tasks.core.data.prepare import RAW_SPLIT, PreparedSplits, RowSplit, prepare_dataset
+from tasks.core.data.prepare import PreparedSplits, RowSplit, prepare_dataset
 from tasks.core.data.reading import open_dataset
 from tasks.core.data.split_codes import CODES_KEY, code_type, split_coded, stored_columns
 from tasks.core.data.splits import read_split
+from tasks.core.data.writing import RAW_SPLIT
 from tasks.core.training.rank_part import rank_part, read_shard
 from tests.conftest import blobs_frame
 
@@ -86,7 +87,7 @@ def test_the_features_read_back_are_transform_scaled_bit_for_bit(mixed, tmp_path
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_a_ranks_part_reads_its_rows_expanded(mixed, tmp_path, monkeypatch, world_size):
-    monkeypatch.setattr(prepare_module, "SPLIT_ROW_GROUP_ROWS", ROW_GROUP_ROWS)
+    monkeypatch.setattr(writing_module, "SPLIT_ROW_GROUP_ROWS", ROW_GROUP_ROWS)
     prepared = prepared_splits(mixed, tmp_path / "out", 3)
     splits = prepared.split_paths()
     whole, labels = read_split(splits.train, splits.feature_names, splits.label_column)

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from tasks.core.data.assignment import SplitConfig
-from tasks.core.data.prepare import SPLIT_ROW_GROUP_ROWS, prepare_dataset
+from tasks.core.data.prepare import prepare_dataset
 from tasks.core.data.splits import read_split
+from tasks.core.data.writing import SPLIT_ROW_GROUP_ROWS
 from tasks.core.models.plugins import measure_footprint, mlp_spec
 from tasks.core.planning.planner import CatalogEntry, PlanError, Workload, plan_training
 from tasks.core.training import rows
