@@ -8,13 +8,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from queue import Empty, Full, Queue
+from contextlib import suppress
+from queue import Empty, Queue
 from typing import TypeVar
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")
 WORKERS = 2  # batches worked on at once: a preprocessing pod has two cores or more
-WAIT_SECONDS = 0.1  # how often a blocked thread looks whether the other side has stopped
+WAIT_SECONDS = 0.1  # how often a waiting caller looks whether the reading thread has ended
 END = object()
 
 
@@ -25,23 +26,15 @@ def read_ahead(items: Iterator[Item], depth: int = 2) -> Iterator[Item]:
     queue: Queue = Queue(maxsize=depth)
     stopped = threading.Event()
 
-    def offer(entry: tuple[object, BaseException | None]) -> None:
-        while not stopped.is_set():
-            try:
-                queue.put(entry, timeout=WAIT_SECONDS)
-                return
-            except Full:
-                continue
-
     def produce() -> None:
         try:
             for item in items:
                 if stopped.is_set():
                     return
-                offer((item, None))
-            offer((END, None))
+                queue.put((item, None))
+            queue.put((END, None))
         except BaseException as err:  # handed to the caller, which raises it
-            offer((END, err))
+            queue.put((END, err))
 
     thread = threading.Thread(target=produce, name="read-ahead", daemon=True)
     thread.start()
@@ -60,7 +53,9 @@ def read_ahead(items: Iterator[Item], depth: int = 2) -> Iterator[Item]:
             yield item
     finally:
         stopped.set()
-        thread.join()
+        while thread.is_alive():  # take what it offers, so that it sees the stop at once
+            with suppress(Empty):
+                queue.get(timeout=WAIT_SECONDS)
 
 
 def ordered_map(
