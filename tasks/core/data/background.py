@@ -8,7 +8,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import suppress
 from queue import Empty, Queue
 from typing import TypeVar
 
@@ -29,33 +28,37 @@ def read_ahead(items: Iterator[Item], depth: int = 2) -> Iterator[Item]:
     def produce() -> None:
         try:
             for item in items:
-                if stopped.is_set():
-                    return
                 queue.put((item, None))
+                if stopped.is_set():
+                    break
             queue.put((END, None))
         except BaseException as err:  # handed to the caller, which raises it
             queue.put((END, err))
 
-    thread = threading.Thread(target=produce, name="read-ahead", daemon=True)
-    thread.start()
-    try:
+    def taken() -> tuple[object, BaseException | None]:
         while True:
             try:
-                item, error = queue.get(timeout=WAIT_SECONDS)
+                return queue.get(timeout=WAIT_SECONDS)
             except Empty:
                 if not thread.is_alive():
                     raise RuntimeError("the read-ahead thread ended without a word") from None
-                continue
+
+    thread = threading.Thread(target=produce, name="read-ahead", daemon=True)
+    thread.start()
+    ended = False
+    try:
+        while True:
+            item, error = taken()
+            ended = item is END
             if error is not None:
                 raise error
-            if item is END:
+            if ended:
                 return
             yield item
     finally:
         stopped.set()
-        while thread.is_alive():  # take what it offers, so that it sees the stop at once
-            with suppress(Empty):
-                queue.get(timeout=WAIT_SECONDS)
+        while not ended:  # take what it still offers: it ends after the item it is reading
+            ended = taken()[0] is END
 
 
 def ordered_map(
