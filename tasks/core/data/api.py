@@ -38,7 +38,14 @@ from tasks.core.data.files import (
     row_group_fragments,
 )
 from tasks.core.data.labels import typed_labels
-from tasks.core.data.reading import csv_format_of, header_line, iter_batches, open_dataset, sniff_delimiter
+from tasks.core.data.reading import (
+    csv_format_of,
+    first_batch,
+    header_line,
+    iter_batches,
+    open_dataset,
+    sniff_delimiter,
+)
 from tasks.core.data.scaling import ScalerStats, check_standardised, standardise
 from tasks.core.data.splits import batch_features
 from tasks.core.data.table import PreparedTable
@@ -50,6 +57,7 @@ __all__ = [
     "csv_format_of",
     "detect_format",
     "filesystem_for",
+    "first_batch",
     "header_line",
     "is_local",
     "iter_batches",

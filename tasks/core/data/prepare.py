@@ -44,7 +44,7 @@ from tasks.core.data.labels import (
     label_kind,
     scan_labels,
 )
-from tasks.core.data.reading import iter_batches, open_dataset, with_offsets
+from tasks.core.data.reading import first_batch, iter_batches, open_dataset, with_offsets
 from tasks.core.data.scaling import ScalerStats, train_scaler
 from tasks.core.data.splits import SplitPaths
 from tasks.core.data.table import PreparedTable
@@ -195,7 +195,7 @@ def feature_kinds(
 ) -> dict[str, ColumnKind]:
     """Each feature column's kind, from its type and the first batch's values, or as the user's
     `overrides` (column -> kind or 'drop') say (`propose_kinds`)."""
-    sample = next((batch for batch in iter_batches(dataset, uri, columns=columns) if batch.num_rows), None)
+    sample = first_batch(dataset, uri, columns)
     try:
         return propose_kinds(dataset.schema, columns, overrides, sample=sample)
     except DatasetError as err:

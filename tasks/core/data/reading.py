@@ -178,7 +178,7 @@ def has_rows(dataset: ds.Dataset, uri: str) -> bool:
     """Parquet knows its row count from the footers; CSV must parse its first batch to tell."""
     if not isinstance(dataset.format, ds.CsvFileFormat):
         return dataset.count_rows() > 0
-    return any(batch.num_rows for batch in iter_batches(dataset, uri))
+    return first_batch(dataset, uri) is not None
 
 
 def part_name(uri: str, file: str) -> str:
@@ -331,6 +331,12 @@ def iter_batches(
     read in a thread while the caller works on one (`read_ahead`). The text columns named in
     `as_dictionary` come as dictionary arrays from a parquet input (`dictionary_reading`)."""
     yield from read_ahead(file_batches(dataset, uri, columns, as_dictionary))
+
+
+def first_batch(dataset: ds.Dataset, uri: str, columns: list[str] | None = None) -> pa.RecordBatch | None:
+    """The first batch that holds rows (None where none does), read in this thread: a caller that wants
+    only the first rows reads nothing ahead."""
+    return next((batch for batch in file_batches(dataset, uri, columns, ()) if batch.num_rows), None)
 
 
 def with_offsets(batches: Iterator[pa.RecordBatch]) -> Iterator[tuple[int, pa.RecordBatch]]:

@@ -47,6 +47,7 @@ from tasks.core.data.api import (
     csv_format_of,
     detect_format,
     filesystem_for,
+    first_batch,
     header_line,
     is_local,
     iter_batches,
@@ -432,7 +433,7 @@ def measure_row_cost(bundle: Bundle, dataset: ds.Dataset, uri: str) -> RowCost:
     """What a row costs on this machine's CPU core: the first rows read, checked, scored and written
     (to memory), and the model's forward pass on them alone."""
     source = first_file_name(dataset, uri)
-    reading, batch = timed(lambda: next(iter_batches(dataset, uri)))
+    reading, batch = timed(lambda: first_batch(dataset, uri))
     sample = batch.slice(0, SAMPLE_ROWS)
     answers = bundle.predict_numbers if bundle.target.regression else bundle.predict_proba
     answers(sample.slice(0, WARM_UP_ROWS), source)  # the first call pays for lazy set-up
