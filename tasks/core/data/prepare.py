@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import tempfile
 from collections.abc import Mapping
+from contextlib import closing
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -209,7 +210,6 @@ def train_encoding_stats(
     read as their kinds, and a bad one refused by column and row. `assignment` holds the splits of the
     dataset's rows, the first of which is row `first_row` of the input."""
     categories = [name for name, kind in kinds.items() if kind.kind == CATEGORICAL]
-    batches = iter_batches(dataset, uri, columns=list(kinds), as_dictionary=categories)
 
     def train_stats(numbered: tuple[int, pa.RecordBatch]) -> EncodingStats:
         offset, batch = numbered
@@ -217,8 +217,10 @@ def train_encoding_stats(
         return batch_stats(kinds, batch, first_row + offset, in_train, uri)
 
     stats = EncodingStats.empty(kinds)
-    for part in ordered_map(train_stats, with_offsets(batches)):
-        stats = stats.merge(part)
+    # Closed on a bad value too: the reading thread ends before the error is handed on.
+    with closing(iter_batches(dataset, uri, columns=list(kinds), as_dictionary=categories)) as batches:
+        for part in ordered_map(train_stats, with_offsets(batches)):
+            stats = stats.merge(part)
     return stats
 
 

@@ -3,6 +3,7 @@ appended to its split (train and val standardised, the test split raw), with its
 
 from __future__ import annotations
 
+from contextlib import closing
 from dataclasses import dataclass
 from functools import partial
 from typing import IO
@@ -79,7 +80,7 @@ def write_splits(
     encoding, layout = table.fitted_encoding(), split_layout_of(table)
     hashed = [name for name in table.columns if name not in encoding.left_out]  # the columns the model reads
     categories = [column.name for column in encoding.columns if column.kind == CATEGORICAL]
-    batches = iter_batches(dataset, uri, columns=table.columns, as_dictionary=categories)
+    batches = closing(iter_batches(dataset, uri, columns=table.columns, as_dictionary=categories))
     sinks = SplitSinks.open(table, dataset.schema, paths, hash_paths)
 
     def split_rows(numbered: tuple[int, pa.RecordBatch]) -> BatchRows:
@@ -91,9 +92,10 @@ def write_splits(
 
     behind = WriteBehind(SPLITS)
     try:
-        for batch_rows in ordered_map(split_rows, with_offsets(batches)):
-            for name in SPLITS:
-                behind.submit(name, partial(sinks.write, name, batch_rows))
+        with batches as read:  # closed on a bad value too: the reading thread ends first
+            for batch_rows in ordered_map(split_rows, with_offsets(read)):
+                for name in SPLITS:
+                    behind.submit(name, partial(sinks.write, name, batch_rows))
     finally:
         try:
             behind.finish()

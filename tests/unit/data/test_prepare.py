@@ -5,6 +5,7 @@ left as it was; rows copied between splits are counted in a note, as pandas coun
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -14,17 +15,19 @@ import pyarrow.parquet as pq
 import pytest
 
 from tasks.core.data import reading
-from tasks.core.data.assignment import SPLITS
+from tasks.core.data.assignment import SPLITS, SplitConfig
 from tasks.core.data.column_kinds import is_text
 from tasks.core.data.files import DatasetError
-from tasks.core.data.prepare import EMBEDDED_DIGITS_LABEL, write_embedded_digits
+from tasks.core.data.prepare import EMBEDDED_DIGITS_LABEL, prepare_dataset, write_embedded_digits
 from tasks.core.data.reading import iter_batches, open_dataset
 from tasks.core.data.scaling import standardise
 from tasks.core.data.splits import batch_features, read_split
 from tasks.core.data.writing import RAW_SPLIT
+from tests.conftest import blobs_frame
 from tests.unit.data.tables import (
     MESSY_ROWS,
     MESSY_UNLABELLED,
+    assignment_of,
     prepare,
     prepare_messy,
     row_ids,
@@ -202,3 +205,30 @@ def test_bad_input_is_left_untouched(blobs, write_table, tmp_path):
     with pytest.raises(DatasetError):
         prepare(path, tmp_path)
     assert Path(path).read_bytes() == before
+
+
+@pytest.mark.parametrize("pass_at_fault", ["statistics", "write"])
+def test_a_refused_value_leaves_no_thread_behind_while_its_error_is_held(
+    tmp_path, monkeypatch, pass_at_fault
+):
+    """The passes read, encode and write in threads: a bad value ends them all before its error is
+    raised, even while a caller holds the error (and with it the passes' frames). An infinite value is
+    refused as the statistics are gathered; a huge one in a test row only once it is standardised."""
+    monkeypatch.setattr(reading, "BATCH_ROWS", 16)
+    frame, path = blobs_frame(), tmp_path / "data.parquet"
+    frame.to_parquet(path, index=False)
+    split = SplitConfig(seed=0)
+    if pass_at_fault == "statistics":
+        row, value, refusal = 5, np.inf, "infinite value"
+    else:
+        row, value, refusal = (
+            int(np.flatnonzero(assignment_of(path, split, tmp_path, 1) == 2)[0]),
+            1e300,
+            "float32",
+        )
+    frame.loc[row, "f1"] = value
+    frame.to_parquet(path, index=False)
+    with pytest.raises(DatasetError) as refused:
+        prepare_dataset(str(path), "species", str(tmp_path / "out"), split)
+    assert f"at row {row}" in str(refused.value) and refusal in str(refused.value)
+    assert [t.name for t in threading.enumerate() if t is not threading.main_thread()] == []
