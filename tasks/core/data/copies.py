@@ -14,7 +14,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tasks.core.data.column_kinds import is_text
+from tasks.core.data.column_kinds import category_indices, is_text
 from tasks.core.data.files import filesystem_for
 from tasks.core.data.splits import SPLITS
 
@@ -80,10 +80,10 @@ def column_hashes(column: pa.Array) -> np.ndarray:
 def text_hashes(column: pa.Array) -> np.ndarray:
     """Each value's hash, as pandas hashes an object array of the texts: each distinct value is made a
     Python string and hashed once (a null as pandas hashes None). Of text, or a dictionary of texts."""
-    encoded = column if pa.types.is_dictionary(column.type) else pc.dictionary_encode(column)
-    indices = pc.cast(encoded.indices, pa.int64())  # a narrow type may not hold the dictionary's length
-    at = indices.fill_null(len(encoded.dictionary)).to_numpy(zero_copy_only=False)
-    return DICTIONARY_HASHES.of(encoded.dictionary)[at]
+    if pa.types.is_dictionary(column.type):  # its dictionary may be the batch before's
+        return DICTIONARY_HASHES.of(column.dictionary)[category_indices(column)]  # -1, a null: the last
+    encoded = pc.dictionary_encode(column)
+    return distinct_text_hashes(encoded.dictionary)[category_indices(encoded)]
 
 
 class DictionaryHashes:
@@ -99,13 +99,18 @@ class DictionaryHashes:
             for seen, hashes in self.known:
                 if len(seen) == len(dictionary) and seen.equals(dictionary):
                     return hashes
-        hashes = pd.util.hash_array(np.array([*dictionary.to_pylist(), None], dtype=object))
+        hashes = distinct_text_hashes(dictionary)
         with self.lock:
             self.known.append((dictionary, hashes))
         return hashes
 
 
 DICTIONARY_HASHES = DictionaryHashes()
+
+
+def distinct_text_hashes(dictionary: pa.Array) -> np.ndarray:
+    """The hash of each text, then of a null."""
+    return pd.util.hash_array(np.array([*dictionary.to_pylist(), None], dtype=object))
 
 
 def hash_files(out_dir: str, part: int = 0) -> dict[str, str]:

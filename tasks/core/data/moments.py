@@ -85,21 +85,3 @@ class FeatureMoments:
     @property
     def constant(self) -> np.ndarray:
         return self.low == self.high
-
-    def to_dict(self) -> dict:
-        return {
-            "count": self.count,
-            **{name: getattr(self, name).tolist() for name in ("mean", "m2", "low", "high")},
-        }
-
-    @classmethod
-    def from_dict(cls, saved: dict) -> FeatureMoments:
-        arrays = {name: np.asarray(saved[name], dtype=np.float64) for name in ("mean", "m2", "low", "high")}
-        return cls(int(saved["count"]), **arrays)
-
-
-def merged(pieces: list[FeatureMoments]) -> FeatureMoments:
-    total = pieces[0]
-    for piece in pieces[1:]:
-        total = total.merge(piece)
-    return total

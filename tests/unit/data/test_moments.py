@@ -1,9 +1,15 @@
 """Feature moments computed in pieces merge to the moments of the whole table."""
 
+from functools import reduce
+
 import numpy as np
 import pytest
 
-from tasks.core.data.moments import FeatureMoments, merged
+from tasks.core.data.moments import FeatureMoments
+
+
+def merged(pieces: list[FeatureMoments]) -> FeatureMoments:
+    return reduce(FeatureMoments.merge, pieces)
 
 
 @pytest.mark.parametrize("pieces", [1, 3, 7])
@@ -25,5 +31,3 @@ def test_empty_pieces_change_nothing_and_constant_columns_are_found():
     total = merged([FeatureMoments.empty(2), FeatureMoments.of(rows), FeatureMoments.of(rows[:0])])
     np.testing.assert_array_equal(total.mean, [2.0, 2.0])
     np.testing.assert_array_equal(total.constant, [False, True])
-    again = FeatureMoments.from_dict(total.to_dict())
-    np.testing.assert_array_equal(again.m2, total.m2)
