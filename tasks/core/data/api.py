@@ -34,6 +34,7 @@ from tasks.core.data.files import (
     filesystem_for,
     is_local,
     parquet_format,
+    parquet_split,
     remote_errors,
     row_group_fragments,
 )
@@ -63,6 +64,7 @@ __all__ = [
     "iter_batches",
     "open_dataset",
     "parquet_format",
+    "parquet_split",
     "remote_errors",
     "row_group_fragments",
     "sniff_delimiter",

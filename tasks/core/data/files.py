@@ -101,6 +101,17 @@ def row_group_fragments(
     return [fragment.subset(row_group_ids=[group]) for group in groups]
 
 
+def parquet_split(path: str) -> ds.FileSystemDataset:
+    """A prepared split (a parquet file or a folder of parts) at a local path or an object-store URI.
+    A URI is opened through fsspec (`filesystem_for`), whose defaults carry the run's storage settings
+    (an S3-compatible endpoint and keys, tasks/plumbing/storage.py); pyarrow's own filesystem, which
+    `ds.dataset(uri)` would pick, knows none of them. Every read of run storage goes through here."""
+    filesystem, root = filesystem_for(path)
+    if is_local(filesystem):
+        return ds.dataset(path, format=parquet_format())
+    return ds.dataset(root, filesystem=filesystem, format=parquet_format(remote=True))
+
+
 def parquet_format(remote: bool = False) -> ds.ParquetFileFormat:
     """Pre-buffering reads whole row groups at once: fewer requests to an object store, but on a
     local disk it holds most of a file in memory, so it is used for remote files only."""

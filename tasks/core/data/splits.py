@@ -7,9 +7,8 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
 
-from tasks.core.data.files import parquet_format
+from tasks.core.data.files import parquet_split
 from tasks.core.data.split_codes import expanded_features, split_coded, stored_columns
 
 SPLITS = ("train", "val", "test")  # the prepared splits, in the order rows are assigned to them
@@ -19,7 +18,7 @@ def read_split(path: str, feature_names: list[str], label_column: str) -> tuple[
     """A whole prepared split (a parquet file or directory) as (features float32, label codes int64):
     the standardised train and val splits the training loops read, categories expanded from their codes
     (`batch_features`)."""
-    split = ds.dataset(path, format=parquet_format())
+    split = parquet_split(path)
     table = split.to_table(columns=[*stored_columns(split.schema, feature_names), label_column])
     return batch_features(table, feature_names), label_array(table.column(label_column).to_numpy())
 

@@ -21,9 +21,7 @@ import json
 import math
 from dataclasses import dataclass
 
-import pyarrow.dataset as ds
-
-from tasks.core.data.api import DatasetError, filesystem_for, parquet_format, remote_errors
+from tasks.core.data.api import DatasetError, filesystem_for, parquet_split, remote_errors
 from tasks.core.messages import one_line, preview, raise_for
 from tasks.core.report.metrics import ClassificationMetrics
 from tasks.core.serving.bundle import Bundle, BundleError, load_bundle
@@ -204,7 +202,7 @@ def comparable_metrics(
     if known != [str(label) for label in class_labels]:
         raise Incomparable(f"it knows the classes {preview(known)}, this run {preview(class_labels)}")
     try:
-        bundle.check_columns(ds.dataset(test_split, format=parquet_format()).schema, "the test split")
+        bundle.check_columns(parquet_split(test_split).schema, "the test split")
         return split_metrics(bundle, test_split, label_column, class_labels)
     except (BundleError, DatasetError) as error:  # a missing column, another kind, a value it cannot read
         raise Incomparable(one_line(error)) from error

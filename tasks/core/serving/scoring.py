@@ -53,6 +53,7 @@ from tasks.core.data.api import (
     iter_batches,
     open_dataset,
     parquet_format,
+    parquet_split,
     remote_errors,
     row_group_fragments,
     sniff_delimiter,
@@ -789,7 +790,7 @@ def split_metrics(
     `label_column`) as the bundle scores it: by `scored_batches`, as scoring the same rows does, streamed
     one row group at a time: memory holds a record batch and the confusion counts. Rows whose outputs are
     not finite are counted and left out, as scoring leaves them out."""
-    split = ds.dataset(path, format=parquet_format())
+    split = parquet_split(path)
     by_row_group = [part for fragment in split.get_fragments() for part in row_group_fragments(fragment)]
     split = ds.FileSystemDataset(by_row_group, split.schema, split.format, split.filesystem)
     confusion, non_finite = ConfusionCounts(len(class_labels)), 0
@@ -803,7 +804,7 @@ def split_metrics(
 def split_numbers(bundle: Bundle, path: str, label_column: str) -> tuple[np.ndarray, np.ndarray]:
     """A regression's (actual, predicted) on a prepared split (the raw feature columns and the label
     as read), float64, one record batch at a time; a row whose output is not finite predicts NaN."""
-    split = ds.dataset(path, format=parquet_format())
+    split = parquet_split(path)
     actual, predicted, rows = [], [], 0
     for batch in iter_batches(split, path):
         predicted.append(bundle.predict_numbers(batch, path, rows))

@@ -6,11 +6,10 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
-import pyarrow.dataset as ds
 import pyarrow.fs as pa_fs
 import pyarrow.parquet as pq
 
-from tasks.core.data.files import DatasetError, filesystem_for, is_local, parquet_format
+from tasks.core.data.files import DatasetError, parquet_split
 from tasks.core.data.split_codes import stored_columns
 from tasks.core.data.splits import batch_features, label_array
 
@@ -76,11 +75,7 @@ class RankPart:
 def row_groups(path: str) -> tuple[pa_fs.FileSystem, list[tuple[str, int, int]]]:
     """A split's filesystem and its row groups as (file, index, rows), in the order the rows count.
     `path` may be an object-store URI: the rows are then read from there, a row group at a time."""
-    filesystem, root = filesystem_for(path)
-    if is_local(filesystem):
-        split = ds.dataset(path, format=parquet_format())
-    else:
-        split = ds.dataset(root, filesystem=filesystem, format=parquet_format(remote=True))
+    split = parquet_split(path)
     groups = []
     for file in split.files:
         metadata = pq.read_metadata(file, filesystem=split.filesystem)

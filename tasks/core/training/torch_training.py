@@ -42,14 +42,13 @@ from datetime import timedelta
 from typing import TypeVar
 
 import numpy as np
-import pyarrow.dataset as ds
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from tasks.core.data.files import parquet_format
+from tasks.core.data.files import parquet_split
 from tasks.core.data.splits import SplitPaths
 from tasks.core.messages import one_line
 from tasks.core.models.memory import ddp_bucket_cap_mb
@@ -725,7 +724,7 @@ def loss_weights(config: TrainConfig, splits: SplitPaths, ctx: DistributedContex
     rank reads them, so all weigh alike); None where no weighting is asked for."""
     if config.class_weight == "none":
         return None
-    labels = ds.dataset(splits.train, format=parquet_format()).to_table(columns=[splits.label_column])
+    labels = parquet_split(splits.train).to_table(columns=[splits.label_column])
     counts = np.bincount(labels.column(0).to_numpy(), minlength=splits.n_classes)
     weights = class_weights(config.class_weight, counts)
     if ctx.rank == 0:

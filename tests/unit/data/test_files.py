@@ -4,11 +4,18 @@ its cause."""
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
+import fsspec
 import fsspec.implementations.memory
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 import pytest
 
 from tasks.core.data.assignment import SplitConfig
-from tasks.core.data.files import DatasetError, detect_format
+from tasks.core.data.files import DatasetError, detect_format, parquet_split
 from tasks.core.data.fingerprint import dataset_fingerprint, describe_input
 from tasks.core.data.prepare import prepare_dataset
 from tasks.core.data.reading import open_dataset
@@ -130,3 +137,100 @@ def test_missing_remote_file_is_still_no_such_file():
         refusal_of("memory://bucket/absent.parquet")
         == "memory://bucket/absent.parquet: no such file or directory"
     )
+
+
+# --- run storage: one way in ------------------------------------------------------------------------
+
+# pyarrow's readers and writers that open a path themselves when given no filesystem.
+PATH_OPENERS = {
+    "dataset",
+    "read_table",
+    "read_metadata",
+    "read_schema",
+    "ParquetFile",
+    "ParquetDataset",
+    "ParquetWriter",
+    "write_table",
+    "write_dataset",
+}
+# Where a path is opened without a filesystem on purpose: parquet_split's local branch, and the
+# embedded digits written to a local temporary folder.
+LOCAL_ONLY = {
+    ("tasks/core/data/files.py", "parquet_split"),
+    ("tasks/core/data/prepare.py", "write_embedded_digits"),
+}
+
+
+def opened_files(function: ast.FunctionDef) -> set[str]:
+    """Names `function` binds to a file some filesystem opened (`with fs.open(...) as stream`)."""
+    names = set()
+    for node in ast.walk(function):
+        if isinstance(node, ast.withitem) and isinstance(node.optional_vars, ast.Name):
+            value, name = node.context_expr, node.optional_vars.id
+        elif (
+            isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+        ):
+            value, name = node.value, node.targets[0].id
+        else:
+            continue
+        if (
+            isinstance(value, ast.Call)
+            and isinstance(value.func, ast.Attribute)
+            and "open" in value.func.attr
+        ):
+            names.add(name)
+    return names
+
+
+def opens_a_path(call: ast.AST, opened: set[str]) -> bool:
+    """A pyarrow call that opens a path itself: no `filesystem=`, and its first argument is not an opened
+    file (a call such as `filesystem.open_input_file(...)`, or a name bound to one)."""
+    if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)):
+        return False
+    func = call.func
+    if func.attr not in PATH_OPENERS or not (
+        isinstance(func.value, ast.Name) and func.value.id in {"ds", "pq"}
+    ):
+        return False
+    if any(keyword.arg == "filesystem" for keyword in call.keywords):
+        return False
+    first = call.args[0] if call.args else None
+    return not (isinstance(first, ast.Call) or (isinstance(first, ast.Name) and first.id in opened))
+
+
+def path_openings(path: Path) -> list[tuple[str, int]]:
+    """(enclosing function, line) of each pyarrow call in `path` that opens a path itself."""
+    functions = [node for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.FunctionDef)]
+    return [
+        (function.name, call.lineno)
+        for function in functions
+        for call in ast.walk(function)
+        if opens_a_path(call, opened_files(function))
+    ]
+
+
+def test_every_read_of_run_storage_goes_through_the_filesystem_helper():
+    """pyarrow given a URI and no filesystem opens it with its own S3 filesystem, which knows none of the
+    run's storage settings (an S3-compatible endpoint such as MinIO): every split is opened by
+    `parquet_split`, every other input through `filesystem_for`."""
+    root = Path(__file__).resolve().parents[3]
+    modules = sorted([*(root / "tasks").rglob("*.py"), *(root / "workflows").rglob("*.py")])
+    bypasses = [
+        f"{module.relative_to(root)}:{line} in {function}"
+        for module in modules
+        for function, line in path_openings(module)
+        if (str(module.relative_to(root)), function) not in LOCAL_ONLY
+    ]
+    assert bypasses == []
+
+
+def test_a_split_in_object_storage_is_read_through_fsspec(tmp_path):
+    """memory:// exists for fsspec only, so reading it proves the split was not opened by pyarrow's own
+    filesystem."""
+    table = pa.table({"x": [1.0, 2.0, 3.0], "label": [0, 1, 1]})
+    memory = fsspec.filesystem("memory")
+    with memory.open("memory://run/train/part-0.parquet", "wb") as out:
+        pq.write_table(table, out)
+    assert parquet_split("memory://run/train").to_table().equals(table)
+    with pytest.raises(pa.ArrowInvalid):
+        ds.dataset("memory://run/train")

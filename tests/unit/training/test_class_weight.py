@@ -4,7 +4,10 @@ training with them, and the torch loss keeping a step's gradient whatever its mi
 from __future__ import annotations
 
 import json
+from dataclasses import replace
+from pathlib import Path
 
+import fsspec
 import numpy as np
 import pandas as pd
 import pytest
@@ -17,6 +20,7 @@ from tasks.core.messages import InputError
 from tasks.core.models.plugins import mlp_spec
 from tasks.core.training import torch_training
 from tasks.core.training.config import TrainConfig, class_weights, describe_class_weights
+from tasks.core.training.torch_training import DistributedContext
 
 pytestmark = pytest.mark.usefixtures("single_process")
 
@@ -129,3 +133,17 @@ def test_keras_balanced_weights_raise_the_rare_class_recall(imbalanced_splits):
     features, labels = read_split(imbalanced_splits.val, imbalanced_splits.feature_names, "label")
     kept = weighted.run.history[weighted.run.kept_epoch - 1]
     assert kept.val_accuracy == pytest.approx((predict_keras(weighted.model, features) == labels).mean())
+
+
+def test_the_weights_read_a_train_split_in_object_storage_through_the_runs_filesystem(imbalanced_splits):
+    """A DDP worker reads the splits where the run stored them; the class weights' read goes through
+    fsspec as the rows' do (memory:// exists for fsspec only), so a store's settings reach it."""
+    memory = fsspec.filesystem("memory")
+    train = Path(imbalanced_splits.train)  # a part file of the split's folder
+    memory.put_file(str(train), f"memory://run/train/{train.name}")
+    stored = replace(imbalanced_splits, train=f"memory://run/train/{train.name}")
+    ctx = DistributedContext(rank=0, world_size=1, device=torch.device("cpu"), backend="none")
+    config = TrainConfig(**COMMON, class_weight="balanced")
+    local = torch_training.loss_weights(config, imbalanced_splits, ctx)
+    torch.testing.assert_close(torch_training.loss_weights(config, stored, ctx), local, rtol=0, atol=0)
+    assert local[1] > 5 * local[0]  # the rare class weighs more
