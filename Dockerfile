@@ -97,6 +97,8 @@ RUN ln -s "$(find /opt/venv -path '*/site-packages/libtpu/libtpu.so' | head -n 1
 ENV PJRT_DEVICE=TPU \
     NEXT_PLUGGABLE_DEVICE_USE_C_API=true \
     TF_PLUGGABLE_DEVICE_LIBRARY_PATH=/usr/local/lib/libtpu.so
+# On GKE the TPU pod runs this container as root, the user of GKE's TPU examples, for the TPU devices
+# (tasks/hardware.py, TpuSliceProfile.pod_template; docs/tensorflow-tpu.md, "The TPU devices").
 COPY tasks ./tasks
 COPY workflows ./workflows
 COPY examples ./examples

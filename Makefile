@@ -15,9 +15,11 @@ VERSION ?= $(shell commit=$$(git rev-parse --short=12 HEAD 2>/dev/null) && \
 	git ls-files --others --exclude-standard; \
 	git ls-files -z --others --exclude-standard | xargs -0 -r git hash-object --; }) && \
 	echo "$$commit$${changes:+-dirty-$$(printf %s "$$changes" | git hash-object --stdin | cut -c1-8)}")
-# Images are tagged with the version too, so what `make register` registers runs the images `make push`
-# built from the same tree.
-TAG ?= $(VERSION)
+# Images are tagged by what goes into them, not by the version: a hash of the files the build reads
+# (deploy/image-tag.sh), so an edit that stays out of the images (deploy/schedules.yaml) changes the
+# version `make register` registers under but not the images it names, which `make push` pushed.
+# Computed once, where first used.
+TAG ?= $(eval TAG := $$(shell deploy/image-tag.sh))$(TAG)
 # One per Dockerfile stage, named once in tasks/images.py.
 IMAGES := $(shell $(PYTHON) -m tasks.images)
 IMAGE_FLAGS = $(foreach t,$(IMAGES),--image $(t)=$(REGISTRY)/mixedml-$(t):$(TAG))
@@ -27,7 +29,7 @@ PACKAGE := dist/mixedml-flyte-package.tgz
 SCHEDULES ?= deploy/schedules.yaml
 SCHEDULES_ENV = MIXEDML_SCHEDULES=$(abspath $(SCHEDULES))
 
-.PHONY: install run test test-heavy test-all test-fast lint format clean images images-check push package register browser bench gpu-check serving-check
+.PHONY: install run test test-heavy test-all test-fast test-cpus lint format clean images images-check push package register browser bench gpu-check serving-check
 
 install: $(STAMP)
 
@@ -72,6 +74,21 @@ test-all: lint browser
 test-fast: lint
 	$(PYTEST) tests/unit -m "not slow"
 
+# The unit folder, slow tests too, three times: on this CPU, then with torch, MKL, oneDNN, numpy and
+# OpenBLAS held to AVX2, then to SSE4 (no AVX). A float compared exactly where the kernels differ by
+# CPU or batch shape fails here rather than on a user's machine (docs/testing.md). Not in `make test`.
+# All three run, whatever one of them gives; the target fails where any did.
+CPU_AVX2 := ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 \
+	OPENBLAS_CORETYPE=Haswell NPY_DISABLE_CPU_FEATURES=X86_V4,AVX512_ICL,AVX512_SPR
+CPU_SSE4 := ATEN_CPU_CAPABILITY=default MKL_ENABLE_INSTRUCTIONS=SSE4_2 ONEDNN_MAX_CPU_ISA=SSE41 \
+	OPENBLAS_CORETYPE=Nehalem NPY_DISABLE_CPU_FEATURES=X86_V3,X86_V4,AVX512_ICL,AVX512_SPR
+
+test-cpus: install
+	@failed=; for cpu in "" "$(CPU_AVX2)" "$(CPU_SSE4)"; do \
+		echo "make test-cpus: the unit tests with $${cpu:-this CPU as it is}"; \
+		env $$cpu $(PYTEST) tests/unit || failed="$$failed\n  $${cpu:-this CPU as it is}"; \
+	done; test -z "$$failed" || { printf "make test-cpus: failed with$$failed\n" >&2; exit 1; }
+
 # Full-size benchmarks (minutes); the tests run the same harness with --smoke.
 bench: install
 	$(BIN)/python -m benchmarks
@@ -108,6 +125,7 @@ format: install
 	$(BIN)/ruff format .
 
 images:
+	@test -n "$(TAG)" || { echo "make images: no content hash to tag the images with; pass TAG=..." >&2; exit 1; }
 	for target in $(IMAGES); do docker build --target $$target -t $(REGISTRY)/mixedml-$$target:$(TAG) . || exit 1; done
 
 push: images
@@ -117,26 +135,37 @@ push: images
 images-check: install
 	$(BIN)/python deploy/check_images.py
 
+# Settings read where tasks/hardware.py is imported: by pyflyte as it serializes, and in the pods, where
+# `--env` puts them in every task's container (flytekit 1.16, core/python_auto_container.py,
+# PythonAutoContainerTask._get_container adds SerializationSettings.env):
+# - MIXEDML_EXTRA_OPTIONS, the planner's opt-in options (docs/planning.md), read by the planning tasks;
+# - MIXEDML_GPUDIRECT, the multi-node pods' GPUDirect networking (deploy/gpudirect/README.md). A dynamic
+#   serializes the tasks it launches again in its own pod (core/python_function_task.py,
+#   PythonFunctionTask.compile_into_workflow), and what propeller runs is that: without the variable in
+#   train_on_target's pod, the multi-node task it launches would run without GPUDirect.
+EXTRA_OPTIONS_FLAG = $(if $(MIXEDML_EXTRA_OPTIONS),--env MIXEDML_EXTRA_OPTIONS="$(MIXEDML_EXTRA_OPTIONS)")
+GPUDIRECT_FLAG = $(if $(MIXEDML_GPUDIRECT),--env MIXEDML_GPUDIRECT="$(MIXEDML_GPUDIRECT)")
+SETTINGS_FLAGS = $(EXTRA_OPTIONS_FLAG) $(GPUDIRECT_FLAG)
+
 # Serialized tasks, workflows and launch plans, as the cluster would receive them.
 package: install
 	mkdir -p dist
-	$(SCHEDULES_ENV) $(BIN)/pyflyte --pkgs workflows package $(IMAGE_FLAGS) --output $(PACKAGE) --force
+	$(SCHEDULES_ENV) $(BIN)/pyflyte --pkgs workflows package $(IMAGE_FLAGS) $(SETTINGS_FLAGS) \
+		--output $(PACKAGE) --force
 
 # No --activate-launchplans: it activates every launch plan registered, complete or not. A scheduled
 # launch plan with all its inputs is defined with auto_activate, which pyflyte register honours
 # (flytekit/remote/remote.py, FlyteRemote.raw_register), so only those are activated.
-# The planner's opt-in options (docs/planning.md) reach every task's container, where the planning tasks
-# read them. They and a schedules file other than the tree's change what registers without changing the
-# tree, so a version computed from the tree gets a hash of them too (images keep the tree's tag).
-EXTRA_OPTIONS_FLAG = $(if $(MIXEDML_EXTRA_OPTIONS),--env MIXEDML_EXTRA_OPTIONS="$(MIXEDML_EXTRA_OPTIONS)")
-SETTINGS_CHANGED = $(and $(filter file,$(origin VERSION)),$(or $(MIXEDML_EXTRA_OPTIONS),$(filter-out deploy/schedules.yaml,$(SCHEDULES))))
+# The settings above and a schedules file other than the tree's change what registers without changing
+# the tree, so a version computed from the tree gets a hash of them too (the images keep their tag).
+SETTINGS_CHANGED = $(and $(filter file,$(origin VERSION)),$(or $(MIXEDML_EXTRA_OPTIONS),$(MIXEDML_GPUDIRECT),$(filter-out deploy/schedules.yaml,$(SCHEDULES))))
 REGISTER_VERSION = $(VERSION)$(if $(SETTINGS_CHANGED),-settings-$(shell { echo "$(MIXEDML_EXTRA_OPTIONS)"; \
-	cat "$(SCHEDULES)" 2>/dev/null; } | git hash-object --stdin | cut -c1-8))
+	echo "$(MIXEDML_GPUDIRECT)"; cat "$(SCHEDULES)" 2>/dev/null; } | git hash-object --stdin | cut -c1-8))
 
 register: install
 	@test -n "$(VERSION)" || { echo "make register: no git commit to name the version after; pass VERSION=..." >&2; exit 1; }
 	$(SCHEDULES_ENV) $(BIN)/pyflyte --config flyte.config.yaml register workflows $(IMAGE_FLAGS) \
-		$(EXTRA_OPTIONS_FLAG) --version $(REGISTER_VERSION)
+		$(SETTINGS_FLAGS) --version $(REGISTER_VERSION)
 
 clean:
 	rm -rf $(VENV) .venv-serving dist .pytest_cache

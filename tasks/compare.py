@@ -7,7 +7,7 @@ from flytekit import task
 from tasks.core.messages import raise_for
 from tasks.core.report.compare import HardwareComparison, RunSummary, compare_runs
 from tasks.core.validation import price_problems
-from tasks.hardware import CPU_IMAGE, DEFAULT_PRICES_PER_HOUR, SMALL_CPU, guaranteed
+from tasks.hardware import CPU_IMAGE, CPU_RETRIES, DEFAULT_PRICES_PER_HOUR, SMALL_CPU, guaranteed
 from tasks.plumbing.decks import DECKS, comparison_deck
 from tasks.plumbing.process import running_locally
 from tasks.types import EvaluationReport
@@ -21,7 +21,7 @@ def summarise(name: str, report: EvaluationReport) -> RunSummary:
     return RunSummary(name, report.training, report.billed, report.metrics.accuracy, report.metrics.macro_f1)
 
 
-@task(container_image=CPU_IMAGE, **guaranteed(SMALL_CPU))
+@task(container_image=CPU_IMAGE, **guaranteed(SMALL_CPU), retries=CPU_RETRIES)
 def check_prices(prices: dict[str, float]) -> None:
     """The comparison's prices, checked first: the comparison prepares its data only once they pass,
     so a bad price fails before any accelerator is requested."""
@@ -32,6 +32,7 @@ def check_prices(prices: dict[str, float]) -> None:
     container_image=CPU_IMAGE,
     **guaranteed(SMALL_CPU),
     **DECKS,
+    retries=CPU_RETRIES,
 )
 def compare(gpu: EvaluationReport, tpu: EvaluationReport, prices: dict[str, float]) -> HardwareComparison:
     runs = [summarise("gpu (pytorch)", gpu), summarise("tpu (tensorflow)", tpu)]

@@ -9,6 +9,7 @@ function), and that function refers to `train_with_ddp` here.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -47,6 +48,7 @@ def train_with_ddp(
     retries (tasks/plumbing/failures.py) is raised as `FlyteRecoverableException`: the kfpytorch plugin marks
     only that one recoverable for the launcher (flytekitplugins/kfpytorch/task.py, `spawn_helper`)."""
     from tasks.core.training.checkpoint import TrainingCheckpoint
+    from tasks.core.training.nccl_pairing import checked_nccl
     from tasks.core.training.torch_startup import tensorboard_without_tensorflow
     from tasks.core.training.torch_training import (
         SetUpFailed,
@@ -55,6 +57,9 @@ def train_with_ddp(
     )
 
     begin_task()
+    # On GPUDirect, torch is imported by now and with it its NCCL: say which, or fail on the wrong one.
+    if nccl := checked_nccl(os.environ):
+        log.info("%s", nccl)
     tensorboard_without_tensorflow()  # a spawned worker process: TensorFlow never runs here
     splits = prepared.splits_in_place()  # each rank reads its own row groups, nothing downloaded whole
     workdir = Path(current_context().working_directory)

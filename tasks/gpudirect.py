@@ -13,6 +13,8 @@ The TCPXO plugin ships its NCCL settings as a profile script on the node (`nccl-
 matched to the installed plugin version): the pod names it in PROFILE_VARIABLE and the launcher
 sources it before it starts the workers (`apply_node_profile`). The TCPX plugin ships none, so its
 settings are the ones Google's TCPX example passes (`gpudirect-tcpx/nccl-config.yaml`, run-nccl.sh).
+Both plugins run with torch's own NCCL, not the node's: each worker names it at start-up and fails on
+any other (tasks/core/training/nccl_pairing.py says why that pairing).
 """
 
 from __future__ import annotations
@@ -36,11 +38,12 @@ from kubernetes.client import (
     V1VolumeMount,
 )
 
+from tasks.core.training.nccl_pairing import POD_LIBRARIES, STACK_VARIABLE
+
 # The pod variable naming the node's NCCL profile script, which the launcher sources.
 PROFILE_VARIABLE = "MIXEDML_NCCL_ENV_PROFILE"
-# Where the installer puts the plugin on the node, and where GKE's examples mount it in the pod.
+# Where the installer puts the plugin on the node (GKE's examples mount it in the pod at POD_LIBRARIES).
 NODE_LIBRARIES = "/home/kubernetes/bin/nvidia/lib64"
-POD_LIBRARIES = "/usr/local/nvidia/lib64"
 GPU_DEVICES = tuple(f"/dev/nvidia{index}" for index in range(8)) + ("/dev/nvidiactl", "/dev/nvidia-uvm")
 # The daemon's share of the pod, as GKE's Autopilot TCPX example requests it; requests equal limits,
 # so the pod keeps Guaranteed QoS.
@@ -54,9 +57,11 @@ TCPX_DAEMON_COMMAND = [
     *("--uds_path", TCPX_SOCKET),
     *("--setup_param", '\\"--verbose 128 2 0 \\"'),
 ]
+# `--num_nics` is retired (gpudirect-tcpxo/README.md, "Nov 19, 2025"); Google's example passes only
+# `--num_hops=2` since container-engine-accelerators commit abbe8ddf (gpudirect-tcpxo/nccl-test-latest.yaml).
 TCPXO_DAEMON_SCRIPT = """set -ex
 chmod 755 /fts/entrypoint_rxdm_container.sh
-/fts/entrypoint_rxdm_container.sh --num_hops=2 --num_nics=8
+/fts/entrypoint_rxdm_container.sh --num_hops=2
 """
 
 
@@ -114,6 +119,7 @@ def tcpx() -> GpuDirectStack:
     nics = "eth1,eth2,eth3,eth4"
     environment = {
         "LD_LIBRARY_PATH": POD_LIBRARIES,
+        STACK_VARIABLE: "tcpx",
         "NCCL_GPUDIRECTTCPX_UNIX_CLIENT_PREFIX": TCPX_SOCKET,
         "NCCL_SOCKET_IFNAME": "eth0",
         "NCCL_GPUDIRECTTCPX_CTRL_DEV": "eth0",
@@ -151,6 +157,7 @@ def tcpxo() -> GpuDirectStack:
     )
     environment = {
         "LD_LIBRARY_PATH": POD_LIBRARIES,
+        STACK_VARIABLE: "tcpxo",
         "NCCL_LIB_DIR": POD_LIBRARIES,
         "NCCL_FASTRAK_LLCM_DEVICE_DIRECTORY": "/dev/aperture_devices",
         PROFILE_VARIABLE: f"{POD_LIBRARIES}/nccl-env-profile.sh",
@@ -189,7 +196,11 @@ def primary_with(container: V1Container, stack: GpuDirectStack) -> V1Container:
     primary.env = [*(primary.env or []), *stack_env]
     libraries = V1VolumeMount(name="gpudirect-libraries", mount_path=POD_LIBRARIES)
     primary.volume_mounts = [*(primary.volume_mounts or []), libraries, *stack.mounts]
-    primary.security_context = V1SecurityContext(capabilities=V1Capabilities(add=["IPC_LOCK"]))
+    # No IPC_LOCK, which Google's TCPX example adds to a container running as root: this image runs as
+    # uid 1000, and `capabilities.add` leaves a non-root process no effective capability (no ambient
+    # capabilities: kubernetes/kubernetes#56374, kubernetes/enhancements#2763, both open), while file
+    # capabilities on python would make the loader ignore LD_LIBRARY_PATH, where the plugin is. Google's
+    # TCPX Autopilot and TCPXO examples run their NCCL container without it.
     return primary
 
 

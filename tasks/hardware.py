@@ -25,7 +25,7 @@ from flytekit.extras.accelerators import (
     GPUAccelerator,
     MultiInstanceGPUAccelerator,
 )
-from kubernetes.client import V1Container, V1PodSpec, V1ResourceRequirements, V1Toleration
+from kubernetes.client import V1Container, V1PodSpec, V1ResourceRequirements, V1SecurityContext, V1Toleration
 
 from tasks.core.planning.machines import MachineType
 from tasks.core.planning.planner import CatalogEntry
@@ -106,9 +106,9 @@ LAUNCHER_EXIT_MARGIN_S = 5
 class Attempts:
     """How Flyte runs and retries a training task (docs/reliability.md says why these values).
 
-    `retries` is the task's budget for user-classified retryable failures: an out-of-memory kill,
-    `timeout` expiry, a recoverable worker error, a failed PyTorchJob. Preemptions and node loss
-    are system failures, counted against propeller's `max-node-retries-system-failures` instead.
+    `retries` is the task's budget for every retryable failure: on a cluster set up with
+    deploy/flyte-binary-values.yaml (`ignore-retry-cause`) a preemption, a lost node, an out-of-memory
+    kill, `timeout` expiry, a recoverable worker error or a failed PyTorchJob each spend one.
     `timeout` bounds each attempt, from its start (a pod stuck Pending counts); propeller fails the
     node for good at twice this since it was first queued, whatever retries are left.
     `preemption_grace_s` is the budget from SIGTERM to a saved checkpoint; the pod's
@@ -200,6 +200,15 @@ class GpuTrainingProfile:
 PREPROCESS_CPU = CpuProfile(cpu="2", mem="4Gi")
 # The small CPU pod of the tasks that plan, check, collect or copy rather than compute.
 SMALL_CPU = CpuProfile(cpu="1", mem="2Gi")
+# `retries` of the tasks that do not train (docs/reliability.md, "The choices per task"). Propeller
+# reads `retries: 0` as unset and gives the task default-max-attempts attempts, 1 in deploy/'s values.
+# A CPU task runs on demand, where a node is seldom lost; its failures are mostly deterministic.
+CPU_RETRIES = 1
+# A map task's piece rewrites only its own part, and a run has many pieces: a lost pod costs one retry.
+PIECE_RETRIES = 2
+# A @dynamic that plans and launches a sub-workflow. Propeller retries it when a child times out,
+# rerunning the child with all its retries (dynamic_workflow.go), so it gets none of its own.
+LAUNCHER_RETRIES = 0
 TRAIN_GPU = GpuTrainingProfile(
     accelerator=L4,
     gpus_per_node=1,
@@ -225,11 +234,11 @@ TRAIN_GPU_MULTINODE = GpuTrainingProfile(
     image=TORCH_GPU_IMAGE,
     environment=TORCH_DDP_ENVIRONMENT,
     rendezvous_timeout_s=1800,
-    # On demand, not spot: a reclaimed node fails the whole PyTorchJob, which propeller reports as a
-    # user error, and only system failures move a retry off spot, so every retry would land on spot
-    # again. A lost node (GPU VMs stop for host maintenance) still fails the job as a user error and
-    # spends `retries`, so it gets more of them (docs/reliability.md).
-    attempts=Attempts(retries=4, interruptible=False),
+    # Spot first, as the single-node tasks: a reclaimed node fails the whole PyTorchJob as a user
+    # error, which under deploy/'s `ignore-retry-cause` moves the retries on demand too. One retry
+    # more than theirs: twice the nodes to lose, and GPU VMs stop for host maintenance
+    # (docs/reliability.md).
+    attempts=Attempts(retries=3),
     gpudirect=os.environ.get(GPUDIRECT_VARIABLE, "") == "1",
 )
 
@@ -316,6 +325,10 @@ class TpuSliceProfile:
                     V1Container(
                         name="primary",
                         resources=V1ResourceRequirements(requests=resources, limits=resources),
+                        # As root, the user of GKE's TPU examples (their images set none): GKE documents
+                        # TPU access without privileged mode from 1.28 for those, and nothing for the tpu
+                        # image's uid 1000 (docs/tensorflow-tpu.md, "The TPU devices").
+                        security_context=V1SecurityContext(run_as_user=0, run_as_group=0),
                     )
                 ],
                 node_selector={

@@ -33,7 +33,7 @@ from tasks.core.data.scaling import ScalerStats
 from tasks.core.messages import raise_for
 from tasks.core.planning.planner import PreprocessPlan
 from tasks.core.validation import embedded_label_problems
-from tasks.hardware import CPU_IMAGE, PREPROCESS_CPU, SMALL_CPU, guaranteed
+from tasks.hardware import CPU_IMAGE, CPU_RETRIES, PIECE_RETRIES, PREPROCESS_CPU, SMALL_CPU, guaranteed
 from tasks.plumbing.code_version import code_version, imported_closure
 from tasks.plumbing.decks import DECKS, dataset_profile_deck
 from tasks.plumbing.process import begin_task
@@ -63,12 +63,10 @@ PREPROCESS_CODE_VERSION = code_version(*SPLIT_SHAPING_MODULES)
 # rewritten file at the same URI recomputes), plus the hash of the code above. The pieces' keys hold
 # the cached label scan's output, which names the folder they write: a rerun finds their parts there.
 CACHED = {"cache": True, "cache_version": PREPROCESS_CODE_VERSION}
-# A piece is idempotent (it rewrites its own parts): a lost pod costs only its retry.
-PIECE_ATTEMPTS = {"retries": 2}
 PIECE_CONCURRENCY = 16  # pods reading the input at once
 
 
-@task(container_image=CPU_IMAGE, **guaranteed(PREPROCESS_CPU), **CACHED, **DECKS)
+@task(container_image=CPU_IMAGE, **guaranteed(PREPROCESS_CPU), **CACHED, **DECKS, retries=CPU_RETRIES)
 def preprocess(
     dataset: str,
     label_column: str,
@@ -112,7 +110,7 @@ def report_prepared(table: PreparedTable) -> None:
     dataset_profile_deck(table)
 
 
-@task(container_image=CPU_IMAGE, **guaranteed(PREPROCESS_CPU), **CACHED)
+@task(container_image=CPU_IMAGE, **guaranteed(PREPROCESS_CPU), **CACHED, retries=CPU_RETRIES)
 def assign_piece_splits(
     dataset: str,
     label_column: str,
@@ -148,7 +146,7 @@ def local_assignment(splits: PieceSplits) -> np.ndarray:
     return np.load(splits.assignment.download(), mmap_mode="r")
 
 
-@task(container_image=CPU_IMAGE, **guaranteed(PREPROCESS_CPU), **CACHED, **PIECE_ATTEMPTS)
+@task(container_image=CPU_IMAGE, **guaranteed(PREPROCESS_CPU), **CACHED, retries=PIECE_RETRIES)
 def piece_encoding_stats(splits: PieceSplits, piece: DataPiece) -> dict:
     """The piece's feature values read as their kinds, and the encoding statistics of its train rows
     (`EncodingStats.to_dict`)."""
@@ -156,14 +154,14 @@ def piece_encoding_stats(splits: PieceSplits, piece: DataPiece) -> dict:
     return piece_stats(splits.layout, piece, local_assignment(splits)).to_dict()
 
 
-@task(container_image=CPU_IMAGE, **guaranteed(SMALL_CPU), **CACHED)
+@task(container_image=CPU_IMAGE, **guaranteed(SMALL_CPU), **CACHED, retries=CPU_RETRIES)
 def fit_piece_encoding(splits: PieceSplits, stats: list[dict]) -> str:
     """The encoding fitted on every piece's train rows, once: the JSON text `PreparedTable.encoding` holds."""
     begin_task()
     return merged_encoding(splits.layout, [EncodingStats.from_dict(piece) for piece in stats])
 
 
-@task(container_image=CPU_IMAGE, **guaranteed(SMALL_CPU), **CACHED)
+@task(container_image=CPU_IMAGE, **guaranteed(SMALL_CPU), **CACHED, retries=CPU_RETRIES)
 def fit_piece_scaler(splits: PieceSplits, encoding: str, stats: list[dict]) -> ScalerStats:
     """The standardisation of the encoded features fitted on every piece's train rows."""
     begin_task()
@@ -171,7 +169,7 @@ def fit_piece_scaler(splits: PieceSplits, encoding: str, stats: list[dict]) -> S
     return merged_scaler(layout, [EncodingStats.from_dict(piece) for piece in stats])
 
 
-@task(container_image=CPU_IMAGE, **guaranteed(PREPROCESS_CPU), **CACHED, **PIECE_ATTEMPTS)
+@task(container_image=CPU_IMAGE, **guaranteed(PREPROCESS_CPU), **CACHED, retries=PIECE_RETRIES)
 def write_piece_splits(
     splits: PieceSplits, encoding: str, scaler: ScalerStats, piece: DataPiece
 ) -> dict[str, int]:
@@ -180,7 +178,7 @@ def write_piece_splits(
     return write_piece(encoded(splits.layout, encoding), piece, local_assignment(splits), scaler)
 
 
-@task(container_image=CPU_IMAGE, **guaranteed(SMALL_CPU), **CACHED, **DECKS)
+@task(container_image=CPU_IMAGE, **guaranteed(SMALL_CPU), **CACHED, **DECKS, retries=CPU_RETRIES)
 def collect_piece_splits(
     splits: PieceSplits, encoding: str, scaler: ScalerStats, written: list[dict[str, int]]
 ) -> PreparedData:

@@ -44,6 +44,7 @@ from tasks.core.validation import (
 )
 from tasks.hardware import (
     CPU_NODE,
+    LAUNCHER_RETRIES,
     ML_CPU_IMAGE,
     SMALL_CPU,
     guaranteed,
@@ -73,7 +74,7 @@ def size_preprocessing(dataset: str, label_column: str) -> tuple[PreprocessPlan,
     return replace(plan, pieces=len(pieces)), pieces
 
 
-@dynamic(container_image=ML_CPU_IMAGE, **guaranteed(SMALL_CPU), **DECKS)
+@dynamic(container_image=ML_CPU_IMAGE, **guaranteed(SMALL_CPU), **DECKS, retries=LAUNCHER_RETRIES)
 def prepare_data(
     dataset: str,
     label_column: str,
@@ -163,6 +164,7 @@ def plan_deck(report: ResourcePlan) -> None:
     container_image=ML_CPU_IMAGE,
     **guaranteed(SMALL_CPU),
     **DECKS,
+    retries=LAUNCHER_RETRIES,
 )
 def train_on_target(
     prepared: PreparedData,

@@ -7,10 +7,10 @@ from datetime import datetime
 from flytekit import task
 
 from tasks.core.data.partition import partition_uri
-from tasks.hardware import CPU_IMAGE, SMALL_CPU, guaranteed
+from tasks.hardware import CPU_IMAGE, CPU_RETRIES, SMALL_CPU, guaranteed
 
 
-@task(container_image=CPU_IMAGE, **guaranteed(SMALL_CPU))
+@task(container_image=CPU_IMAGE, **guaranteed(SMALL_CPU), retries=CPU_RETRIES)
 def dataset_partition(template: str, kickoff_time: datetime) -> str:
     uri = partition_uri(template, kickoff_time)
     print(

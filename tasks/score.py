@@ -35,9 +35,12 @@ from tasks.core.serving.scoring import (
 )
 from tasks.core.training.tf_strategy import require_gpus
 from tasks.hardware import (
+    CPU_RETRIES,
     DEFAULT_PRICES_PER_HOUR,
     GPU_CATALOG,
+    LAUNCHER_RETRIES,
     ML_CPU_IMAGE,
+    PIECE_RETRIES,
     PREPROCESS_CPU,
     SMALL_CPU,
     TF_GPU_IMAGE,
@@ -54,9 +57,6 @@ log = logging.getLogger(__name__)
 # field types real classes, as flytekit reads them, under postponed annotations.
 Scored = NamedTuple("Scored", [("predictions", StructuredDataset), ("report", ScoringReport)])  # noqa: UP014
 
-# A piece is idempotent (it rewrites its own part): a lost pod costs only its retry. On demand, as the
-# node pools offer CPU nodes (deploy/gke-node-pools.sh).
-PIECE_ATTEMPTS = {"retries": 2}
 # The GPU tasks declare the cheapest whole GPU; the plan's overrides put them on the option it chose.
 DEFAULT_GPU = cheapest_whole_gpu(GPU_CATALOG)
 GPU_PIECE = gpu_option_overrides(DEFAULT_GPU)
@@ -65,13 +65,13 @@ GPU_PIECE = gpu_option_overrides(DEFAULT_GPU)
 DECLARED_GPU = f"1 x {DEFAULT_GPU.device} GPU (its pod requests nvidia.com/gpu)"
 
 
-@task(container_image=ML_CPU_IMAGE, **guaranteed(PREPROCESS_CPU), **PIECE_ATTEMPTS)
+@task(container_image=ML_CPU_IMAGE, **guaranteed(PREPROCESS_CPU), retries=PIECE_RETRIES)
 def score_piece_cpu(job: ScoringJob, piece: ScoringPiece) -> PieceResult:
     begin_task()
     return score_piece(job, piece)
 
 
-@task(container_image=TORCH_GPU_IMAGE, **GPU_PIECE, **PIECE_ATTEMPTS)
+@task(container_image=TORCH_GPU_IMAGE, **GPU_PIECE, retries=PIECE_RETRIES)
 def score_piece_torch_gpu(job: ScoringJob, piece: ScoringPiece) -> PieceResult:
     begin_task()
     if on_flyte_cluster():
@@ -79,7 +79,7 @@ def score_piece_torch_gpu(job: ScoringJob, piece: ScoringPiece) -> PieceResult:
     return score_piece(job, piece, gpu_bundle(job.model, job.trusted_builders))
 
 
-@task(container_image=TF_GPU_IMAGE, **GPU_PIECE, **PIECE_ATTEMPTS)
+@task(container_image=TF_GPU_IMAGE, **GPU_PIECE, retries=PIECE_RETRIES)
 def score_piece_tf_gpu(job: ScoringJob, piece: ScoringPiece) -> PieceResult:
     begin_task()
     if on_flyte_cluster():
@@ -91,7 +91,7 @@ def score_piece_tf_gpu(job: ScoringJob, piece: ScoringPiece) -> PieceResult:
 GPU_PIECE_TASKS = {"pytorch": score_piece_torch_gpu, "tensorflow": score_piece_tf_gpu}
 
 
-@task(container_image=ML_CPU_IMAGE, **guaranteed(SMALL_CPU), **DECKS)
+@task(container_image=ML_CPU_IMAGE, **guaranteed(SMALL_CPU), **DECKS, retries=CPU_RETRIES)
 def collect_scores(plan: ScoringPlan, hardware: HardwareChoice, results: list[PieceResult]) -> Scored:
     """The parts as one dataset, and the metrics where the input holds the label column."""
     begin_task()
@@ -102,7 +102,7 @@ def collect_scores(plan: ScoringPlan, hardware: HardwareChoice, results: list[Pi
     return Scored(StructuredDataset(uri=plan.job.output, file_format="parquet"), report)
 
 
-@dynamic(container_image=ML_CPU_IMAGE, **guaranteed(SMALL_CPU), **DECKS)
+@dynamic(container_image=ML_CPU_IMAGE, **guaranteed(SMALL_CPU), **DECKS, retries=LAUNCHER_RETRIES)
 def score(
     model: str,
     dataset: str,

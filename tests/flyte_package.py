@@ -23,11 +23,12 @@ class Package:
     launch_plans: dict[str, launch_plan_pb2.LaunchPlan] = field(default_factory=dict)
 
 
-def build_package(destination: Path) -> Path:
-    """`make package`, as the README says, into `destination`."""
+def build_package(destination: Path, **settings: str) -> Path:
+    """`make package`, as the README says, into `destination`; `settings` are make's variables
+    (MIXEDML_GPUDIRECT="1")."""
     archive = destination / "package.tgz"
     command = ["make", "-s", "package", f"REGISTRY={REGISTRY}", f"TAG={TAG}", f"PACKAGE={archive}",
-               f"SCHEDULES={SCHEDULES}"]  # fmt: skip
+               f"SCHEDULES={SCHEDULES}", *(f"{name}={value}" for name, value in settings.items())]  # fmt: skip
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     return archive

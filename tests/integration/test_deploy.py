@@ -63,7 +63,12 @@ LARGEST_TABLE = {"input_bytes": 100 * 2**30, "rows": 1_500_000_000, "columns": 1
 # GKE's default share of a spot VM's 30 s notice for ordinary pods (graceful node shutdown; GKE's
 # "Spot VMs" page). Node pools extend it only through a node system configuration, GKE >= 1.35.
 SPOT_POD_SHUTDOWN_S = 15
-INTERRUPTIBLE_TRAINING = ("train_torch.train_torch", "train_tf.train_tf_gpu", "train_tf.train_tf_tpu")
+INTERRUPTIBLE_TRAINING = (
+    "train_torch.train_torch",
+    "train_torch.train_torch_multinode",
+    "train_tf.train_tf_gpu",
+    "train_tf.train_tf_tpu",
+)
 
 
 @cache
@@ -576,17 +581,19 @@ def test_every_task_has_a_default_node_pool(demands):
 
 
 @pytest.mark.slow
-def test_the_multinode_pytorchjob_runs_on_demand(flyte_package, demands):
-    """Not interruptible: a reclaimed node fails the whole PyTorchJob as a user error, and only system
-    failures move a retry off spot, so every retry of an interruptible job would land on spot again."""
+def test_the_multinode_pytorchjob_runs_spot_first_as_the_other_training_tasks(flyte_package, demands):
+    """A reclaimed node fails the whole PyTorchJob as a *user* error (common_operator.go, GetPhaseInfo):
+    only with ignore-retry-cause does it count towards interruptible-failure-threshold and move the
+    retries on demand (BuildNodeExecutionContext, node_exec_context.go)."""
     interruptible = {
-        name.rsplit(".", 1)[1]: spec.template.metadata.interruptible
+        name: spec.template.metadata.interruptible
         for name, spec in flyte_package.tasks.items()
+        if spec.template.metadata.interruptible
     }
-    assert interruptible["train_torch_multinode"] is False
-    assert all(interruptible[name.split(".")[1]] for name in INTERRUPTIBLE_TRAINING)
+    assert set(interruptible) == {f"tasks.{name}" for name in INTERRUPTIBLE_TRAINING}
+    assert node_config()["ignore-retry-cause"] and node_config()["interruptible-failure-threshold"] == 1
     (job,) = [demand for demand in demands["task"] if demand.nodes > 1]
-    assert unscheduled(job, tuple(pool for pool in node_pools() if not pool.spot)) is None
+    assert job.interruptible and unscheduled(job, default_pools()) is None
 
 
 @pytest.mark.slow
@@ -725,12 +732,11 @@ def test_without_spot_capacity_training_runs_on_demand_after_the_wait_the_docs_s
     assert stated and timedelta(minutes=int(stated.group(1))) == wait, "docs/planning.md states the wait"
 
 
-def test_tasks_without_retries_still_retry_a_lost_node():
-    """Where every failure spends the task's budget, a task without `retries` gets default-max-attempts,
-    no fewer retries than the system-failure budget it had."""
-    node = node_config()
-    if node["ignore-retry-cause"]:
-        assert node["default-max-attempts"] - 1 >= PROPELLER_NODE_DEFAULTS["max-node-retries-system-failures"]
+def test_a_node_without_retries_runs_once():
+    """Propeller gives a node whose `retries` is 0 default-max-attempts attempts (computeRetryStrategy,
+    flytepropeller/pkg/compiler/transformers/k8s/utils.go; isEligibleForRetry, executor.go). Above 1,
+    a @dynamic that launches a training (retries 0) would rerun its timed-out child that many times."""
+    assert flyte_config()["propeller"]["node-config"]["default-max-attempts"] == 1
 
 
 def test_readme_prepares_the_cluster_in_order():

@@ -9,7 +9,15 @@ from __future__ import annotations
 import pytest
 from google.protobuf.json_format import MessageToDict
 
-from tasks.hardware import TRAIN_GPU_MULTINODE
+from tasks.hardware import (
+    CPU_RETRIES,
+    LAUNCHER_RETRIES,
+    PIECE_RETRIES,
+    TRAIN_GPU,
+    TRAIN_GPU_MULTINODE,
+    TRAIN_TF_GPU,
+    TRAIN_TPU,
+)
 from tests.flyte_package import REGISTRY, TAG, environment_of, image_of, requests_of
 
 pytestmark = pytest.mark.slow
@@ -40,6 +48,33 @@ IMAGE_OF_TASK = {
     "tasks.right_sizing.train_on_target": "ml-cpu",
 }
 
+# Each task's retries, from the one table of docs/reliability.md ("The choices per task").
+RETRIES_OF_TASK = {
+    "tasks.preprocess.preprocess": CPU_RETRIES,
+    "tasks.preprocess.assign_piece_splits": CPU_RETRIES,
+    "tasks.preprocess.piece_encoding_stats": PIECE_RETRIES,
+    "tasks.preprocess.fit_piece_encoding": CPU_RETRIES,
+    "tasks.preprocess.fit_piece_scaler": CPU_RETRIES,
+    "tasks.preprocess.write_piece_splits": PIECE_RETRIES,
+    "tasks.preprocess.collect_piece_splits": CPU_RETRIES,
+    "tasks.compare.check_prices": CPU_RETRIES,
+    "tasks.compare.compare": CPU_RETRIES,
+    "tasks.schedule.dataset_partition": CPU_RETRIES,
+    "tasks.evaluate.evaluate": CPU_RETRIES,
+    "tasks.score.score": LAUNCHER_RETRIES,
+    "tasks.score.score_piece_cpu": PIECE_RETRIES,
+    "tasks.score.collect_scores": CPU_RETRIES,
+    "tasks.score.score_piece_torch_gpu": PIECE_RETRIES,
+    "tasks.score.score_piece_tf_gpu": PIECE_RETRIES,
+    "tasks.publish.publish_model": CPU_RETRIES,
+    "tasks.train_torch.train_torch": TRAIN_GPU.attempts.retries,
+    "tasks.train_torch.train_torch_multinode": TRAIN_GPU_MULTINODE.attempts.retries,
+    "tasks.train_tf.train_tf_gpu": TRAIN_TF_GPU.attempts.retries,
+    "tasks.train_tf.train_tf_tpu": TRAIN_TPU.attempts.retries,
+    "tasks.right_sizing.prepare_data": LAUNCHER_RETRIES,
+    "tasks.right_sizing.train_on_target": LAUNCHER_RETRIES,
+}
+
 
 @pytest.fixture
 def package(flyte_package):
@@ -52,6 +87,16 @@ def test_package_holds_every_task_workflow_and_launch_plan(package):
             "workflows.launch_plans.scheduled_training", "workflows.launch_plans.scheduled_comparison",
             "workflows.launch_plans.scheduled_scoring"} <= set(package.workflows)  # fmt: skip
     assert {"nightly_retrain", "nightly_scoring", "weekly_hardware_comparison"} <= set(package.launch_plans)
+
+
+def test_every_task_has_the_retries_of_the_table(package):
+    """Serialized `retries: 0` is also what an unset one reads as, and propeller then gives the node
+    default-max-attempts attempts: the table names every task, so none is left to that default."""
+    assert set(RETRIES_OF_TASK) == set(package.tasks)
+    retries = {name: spec.template.metadata.retries.retries for name, spec in package.tasks.items()}
+    assert retries == RETRIES_OF_TASK
+    # Only the @dynamics that launch a sub-workflow go without: they would multiply their children's.
+    assert LAUNCHER_RETRIES == 0 < min(CPU_RETRIES, PIECE_RETRIES)
 
 
 @pytest.mark.parametrize("task, image", sorted(IMAGE_OF_TASK.items()))

@@ -93,7 +93,7 @@ def test_training_tasks_carry_timeout_retries_and_the_preemption_grace_period(na
     spec = template(task)
     assert spec.metadata.timeout.ToTimedelta() == profile.attempts.timeout
     assert spec.metadata.retries.retries == profile.attempts.retries
-    assert spec.metadata.interruptible == profile.attempts.interruptible == (name != "torch-multinode")
+    assert spec.metadata.interruptible is profile.attempts.interruptible is True
     pod = MessageToDict(spec.k8s_pod.pod_spec)
     expected = profile.attempts.preemption_grace_s + LAUNCHER_EXIT_MARGIN_S
     assert pod["terminationGracePeriodSeconds"] == expected == profile.attempts.termination_grace_s
@@ -120,11 +120,12 @@ def test_multinode_pytorchjob_frees_its_nodes_when_done_and_restarts_no_worker(f
     assert job["elasticConfig"].get("maxRestarts", 0) == 0
 
 
-def test_a_lost_node_of_a_pytorchjob_spends_user_retries_so_it_gets_more():
-    """What the cluster receives: the PyTorchJob's spec carries a larger retry budget than the
-    single-node task's, and neither is zero."""
+def test_a_pytorchjob_with_twice_the_nodes_to_lose_gets_one_retry_more():
+    """What the cluster receives: one retry more than the single-node task's, and both leave at least
+    one attempt on demand after the spot one."""
     multinode, single = template(train_torch_multinode), template(train_torch)
-    assert multinode.metadata.retries.retries > single.metadata.retries.retries >= 1
+    assert multinode.metadata.retries.retries == single.metadata.retries.retries + 1
+    assert single.metadata.retries.retries >= 1
 
 
 @pytest.mark.parametrize("task", [preprocess, evaluate, compare], ids=lambda t: t.name)

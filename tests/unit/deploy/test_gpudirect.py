@@ -15,6 +15,7 @@ from flytekit.tools.translator import get_serializable
 from google.protobuf.json_format import MessageToDict
 
 from tasks.core.planning.machines import MachineType
+from tasks.core.training.nccl_pairing import STACK_VARIABLE
 from tasks.gpudirect import NODE_LIBRARIES, POD_LIBRARIES, PROFILE_VARIABLE, apply_node_profile
 from tasks.hardware import (
     A2_ULTRAGPU_1G,
@@ -120,6 +121,7 @@ def test_the_training_container_finds_the_plugin_and_keeps_its_own_settings(requ
     assert host_paths(pod)[mounts(container)[POD_LIBRARIES]] == NODE_LIBRARIES
     variables = environment(container)
     assert variables["LD_LIBRARY_PATH"] == POD_LIBRARIES
+    assert variables[STACK_VARIABLE] == name  # what each worker checks its NCCL against
     assert TORCH_DDP_ENVIRONMENT.items() <= variables.items()  # the task's own, unioned by flytekit
     assert container["resources"]["limits"]["gpu"] == "8"  # the task's resources still fill it in
 
@@ -180,3 +182,21 @@ def test_a_named_profile_the_node_lacks_fails_naming_the_installer(tmp_path):
     environ = {PROFILE_VARIABLE: str(tmp_path / "absent.sh")}
     with pytest.raises(FileNotFoundError, match="installer DaemonSet has not run"):
         apply_node_profile(environ)
+
+
+@pytest.mark.parametrize("name", ["tcpx", "tcpxo"])
+def test_the_training_container_asks_for_no_capability(request, name):
+    """IPC_LOCK in `capabilities.add` would give the image's uid 1000 nothing (tasks/gpudirect.py,
+    `primary_with`, says why it is left out)."""
+    assert "securityContext" not in primary(request.getfixturevalue(f"{name}_pod"))
+
+
+def test_the_tcpxo_daemon_passes_only_the_flags_googles_example_passes(tcpxo_pod):
+    """`--num_nics` is retired (gpudirect-tcpxo/README.md, "Nov 19, 2025"); Google's example has passed
+    only `--num_hops=2` since container-engine-accelerators commit abbe8ddf."""
+    (sidecar,) = tcpxo_pod["podSpec"]["initContainers"]
+    (script,) = sidecar["args"]
+    (entrypoint,) = [
+        line for line in script.splitlines() if line.startswith("/fts/entrypoint_rxdm_container.sh")
+    ]
+    assert entrypoint.split()[1:] == ["--num_hops=2"]

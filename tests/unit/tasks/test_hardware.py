@@ -189,3 +189,25 @@ def test_catalog_prices_come_from_the_one_price_table():
         assert entry.price_per_hour == pytest.approx(per_device * entry.devices * share), entry.name
     (two_by_two,) = [entry for entry in TPU_OPTIONS if entry.name == "tpu-v5e-2x2"]
     assert (two_by_two.devices, two_by_two.price_per_hour) == (4, pytest.approx(4.80))
+
+
+@pytest.mark.parametrize("entry", [None, *TPU_OPTIONS], ids=lambda e: e.name if e else "declared")
+def test_the_tpu_container_runs_as_root_without_privileged_mode(entry):
+    """As GKE's TPU examples run it: the image's uid 1000 has no documented access to the TPU devices,
+    and GKE 1.28 and later need no privileged mode (docs/tensorflow-tpu.md, "The TPU devices")."""
+    from collections import OrderedDict
+
+    from flytekit import task
+    from flytekit.configuration import ImageConfig, SerializationSettings
+    from flytekit.tools.translator import get_serializable
+    from google.protobuf.json_format import MessageToDict
+
+    profile = TRAIN_TPU if entry is None else TRAIN_TPU.for_option(entry)
+
+    def train(steps: int) -> int:
+        return steps
+
+    settings = SerializationSettings(image_config=ImageConfig.from_images("r/tpu:v1", {"tpu": "r/tpu:v1"}))
+    spec = get_serializable(OrderedDict(), settings, task(**profile.task_options())(train)).template
+    (primary,) = MessageToDict(spec.to_flyte_idl().k8s_pod.pod_spec)["containers"]
+    assert primary["securityContext"] == {"runAsUser": 0, "runAsGroup": 0}
