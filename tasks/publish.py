@@ -8,14 +8,14 @@ from flytekit.types.directory import FlyteDirectory
 from tasks.core.messages import raise_for
 from tasks.core.serving.promotion import ALWAYS, PromotionPolicy, promotion_of, promotion_problems
 from tasks.core.serving.publish import publish_bundle
-from tasks.hardware import ML_CPU_IMAGE, SMALL_CPU, guaranteed
+from tasks.hardware import CPU_RETRIES, ML_CPU_IMAGE, SMALL_CPU, guaranteed
 from tasks.plumbing.process import begin_task
 from tasks.plumbing.storage import local_path
 from tasks.types import PreparedData
 
 
 # ml-cpu: publishing names bundles as tasks.core.serving.bundle does, whose loader imports either framework.
-@task(container_image=ML_CPU_IMAGE, **guaranteed(SMALL_CPU))
+@task(container_image=ML_CPU_IMAGE, **guaranteed(SMALL_CPU), retries=CPU_RETRIES)
 def publish_model(
     bundle: FlyteDirectory,
     prefix: str,
@@ -25,7 +25,8 @@ def publish_model(
     """Copy the bundle to `<prefix>/<version>/`, then point `<prefix>/LATEST` at it where `promotion`
     promotes it: always, or by the gate, which scores the run's raw test split (in `prepared`) with
     this bundle and with the one LATEST names (tasks/core/serving/promotion.py). Returns the version's
-    URI, promoted or not; the decision is printed with both figures. An empty prefix publishes nothing
+    URI, promoted or not; the decision is printed with both figures, and recorded in the version's
+    PUBLISHED.json. An empty prefix publishes nothing
     and returns "". A failure names the run's bundle, which stays where the run wrote it."""
     raise_for(promotion_problems(promotion))
     if not prefix:
@@ -33,7 +34,7 @@ def publish_model(
     begin_task()
     local = bundle.download()
     decision = promotion_of(local, prefix, *gate_rows(prepared, promotion), promotion)
-    uri = publish_bundle(local, prefix, origin=lasting_path(bundle), promote=decision.promote)
+    uri = publish_bundle(local, prefix, origin=lasting_path(bundle), promote=decision)
     print(f"published the model bundle as {uri}; {decision.reason}", flush=True)
     return uri
 

@@ -66,7 +66,8 @@ def training_pipeline(
         promotion: with publish_to, whether LATEST moves to the new version: by default always; a
             policy given defaults to the gate, which moves it only when the new model's metric on this
             run's test split is at least the current LATEST's less the tolerance, e.g.
-            '{"metric": "accuracy", "tolerance": 0.01}' (docs/scoring.md#promotion-gate). The version
+            '{"metric": "accuracy", "tolerance": 0.01}'; a regression's RMSE at most the current one's
+            plus rmse_tolerance of it (docs/scoring.md#promotion-gate). The version
             is published either way; the decision is printed with both figures.
         split_by: a column of dates, times or numbers: the earliest rows train, the next validate and
             the latest test (val_fraction and test_fraction of the rows), instead of a stratified

@@ -156,7 +156,7 @@ def assign_pieces(
     times = split_times([piece_dataset(dataset, piece) for piece in pieces], uri, split, label_column)
     rows = RowSplit.of(clean_labels(whole, uri, label_column, from_csv), uri, label_column, split, times)
     np.save(assignment_file, rows.assignment)
-    table = rows.table(columns, label_column, uri, left_out)
+    table = rows.table(columns, label_column, uri, left_out, split)
     return PieceLayout(uri, table, pieces, first_rows, output, kinds)
 
 

@@ -162,10 +162,10 @@ class RowSplit:
         )
 
     def table(
-        self, columns: list[str], label_column: str, uri: str, left_out: dict[str, str]
+        self, columns: list[str], label_column: str, uri: str, left_out: dict[str, str], split: SplitConfig
     ) -> PreparedTable:
-        """What the splits hold, but the encoding and the scaler: fitted afterwards on the train rows
-        (`with_encoding`, `train_scaler`)."""
+        """What the splits hold, split by `split`, but the encoding and the scaler: fitted afterwards
+        on the train rows (`with_encoding`, `train_scaler`)."""
         classes = self.class_labels
         counts = np.bincount(self.codes + 1, minlength=len(classes) + 1)[1:] if classes else []  # -1: none
         rows = np.bincount(self.assignment, minlength=len(SPLITS))
@@ -181,6 +181,7 @@ class RowSplit:
             notes=[*left_out.values(), *label_case_warnings(self.class_labels), *self.notes],
             columns=columns,
             target=self.target,
+            split=split,
         )
 
 
@@ -250,7 +251,7 @@ def prepare_dataset(
     rows = RowSplit.of(labels, uri, label_column, split, split_times([dataset], uri, split, label_column))
     del labels  # each row's place among the labels, not kept: the rows' codes stand for them now
     stats = train_encoding_stats(dataset, uri, kinds, rows.assignment)
-    table = with_encoding(rows.table(columns, label_column, uri, left_out), fit_encoding(stats, uri))
+    table = with_encoding(rows.table(columns, label_column, uri, left_out, split), fit_encoding(stats, uri))
     table = replace(table, scaler=train_scaler(stats, table.fitted_encoding(), uri))
     prepared = PreparedSplits(paths=split_files(out_dir), table=table)
     write_splits(dataset, uri, table, prepared.paths, rows.codes, rows.assignment, hash_files(out_dir))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from tasks.core.data.assignment import SplitConfig
 from tasks.core.data.encoding import FittedEncoding
 from tasks.core.data.scaling import ScalerStats
 from tasks.core.data.splits import SplitPaths
@@ -35,6 +36,8 @@ class PreparedTable:
     # What is predicted. A regression has no classes: its train and val splits hold the label
     # standardised by `target`'s train mean and deviation, float32; its test split the label as read.
     target: Target = field(default_factory=Target)
+    # How the rows were split, as preprocessing was asked; None in a table prepared before it was kept.
+    split: SplitConfig | None = None
 
     def split_paths(self, train: str, val: str) -> SplitPaths:
         """The train and val splits at these paths, as the training loops read them."""

@@ -182,16 +182,32 @@ class SplitSettings:
     rows: dict[str, int]  # by split, as split
     val_fraction: float  # of the rows, as split
     test_fraction: float
-    # "": a random split stratified by class (data.assignment); a column's name: time-ordered by it;
-    # None: not known where the bundle was written (the prepared table does not record it).
+    # "": a random split (data.assignment), stratified by class or by a regression label's quantile
+    # bins; a column's name: time-ordered by it; None: not recorded where the bundle was written.
     split_by: str | None = None
 
-    def describe(self) -> str:
-        method = {None: "method not recorded", "": "stratified by class"}.get(
-            self.split_by, f"time-ordered by {self.split_by!r}"
+    @classmethod
+    def of(cls, table: PreparedTable) -> SplitSettings:
+        """The split as the prepared table holds it: the rows of each split, their shares, and the
+        settings preprocessing split them by (`table.split`)."""
+        total = sum(table.rows.values()) or 1
+        shares = {name: round(table.rows.get(name, 0) / total, 6) for name in ("val", "test")}
+        split = table.split
+        return cls(
+            split.seed if split else None,
+            dict(table.rows),
+            shares["val"],
+            shares["test"],
+            split.split_by if split else None,
         )
+
+    def describe(self) -> str:
         rows = ", ".join(f"{name} {count:,}" for name, count in self.rows.items())
-        return f"{method}, seed {self.seed}; rows {rows}"
+        if self.split_by is None:
+            return f"method not recorded, seed {self.seed}; rows {rows}"
+        if self.split_by == "":
+            return f"random (stratified), seed {self.seed}; rows {rows}"
+        return f"time-ordered by {self.split_by!r}; rows {rows}"  # no seed: the times decide
 
 
 @dataclass
@@ -227,13 +243,6 @@ class Provenance:
     split: SplitSettings
     code: CodeVersion
     data: DataHash
-
-
-def split_settings(table: PreparedTable, seed: int | None, split_by: str | None = None) -> SplitSettings:
-    """The split as the prepared table holds it: the rows of each split, and their shares."""
-    total = sum(table.rows.values()) or 1
-    shares = {name: round(table.rows.get(name, 0) / total, 6) for name in ("val", "test")}
-    return SplitSettings(seed, dict(table.rows), shares["val"], shares["test"], split_by)
 
 
 def data_hash(source: str) -> DataHash:

@@ -20,7 +20,9 @@ alone (the default serves the highest).
 
 `config.pbtxt` and `models.config` are the only files rewritten when the served version moves: each is
 replaced whole, and each names everything of its version (the labels file carries the version in its
-name), so a server never reads one version's configuration with another's labels.
+name), so a server never reads one version's configuration with another's labels. A version without a
+server's export (a torch bundle has no SavedModel) leaves that server's file as it is: the server keeps
+serving the version it names, and publishing says so (`left_behind` in publish.py).
 
 Imports onnx and protobuf only inside the functions that use them.
 """
@@ -48,6 +50,10 @@ TF_SERVING_ROOT = "/models"
 MAX_BATCH_SIZE = PREDICT_BATCH_ROWS
 DEFAULT_NAME = "model"
 NAME_CHARACTER = re.compile(r"[^A-Za-z0-9_.\-]")
+# What each server needs of a version to serve it.
+SERVED_EXPORT = {TRITON: "ONNX export", TF_SERVING: "SavedModel (only Keras bundles have one)"}
+# The version a configuration file written here serves: `versions: [ N ]` (Triton), `versions: N` (TF Serving).
+SERVED_VERSION = re.compile(r"versions:\s*\[?\s*(\d+)")
 
 # ONNX element types (onnx.TensorProto.DataType names) -> Triton's model configuration data types.
 TRITON_TYPES = {
@@ -84,6 +90,17 @@ def serving_name(prefix: str) -> str:
     path = fsspec.core.split_protocol(prefix.split("::")[-1])[1]
     name = NAME_CHARACTER.sub("_", PurePosixPath(path.rstrip("/")).name).lstrip(".")
     return name or DEFAULT_NAME
+
+
+def server_configs(name: str) -> dict[str, str]:
+    """Each server's configuration file, the one promoting rewrites, as a path under the prefix."""
+    return {TRITON: f"{TRITON}/{name}/{TRITON_CONFIG}", TF_SERVING: f"{TF_SERVING}/{TF_SERVING_CONFIG}"}
+
+
+def served_version(config: str) -> str:
+    """The version a configuration file of `server_configs` serves; "" where it names none."""
+    found = SERVED_VERSION.search(config)
+    return found.group(1) if found else ""
 
 
 def version_layouts(local_dir: str, manifest: Manifest, name: str, version: int) -> Layouts:

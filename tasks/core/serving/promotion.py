@@ -2,14 +2,17 @@
 
 Publishing always writes the new version. With the gate, `LATEST` moves to it only when it is not worse
 than the version `LATEST` names now, measured on the same rows: the new run's raw test split, scored by
-both bundles through `split_metrics`, as evaluation scored it. Otherwise the version stays published
-beside the others, and the decision's reason gives both figures.
+both bundles as evaluation scored it (`split_metrics` for classes, `split_numbers` for a regression).
+Classes are judged by the policy's `metric` less `tolerance` (in the metric's units); a regression by
+its RMSE, which may exceed the current one's by `rmse_tolerance`, a fraction of the current RMSE.
+Otherwise the version stays published beside the others, and the decision's reason gives both figures.
 
 What the gate decides where it cannot measure:
 - nothing published under the prefix yet: the new version is promoted (there is nothing to protect);
-- the current version cannot score these rows (it reads other columns, reads one as another kind, or
-  knows other classes): promoted, and the reason says so. The data changed under the model: the current
-  one could not score the new partitions either, so keeping it live protects nothing;
+- the current version cannot score these rows (it reads other columns, reads one as another kind,
+  knows other classes, or predicts another column, or classes where the run predicts a number):
+  promoted, and the reason says so. The data changed under the model: the current one could not score
+  the new partitions either, so keeping it live protects nothing;
 - the current version cannot be loaded (unreadable, a mismatch with its manifest, a builder this run
   does not trust): not promoted, and the reason names the error. Nothing says the new one is better,
   and a person should look at what is live.
@@ -23,10 +26,10 @@ from dataclasses import dataclass
 
 from tasks.core.data.api import DatasetError, filesystem_for, parquet_split, remote_errors
 from tasks.core.messages import one_line, preview, raise_for
-from tasks.core.report.metrics import ClassificationMetrics
+from tasks.core.report.metrics import ClassificationMetrics, RegressionMetrics
 from tasks.core.serving.bundle import Bundle, BundleError, load_bundle
-from tasks.core.serving.publish import LATEST, join, resolve_bundle
-from tasks.core.serving.scoring import split_metrics
+from tasks.core.serving.publish import LATEST, PromotionDecision, join, resolve_bundle
+from tasks.core.serving.scoring import regression_split_metrics, split_metrics, split_numbers
 from tasks.core.strict_json import instantiate, shape_problems
 
 # "gate": LATEST moves only to a version not worse than the current one; "always": to every version.
@@ -36,19 +39,22 @@ MODES = ("gate", "always")
 METRICS = {"macro_f1": "macro-F1", "accuracy": "accuracy"}
 # A difference this small is rounding, not a worse model: 0.9 against 0.91 passes a tolerance of 0.01.
 ROUNDING = 1e-12
-EXAMPLE = '{"mode": "gate", "metric": "macro_f1", "tolerance": 0.01}'
+EXAMPLE = '{"mode": "gate", "metric": "macro_f1", "tolerance": 0.01, "rmse_tolerance": 0.02}'
 
 
 @dataclass
 class PromotionPolicy:
-    """Whether a published version becomes LATEST: "always", or by the "gate": when its `metric` on the
-    run's test rows is at least the current LATEST's less `tolerance` (in the metric's units: 0.01 lets
-    it be one point lower). Any policy given defaults to the gate; training_pipeline's default is
-    `ALWAYS`, the scheduled retraining's the gate."""
+    """Whether a published version becomes LATEST: "always", or by the "gate": a classifier when its
+    `metric` on the run's test rows is at least the current LATEST's less `tolerance` (in the metric's
+    units: 0.01 lets it be one point lower); a regression when its RMSE on those rows is at most the
+    current LATEST's times 1 + `rmse_tolerance` (a fraction, whatever the label's units: 0.02 lets it be
+    2% higher). Any policy given defaults to the gate; training_pipeline's default is `ALWAYS`, the
+    scheduled retraining's the gate."""
 
     mode: str = "gate"
     metric: str = "macro_f1"
     tolerance: float = 0.0
+    rmse_tolerance: float = 0.0
 
     @classmethod
     def from_json(cls, text: str) -> PromotionPolicy:
@@ -62,6 +68,8 @@ class PromotionPolicy:
             ("metric", self.metric in METRICS, f"not one of {', '.join(METRICS)}"),
             ("tolerance", math.isfinite(self.tolerance) and 0 <= self.tolerance <= 1,
              "must be a number from 0 to 1, in the metric's units"),
+            ("rmse_tolerance", math.isfinite(self.rmse_tolerance) and 0 <= self.rmse_tolerance <= 1,
+             "must be a number from 0 to 1, a fraction of the current RMSE"),
         ]  # fmt: skip
         return {name: rule for name, ok, rule in rules if not ok}
 
@@ -95,14 +103,6 @@ class CurrentVersion:
     uri: str
     bundle: Bundle | None = None
     problem: str = ""
-
-
-@dataclass
-class PromotionDecision:
-    promote: bool
-    reason: str
-    new: float | None = None  # the new version's figure on the policy's metric, where measured
-    current: float | None = None  # the current LATEST's, on the same rows
 
 
 def promotion_of(
@@ -168,25 +168,39 @@ def decide(
             f"not promoted: the current LATEST ({current.uri}) could not be loaded to compare with "
             f"({current.problem}); LATEST is unchanged: look at it, and promote the new version by hand if it should serve",
         )
-    if new_bundle.target.regression:  # the gate's figures are a classification's
-        return PromotionDecision(
-            False,
-            f"not promoted: the promotion gate compares accuracy or macro-F1, which a regression has not; "
-            f"LATEST ({current.uri}) is unchanged: compare the versions' R² and promote by hand, or "
-            "publish with the default policy (always)",
-        )
+    if new_bundle.target.regression:
+        return decide_numbers(new_bundle, current, test_split, label_column, policy)
     new = split_metrics(new_bundle, test_split, label_column, class_labels)
     try:
         old = comparable_metrics(current.bundle, test_split, label_column, class_labels)
     except Incomparable as error:
-        return PromotionDecision(
-            True,
-            f"promoted without a comparison: the current LATEST ({current.uri}) cannot score this run's test "
-            f"rows ({error}), so it could not score the new data either; the new version's "
-            f"{METRICS[policy.metric]} is {policy.figure(new):.4f}",
-            new=policy.figure(new),
+        return unmeasured(
+            current.uri, error, METRICS[policy.metric], f"{policy.figure(new):.4f}", policy.figure(new)
         )
     return compare(new, old, current.uri, policy)
+
+
+def decide_numbers(
+    new_bundle: Bundle, current: CurrentVersion, test_split: str, label_column: str, policy: PromotionPolicy
+) -> PromotionDecision:
+    """`decide` for a regression: both bundles' RMSE on the raw test split's labels, in their units."""
+    new = regression_split_metrics(new_bundle, *split_numbers(new_bundle, test_split, label_column))
+    try:
+        old = comparable_numbers(current.bundle, test_split, label_column)
+    except Incomparable as error:
+        return unmeasured(current.uri, error, "RMSE", f"{new.rmse:.4g}", new.rmse)
+    return compare_numbers(new, old, current.uri, policy)
+
+
+def unmeasured(
+    current_uri: str, error: Incomparable, name: str, shown: str, figure: float
+) -> PromotionDecision:
+    return PromotionDecision(
+        True,
+        f"promoted without a comparison: the current LATEST ({current_uri}) cannot score this run's test "
+        f"rows ({error}), so it could not score the new data either; the new version's {name} is {shown}",
+        new=figure,
+    )
 
 
 class Incomparable(ValueError):
@@ -208,6 +222,59 @@ def comparable_metrics(
         raise Incomparable(one_line(error)) from error
 
 
+def comparable_numbers(bundle: Bundle, test_split: str, label_column: str) -> RegressionMetrics:
+    """The current bundle's regression figures on the split; Incomparable where it predicts classes or
+    another column, or cannot read the split's columns."""
+    if not bundle.target.regression:
+        known = preview([str(label) for label in bundle.manifest.record.class_labels])
+        raise Incomparable(f"it predicts the classes {known}, this run a number")
+    if bundle.label_column != label_column:
+        raise Incomparable(f"it predicts {bundle.label_column!r}, this run {label_column!r}")
+    try:
+        bundle.check_columns(parquet_split(test_split).schema, "the test split")
+        return regression_split_metrics(bundle, *split_numbers(bundle, test_split, label_column))
+    except (BundleError, DatasetError) as error:  # a missing column, another kind, a value it cannot read
+        raise Incomparable(one_line(error)) from error
+
+
+def fewer_answers(
+    new: ClassificationMetrics | RegressionMetrics,
+    old: ClassificationMetrics | RegressionMetrics,
+    figures: str,
+) -> str:
+    """Why the new model is not promoted where it has no answer for more rows than the current one."""
+    if new.non_finite_rows <= old.non_finite_rows:
+        return ""
+    return (
+        f"not promoted: {figures}, but the new model has no answer (non-finite outputs) for "
+        f"{new.non_finite_rows:,} of them, the current one for {old.non_finite_rows:,}; LATEST is unchanged"
+    )
+
+
+def compare_numbers(
+    new: RegressionMetrics, old: RegressionMetrics, current_uri: str, policy: PromotionPolicy
+) -> PromotionDecision:
+    """Lower is better: promoted where the new RMSE is at most the current one's plus `rmse_tolerance`
+    of it."""
+    ours, theirs, rows = new.rmse, old.rmse, new.n_test + new.non_finite_rows
+    figures = (
+        f"RMSE {ours:.6g} against {theirs:.6g} for the current LATEST ({current_uri}) on the {rows:,} rows "
+        f"of this run's test split"
+    )
+    if refused := fewer_answers(new, old, figures):
+        return PromotionDecision(False, refused, ours, theirs)
+    allowed = theirs * policy.rmse_tolerance
+    within = f"the tolerance {policy.rmse_tolerance:g} of the current RMSE ({allowed:.4g})"
+    if ours > (theirs + allowed) * (1 + ROUNDING):
+        return PromotionDecision(
+            False,
+            f"not promoted: {figures}: {ours - theirs:.4g} higher, more than {within}; LATEST is unchanged",
+            ours,
+            theirs,
+        )
+    return PromotionDecision(True, f"promoted: {figures}: not worse by more than {within}", ours, theirs)
+
+
 def compare(
     new: ClassificationMetrics, old: ClassificationMetrics, current_uri: str, policy: PromotionPolicy
 ) -> PromotionDecision:
@@ -217,14 +284,8 @@ def compare(
         f"{name} {ours:.4f} against {theirs:.4f} for the current LATEST ({current_uri}) on the {rows:,} rows "
         f"of this run's test split"
     )
-    if new.non_finite_rows > old.non_finite_rows:
-        return PromotionDecision(
-            False,
-            f"not promoted: {figures}, but the new model has no answer (non-finite outputs) for "
-            f"{new.non_finite_rows:,} of them, the current one for {old.non_finite_rows:,}; LATEST is unchanged",
-            ours,
-            theirs,
-        )
+    if refused := fewer_answers(new, old, figures):
+        return PromotionDecision(False, refused, ours, theirs)
     if ours < theirs - policy.tolerance - ROUNDING:
         return PromotionDecision(
             False,

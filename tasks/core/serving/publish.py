@@ -19,7 +19,13 @@ replaces the servers' configuration files (`config.pbtxt`, `models.config`), the
 an object store replaces an object in one write; on a filesystem (a local disk, an NFS mount) the new
 content is written under a temporary name in the same folder and renamed over the old, so a reader
 never finds one empty or half-written. A version published without promoting (`promote=False`) is
-copied, and `LATEST` and what the servers serve stay where they were.
+copied, and `LATEST` and what the servers serve stay where they were. `PUBLISHED.json` records the
+decision and its reason.
+
+A promoted version without a server's export (a torch bundle has no SavedModel) leaves that server on
+the version it serves: TF Serving goes on answering with the last Keras version rather than with
+nothing, while `LATEST` and Triton move. Publishing logs a warning naming both versions, and the
+version's `notes` in `PUBLISHED.json` say the same.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import json
 import logging
 import os
 import secrets
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 
@@ -35,7 +42,14 @@ import fsspec
 
 from tasks.core.data.api import DatasetError, filesystem_for, is_local, remote_errors
 from tasks.core.serving.bundle import MANIFEST, BundleError, check_files, content_digest
-from tasks.core.serving.layouts import Layouts, serving_name, version_layouts
+from tasks.core.serving.layouts import (
+    SERVED_EXPORT,
+    Layouts,
+    served_version,
+    server_configs,
+    serving_name,
+    version_layouts,
+)
 from tasks.core.serving.prefixes import prefix_problem
 
 LATEST = "LATEST"
@@ -47,6 +61,22 @@ VERSION_TIME = "%Y%m%dT%H%M%SZ"
 HASH_CHARS = 8
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class PromotionDecision:
+    """Whether a published version becomes LATEST, and why (the promotion gate's, promotion.py)."""
+
+    promote: bool
+    reason: str
+    new: float | None = None  # the new version's figure (the policy's metric, or RMSE), where measured
+    current: float | None = None  # the current LATEST's, on the same rows
+
+
+def as_decision(promote: bool | PromotionDecision) -> PromotionDecision:
+    if isinstance(promote, PromotionDecision):
+        return promote
+    return PromotionDecision(promote, f"published with promote={promote}")
 
 
 def bundle_digest(directory: str) -> str:
@@ -80,24 +110,27 @@ def join(uri: str, *names: str) -> str:
     return "/".join([uri.rstrip("/"), *names])
 
 
-def publish_bundle(local_dir: str, prefix: str, origin: str = "", promote: bool = True) -> str:
-    """Copy the bundle folder `local_dir` to `<prefix>/<version>/` with its serving layouts, then, with
-    `promote`, make it the version `LATEST` names and the servers serve. The prefix and the folder
-    (against its manifest) are checked first. A failure names where the bundle still is: `origin`
-    (where it lasts, e.g. the run's output) or else `local_dir`.
+def publish_bundle(
+    local_dir: str, prefix: str, origin: str = "", promote: bool | PromotionDecision = True
+) -> str:
+    """Copy the bundle folder `local_dir` to `<prefix>/<version>/` with its serving layouts, then, where
+    `promote` says so (True, or the promotion gate's decision, recorded with its reason), make it the
+    version `LATEST` names and the servers serve. The prefix and the folder (against its manifest) are
+    checked first. A failure names where the bundle still is: `origin` (where it lasts, e.g. the run's
+    output) or else `local_dir`.
 
     Returns the version's URI.
     """
     if not (Path(local_dir) / MANIFEST).is_file():
         raise BundleError(f"{local_dir}: not a model bundle (no {MANIFEST}); nothing to publish")
     try:
-        return copy_version(local_dir, prefix, origin, promote)
+        return copy_version(local_dir, prefix, origin, as_decision(promote))
     except (BundleError, DatasetError) as error:
         kept = f"the bundle is not published and stays at {origin or local_dir}"
         raise type(error)(f"{error}; {kept}") from error
 
 
-def copy_version(local_dir: str, prefix: str, origin: str = "", promote: bool = True) -> str:
+def copy_version(local_dir: str, prefix: str, origin: str, decision: PromotionDecision) -> str:
     if not prefix:
         raise BundleError("no prefix to publish to: name a folder or URI such as s3://bucket/models/churn")
     if problem := prefix_problem(prefix):
@@ -111,13 +144,15 @@ def copy_version(local_dir: str, prefix: str, origin: str = "", promote: bool = 
         filesystem.put(str(local_dir).rstrip("/") + "/", target, recursive=True)
         layouts = version_layouts(local_dir, manifest, serving_name(prefix), version)
         copy_layouts(filesystem, prefix_path, layouts)
-        record = published_record(local_dir, version, now, origin, layouts)
+        behind = left_behind(filesystem, prefix, str(version), layouts.served) if decision.promote else []
+        record = published_record(local_dir, version, now, origin, layouts, decision, behind)
         # Last of the version's files: a version whose PUBLISHED.json exists has all its layouts.
         write_file(filesystem, join(target, PUBLISHED), json.dumps(record, indent=2).encode())
         for note in layouts.notes:
             logger.warning("published version %s of %s with %s", version, prefix, note)
-        if promote:
+        if decision.promote:
             serve(filesystem, prefix_path, str(version), layouts.served)
+            warn_left_behind(prefix, str(version), behind)
     return join(prefix, str(version))
 
 
@@ -152,7 +187,15 @@ def copy_layouts(filesystem: fsspec.AbstractFileSystem, prefix_path: str, layout
         write_file(filesystem, join(prefix_path, relative), text.encode())
 
 
-def published_record(local_dir: str, version: int, now: datetime, origin: str, layouts: Layouts) -> dict:
+def published_record(
+    local_dir: str,
+    version: int,
+    now: datetime,
+    origin: str,
+    layouts: Layouts,
+    decision: PromotionDecision,
+    behind: list[str],
+) -> dict:
     digest = bundle_digest(local_dir)
     return {
         "version": version,
@@ -161,22 +204,49 @@ def published_record(local_dir: str, version: int, now: datetime, origin: str, l
         "published": now.isoformat(timespec="seconds"),
         "origin": origin,  # where the bundle lasts, e.g. the run's output; "" where not told
         "layouts": sorted({*layouts.copies.values(), *layouts.files}),
-        "notes": layouts.notes,
+        "notes": [*layouts.notes, *behind],
+        "promotion": asdict(decision),
         "serve": layouts.served,  # what promoting this version writes: path under the prefix -> content
     }
 
 
+def left_behind(
+    filesystem: fsspec.AbstractFileSystem, prefix: str, version: str, served: dict[str, str]
+) -> list[str]:
+    """What promoting `version` leaves serving another version: each server whose configuration under
+    `prefix` it does not rewrite (`served`), for want of the export that server needs."""
+    prefix_path = filesystem_for(prefix)[1]
+    notes = []
+    for server, relative in server_configs(serving_name(prefix)).items():
+        path = join(prefix_path, relative)
+        if relative in served or not filesystem.isfile(path):
+            continue
+        kept = served_version(filesystem.cat_file(path).decode("utf-8", "replace")) or "?"
+        notes.append(
+            f"{server} still serves version {kept}, not version {version}, which LATEST names: "
+            f"version {version} has no {SERVED_EXPORT[server]}"
+        )
+    return notes
+
+
+def warn_left_behind(prefix: str, version: str, notes: list[str]) -> None:
+    for note in notes:
+        logger.warning("promoted version %s of %s, but %s", version, prefix, note)
+
+
 def promote_version(prefix: str, version: str) -> str:
     """Make a published version the one `LATEST` names and the servers serve: a rollback, or a promotion
-    decided after publishing. A version published before layouts existed moves `LATEST` alone.
-    Returns the version's URI."""
+    decided after publishing. A version published before layouts existed moves `LATEST` alone; a server
+    that has no export of the version stays where it is, with a warning. Returns the version's URI."""
     filesystem, prefix_path = filesystem_for(prefix)
     folder = join(prefix_path, version)
     with remote_errors(prefix):
         if PurePosixPath(version).name != version or not filesystem.isfile(join(folder, MANIFEST)):
             raise BundleError(f"{join(prefix, version)}: not a published version (no {MANIFEST})")
-        record = published(filesystem, folder)
-        serve(filesystem, prefix_path, version, record.get("serve", {}))
+        served = published(filesystem, folder).get("serve", {})
+        behind = left_behind(filesystem, prefix, version, served)
+        serve(filesystem, prefix_path, version, served)
+    warn_left_behind(prefix, version, behind)
     return join(prefix, version)
 
 

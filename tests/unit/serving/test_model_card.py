@@ -34,7 +34,7 @@ def test_the_card_names_the_label_the_columns_the_metrics_and_the_baseline(bundl
     assert (
         f"| baseline: always the most frequent class (accuracy) | {metrics.majority_accuracy:.4f} |" in card
     )
-    assert '"seed": 7' in card and "- split: stratified by class, seed 7; rows train 300" in card
+    assert '"seed": 7' in card and "- split: random (stratified), seed 7; rows train 300" in card
     assert "data content sha256: `" in card and "- code: " in card
 
 

@@ -9,12 +9,16 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tasks.core.data.scaling import ScalerStats
+from tasks.core.data.target import REGRESSION, Target
 from tasks.core.messages import InputError
-from tasks.core.serving.bundle import load_bundle
+from tasks.core.models.plugins import build, input_spec_for, mlp_spec
+from tasks.core.serving.bundle import BundleRecord, load_bundle, write_bundle
 from tasks.core.serving.promotion import (
     ALWAYS,
     CurrentVersion,
@@ -25,8 +29,9 @@ from tasks.core.serving.promotion import (
     parse_promotion,
     promotion_of,
 )
-from tasks.core.serving.publish import LATEST, publish_bundle, resolve_bundle
-from tasks.core.serving.scoring import split_metrics
+from tasks.core.serving.publish import LATEST, PUBLISHED, publish_bundle, resolve_bundle
+from tasks.core.serving.scoring import regression_split_metrics, split_metrics, split_numbers
+from tasks.core.training.records import Hardware, TrainingRun
 from tests.conftest import blobs_frame
 from tests.unit.serving.test_publish import (
     CLASSES,
@@ -184,9 +189,148 @@ def test_a_latest_that_cannot_be_loaded_keeps_latest_and_names_the_error(ranked,
     assert resolve_bundle(prefix) == live
 
 
+# ---- a regression: RMSE on the same raw rows, lower is better --------------------------------------------
+
+TARGET = "price"
+PRICES = 100.0  # the split's labels: about this, give or take one
+
+
+def write_regression_bundle(folder: Path, mean: float, label: str = TARGET, features=FEATURES) -> str:
+    """An untrained one-output MLP, the same weights each time, answering around `mean`: a bundle whose
+    mean is far from the split's labels has the higher RMSE."""
+    spec = mlp_spec([16])
+    folder.mkdir(parents=True)
+    artifact = str(folder.parent / f"{folder.name}-model.pt")
+    import torch
+
+    from tasks.core.models.torch_models import save_torch_artifact
+
+    torch.manual_seed(0)
+    model = build(spec, len(features), 1, "pytorch")
+    save_torch_artifact(model, spec, input_spec_for(spec, len(features), 1), artifact)
+    run = TrainingRun("pytorch", "cpu", 1, "gloo", "fp32", "single-process", [], 0.0, 0.0, model=spec)
+    record = BundleRecord(
+        framework="pytorch", feature_names=list(features),
+        scaler=ScalerStats([0.0] * len(features), [1.0] * len(features)), class_labels=[],
+        label_kind="float", label_column=label, source="prices.parquet", data_fingerprint="0" * 32,
+        run=run, billed=Hardware("cpu", 1), target=Target(REGRESSION, "asked for", mean=mean, std=1.0),
+    )  # fmt: skip
+    with no_exports():
+        return write_bundle(str(folder), artifact, record)
+
+
+@pytest.fixture(scope="module")
+def price_split(tmp_path_factory) -> str:
+    """A regression's test split as preprocessing writes it: the raw features and the label as read."""
+    frame = blobs_frame(n_rows=200, n_classes=3, seed=6)[FEATURES]
+    frame[TARGET] = PRICES + np.random.default_rng(6).normal(0.0, 1.0, len(frame))
+    folder = tmp_path_factory.mktemp("prices") / "test"
+    folder.mkdir()
+    pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), folder / "part-0.parquet")
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def priced(tmp_path_factory) -> dict[str, str]:
+    """Regression bundles "better" (answering about the labels' mean) and "worse" (10 away), as folders."""
+    root = tmp_path_factory.mktemp("price-bundles")
+    return {
+        "better": write_regression_bundle(root / "better", PRICES),
+        "worse": write_regression_bundle(root / "worse", PRICES + 10.0),
+    }
+
+
+def rmse(folder: str, split: str) -> float:
+    bundle = load_bundle(folder)
+    return regression_split_metrics(bundle, *split_numbers(bundle, split, TARGET)).rmse
+
+
+@pytest.mark.parametrize(
+    "new, current, tolerance_in_gaps, promoted",
+    [
+        ("better", "worse", 0.0, True),
+        ("better", "better", 0.0, True),  # equal: not worse
+        ("worse", "better", 2.0, True),  # worse, within the tolerance
+        ("worse", "better", 1.0, True),  # worse by exactly the tolerance
+        ("worse", "better", 0.99, False),  # worse, just beyond the tolerance
+        ("worse", "better", 0.0, False),
+    ],
+)
+def test_the_gate_promotes_a_regression_whose_rmse_is_not_worse_by_more_than_the_tolerance(
+    priced, price_split, new, current, tolerance_in_gaps, promoted
+):
+    ours, theirs = rmse(priced[new], price_split), rmse(priced[current], price_split)
+    best, worst = rmse(priced["better"], price_split), rmse(priced["worse"], price_split)
+    assert worst > best, "the bundle answering further from the labels scores worse"
+    policy = PromotionPolicy(rmse_tolerance=tolerance_in_gaps * (worst - best) / best)  # a fraction of it
+    decision = decide(load_bundle(priced[new]), current_at(priced[current]), price_split, TARGET, [], policy)
+    assert decision.promote is promoted
+    assert (decision.new, decision.current) == (ours, theirs)
+    assert decision.reason.startswith("promoted: " if promoted else "not promoted: ")
+    assert (
+        f"RMSE {ours:.6g} against {theirs:.6g} for the current LATEST ({priced[current]})" in decision.reason
+    )
+    assert "200 rows" in decision.reason
+    if not promoted:
+        assert f"{ours - theirs:.4g} higher, more than the tolerance" in decision.reason
+
+
+def test_a_worse_regression_is_published_but_not_promoted_with_the_reason_in_its_record(
+    priced, price_split, tmp_path
+):
+    prefix = str(tmp_path / "models")
+    live = publish_bundle(priced["worse"], prefix)
+    better = promotion_of(priced["better"], prefix, price_split, TARGET, [], PromotionPolicy())
+    promoted = publish_bundle(priced["better"], prefix, promote=better)
+    assert better.promote and resolve_bundle(prefix) == promoted != live
+    worse = promotion_of(priced["worse"], prefix, price_split, TARGET, [], PromotionPolicy())
+    held = publish_bundle(priced["worse"], prefix, promote=worse)
+    assert not worse.promote and resolve_bundle(prefix) == promoted
+    record = json.loads((Path(held) / PUBLISHED).read_text())["promotion"]
+    assert record == {"promote": False, "reason": worse.reason, "new": worse.new, "current": worse.current}
+    assert (
+        f"RMSE {worse.new:.6g} against {worse.current:.6g} for the current LATEST ({promoted})"
+        in (record["reason"])
+    )
+    assert "LATEST is unchanged" in record["reason"]
+
+
+def test_a_new_regression_without_an_answer_for_more_rows_is_not_promoted(priced, price_split):
+    from tasks.core.serving.promotion import compare_numbers
+
+    bundle = load_bundle(priced["better"])
+    old = regression_split_metrics(bundle, *split_numbers(bundle, price_split, TARGET))
+    new = replace(old, rmse=old.rmse / 2, n_test=old.n_test - 2, non_finite_rows=2)
+    decision = compare_numbers(new, old, "models/v", PromotionPolicy(rmse_tolerance=1.0))
+    assert not decision.promote and "no answer (non-finite outputs) for 2 of them" in decision.reason
+
+
+def test_a_latest_that_cannot_score_the_regression_s_rows_is_replaced_saying_why(
+    priced, price_split, ranked, tmp_path
+):
+    others = {
+        "classes": ranked["better"],
+        "column": write_regression_bundle(tmp_path / "column", PRICES, label="cost"),
+        "features": write_regression_bundle(tmp_path / "features", PRICES, features=["f0", "f1", "g2"]),
+    }
+    why = {
+        "classes": "it predicts the classes setosa, versicolor, virginica, this run a number",
+        "column": "it predicts 'cost', this run 'price'",
+        "features": "'g2'",
+    }
+    new = load_bundle(priced["worse"])
+    for name, folder in others.items():
+        decision = decide(new, current_at(folder), price_split, TARGET, [], PromotionPolicy())
+        assert decision.promote and decision.current is None, name
+        assert decision.reason.startswith(f"promoted without a comparison: the current LATEST ({folder})")
+        assert why[name] in decision.reason, name
+        assert f"the new version's RMSE is {rmse(priced['worse'], price_split):.4g}" in decision.reason
+
+
 @pytest.mark.parametrize(
     "raw, message",
     [
+        ({"rmse_tolerance": 1.5}, "input 'promotion.rmse_tolerance' = 1.5: must be a number from 0 to 1"),
         ({"mode": "strict"}, "input 'promotion.mode' = 'strict': not one of gate, always"),
         ({"metric": "f1"}, "input 'promotion.metric' = 'f1': not one of macro_f1, accuracy"),
         ({"tolerance": -0.01}, "input 'promotion.tolerance' = -0.01: must be a number from 0 to 1"),
@@ -203,6 +347,7 @@ def test_a_bad_policy_is_refused_naming_the_allowed_values(raw, message):
 
 def test_a_policy_given_defaults_to_the_gate_and_reads_from_json():
     assert PromotionPolicy.from_json('{"tolerance": 0.01}') == PromotionPolicy("gate", "macro_f1", 0.01)
+    assert PromotionPolicy.from_json('{"rmse_tolerance": 0.02}') == PromotionPolicy(rmse_tolerance=0.02)
     assert PromotionPolicy.from_json('{"mode": "always"}') == ALWAYS
     with pytest.raises(InputError, match="not one of macro_f1, accuracy"):
         PromotionPolicy.from_json('{"metric": "recall"}')
@@ -256,6 +401,8 @@ def test_the_publish_task_publishes_a_worse_model_but_latest_stays_naming_both_f
         in printed
     )
     assert f"for the current LATEST ({live})" in printed and "LATEST is unchanged" in printed
+    recorded = json.loads((Path(published) / PUBLISHED).read_text())["promotion"]
+    assert not recorded["promote"] and recorded["reason"] in printed
 
 
 def test_the_publish_task_refuses_a_bad_policy_before_publishing(ranked, tmp_path):

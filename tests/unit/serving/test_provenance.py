@@ -7,11 +7,17 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
+from tasks.core.data.assignment import SplitConfig
+from tasks.core.data.pieces import prepare_in_pieces
+from tasks.core.data.prepare import prepare_dataset
 from tasks.core.models.plugins import mlp_spec
 from tasks.core.serving.bundle import (
     CONTENT_HASH,
@@ -22,19 +28,20 @@ from tasks.core.serving.bundle import (
     BundleRecord,
     CodeVersion,
     Provenance,
+    SplitSettings,
     add_metrics,
     check_files,
     content_digest,
     data_hash,
     load_bundle,
-    split_settings,
     write_bundle,
 )
-from tasks.core.serving.model_card import USER_SECTIONS, write_model_card
+from tasks.core.serving.model_card import USER_SECTIONS, render_card, write_model_card
 from tasks.core.serving.publish import publish_bundle
 from tasks.core.training.config import TrainConfig
 from tasks.core.training.records import Hardware, TrainingRun
 from tasks.plumbing.code_version import git_checkout, source_tree_hash
+from tests.conftest import blobs_frame
 from tests.unit.serving.test_bundle_integrity import some_metrics
 from tests.unit.serving.test_publish import messy_prepared, messy_table, save_untrained
 
@@ -55,13 +62,13 @@ def bundle(tmp_path_factory, code) -> Path:
     root = tmp_path_factory.mktemp("provenance")
     data = root / "messy.parquet"
     data.write_bytes(b"the training rows")  # only hashed here
-    table = messy_prepared(messy_table())
+    table = replace(messy_prepared(messy_table()), split=SplitConfig(seed=CONFIG.seed))
     save_untrained(SPEC, len(table.feature_names), "pytorch", 0, str(root / "model.pt"))
     run = TrainingRun(
         "pytorch", "cpu", 1, "gloo", "fp32", "single-process", [], 0.0, 0.0, model=SPEC, config=CONFIG
     )
     record = BundleRecord.of(table, run, Hardware("cpu", 1), data_fingerprint="0" * 32)
-    provenance = Provenance(split_settings(table, CONFIG.seed, split_by=""), code, data_hash(str(data)))
+    provenance = Provenance(SplitSettings.of(table), code, data_hash(str(data)))
     folder = write_bundle(str(root / "bundle"), str(root / "model.pt"), record, provenance)
     add_metrics(folder, some_metrics())
     write_model_card(folder)
@@ -182,8 +189,34 @@ def test_the_code_version_says_what_identifies_it():
 def test_the_split_settings_say_how_the_rows_were_split():
     table = messy_prepared(messy_table())
     table.rows = {"train": 70, "val": 15, "test": 15}
-    split = split_settings(table, 3)
+    split = SplitSettings.of(table)
     assert (split.val_fraction, split.test_fraction) == (0.15, 0.15)
-    assert split.describe() == "method not recorded, seed 3; rows train 70, val 15, test 15"
-    assert split_settings(table, 3, "").describe().startswith("stratified by class, seed 3;")
-    assert split_settings(table, 3, "joined").describe().startswith("time-ordered by 'joined'")
+    assert split.describe() == "method not recorded, seed None; rows train 70, val 15, test 15"
+    random = SplitSettings.of(replace(table, split=SplitConfig(seed=3)))
+    assert (random.seed, random.split_by) == (3, "")
+    assert random.describe() == "random (stratified), seed 3; rows train 70, val 15, test 15"
+    timed = SplitSettings.of(replace(table, split=SplitConfig(seed=3, split_by="joined")))
+    assert timed.describe() == "time-ordered by 'joined'; rows train 70, val 15, test 15"
+
+
+@pytest.fixture(scope="module")
+def timed_input(tmp_path_factory) -> str:
+    """Blobs with a `day` column, 20 rows a day over 10 days."""
+    path = tmp_path_factory.mktemp("timed") / "timed.parquet"
+    frame = blobs_frame(n_rows=200, seed=1).assign(day=np.repeat(np.arange(10), 20))
+    pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), path)
+    return str(path)
+
+
+def test_a_time_ordered_run_names_its_column_in_the_provenance_and_the_card(bundle, timed_input, tmp_path):
+    split = SplitConfig(seed=4, split_by="day")
+    one_pod = prepare_dataset(timed_input, "species", str(tmp_path / "one"), split).table
+    in_pieces = prepare_in_pieces(timed_input, "species", str(tmp_path / "pieces"), split, 2).table
+    assert one_pod.split == in_pieces.split == split, "the table carries the settings it was split by"
+    settings = SplitSettings.of(one_pod)
+    assert (settings.split_by, settings.rows) == ("day", {"train": 140, "val": 40, "test": 20})
+    manifest = load_bundle(str(bundle)).manifest
+    card = render_card(replace(manifest, provenance=replace(manifest.provenance, split=settings)))
+    assert "- split: time-ordered by 'day'; rows train 140, val 40, test 20" in card
+    random = prepare_dataset(timed_input, "species", str(tmp_path / "random"), SplitConfig(seed=4)).table
+    assert SplitSettings.of(random).describe().startswith("random (stratified), seed 4;")

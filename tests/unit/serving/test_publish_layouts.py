@@ -277,14 +277,47 @@ def test_tf_serving_loads_the_latest_saved_model_from_its_integer_folder(exporte
     np.testing.assert_allclose(outputs["probabilities"].numpy(), expected, atol=1e-5)
 
 
-def test_a_torch_bundle_has_no_tf_serving_layout_and_leaves_a_served_one_as_it_was(exported, tmp_path):
+def test_a_torch_bundle_leaves_tf_serving_on_the_keras_version_and_says_so(exported, tmp_path, caplog):
     prefix = tmp_path / "models"
-    publish_bundle(exported["keras"], str(prefix))
+    keras = Path(publish_bundle(exported["keras"], str(prefix))).name
     served = (prefix / "tf_serving" / "models.config").read_bytes()
-    version = Path(publish_bundle(exported["torch"], str(prefix))).name
+    with caplog.at_level("WARNING", logger=publish.__name__):
+        version = Path(publish_bundle(exported["torch"], str(prefix))).name
     assert not (prefix / "tf_serving" / version).exists()
     assert (prefix / "tf_serving" / "models.config").read_bytes() == served
     assert served_versions(read_triton_model(prefix / "triton" / "models")) == [int(version)]
+    assert latest(prefix) == version
+    said = (
+        f"tf_serving still serves version {keras}, not version {version}, which LATEST names: "
+        f"version {version} has no SavedModel"
+    )
+    assert [said in message for message in caplog.messages] == [True], "one warning, naming both versions"
+    notes = json.loads((prefix / version / PUBLISHED).read_text())["notes"]
+    assert [said in note for note in notes] == [True]
+
+    caplog.clear()
+    held = Path(publish_bundle(exported["torch"], str(prefix), promote=False)).name
+    assert json.loads((prefix / held / PUBLISHED).read_text())["notes"] == [], "nothing served moves"
+    with caplog.at_level("WARNING", logger=publish.__name__):
+        promote_version(str(prefix), held)
+    assert any(f"tf_serving still serves version {keras}, not version {held}" in m for m in caplog.messages)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger=publish.__name__):
+        promote_version(str(prefix), keras)  # a rollback to the Keras version moves both servers
+    assert caplog.messages == [] and served_versions(read_triton_model(prefix / "triton" / "models")) == [
+        int(keras)
+    ]
+
+
+def test_the_published_record_holds_the_promotion_decision(exported, tmp_path):
+    prefix = tmp_path / "models"
+    promoted = Path(publish_bundle(exported["torch"], str(prefix))).name
+    held = Path(publish_bundle(exported["torch"], str(prefix), promote=False)).name
+    records = [json.loads((prefix / version / PUBLISHED).read_text()) for version in (promoted, held)]
+    assert [record["promotion"] for record in records] == [
+        {"promote": True, "reason": "published with promote=True", "new": None, "current": None},
+        {"promote": False, "reason": "published with promote=False", "new": None, "current": None},
+    ]
 
 
 # ---- versions, LATEST and the served version -------------------------------------------------------------
