@@ -4,7 +4,8 @@ For the default MLP and a wider one, each trained briefly by the torch loop on a
 classes overlap (so that quantization has answers to change), the bundle's `model.onnx` is quantized as
 `tasks.core.serving.int8` quantizes it, and both files are run by onnxruntime on CPU with the same
 session settings (one thread): rows per second on batches of 1 and 1,024 rows, the best of alternating
-rounds of each; and the test split's accuracy, whose difference is what the export's tolerance bounds.
+rounds of each; the test split's accuracy, whose difference is what the export's tolerance bounds; and
+how many of 500 test rows the int8 file answers alike alone and beside an extreme and an inf row.
 
 `python -m benchmarks.int8_bench [--smoke]`, or `python -m benchmarks --only int8`.
 """
@@ -39,7 +40,7 @@ def int8(work: Path, smoke: bool = False) -> list[Figure]:
         folder = trained_bundle(
             work / name.replace(" ", "-").replace(",", "_"), prepared, hidden_sizes, sizes
         )
-        figures += model_figures(name, folder, prepared.paths["test"], sizes["rounds"])
+        figures += model_figures(name, folder, prepared.paths, sizes["rounds"])
     return figures
 
 
@@ -76,15 +77,17 @@ def trained_bundle(folder: Path, prepared, hidden_sizes: list[int], sizes: dict)
     return write_bundle(str(folder / "bundle"), str(folder / "model.pt"), record)
 
 
-def model_figures(name: str, folder: str, test: str, rounds: int) -> list[Figure]:
+def model_figures(name: str, folder: str, splits: dict[str, str], rounds: int) -> list[Figure]:
     from tasks.core.data.files import filesystem_for
     from tasks.core.serving.bundle import read_manifest
     from tasks.core.serving.exports import onnx_session
-    from tasks.core.serving.int8 import INT8_FILE, best_rates, compare, feeder, quantize, row_batches, tiled
+    from tasks.core.serving.int8 import INT8_FILE, best_rates, compare, feeder, row_batches, tiled
+    from tasks.core.serving.int8_quantize import calibration_rows, quantize
 
     manifest = read_manifest(*filesystem_for(folder), folder)
     fp32, int8_file = Path(folder) / manifest.files["onnx"], Path(folder) / INT8_FILE
-    quantize(fp32, int8_file)
+    test = splits["test"]
+    quantize(fp32, int8_file, calibration_rows(splits["train"], manifest.record.feature_names))
     measured = compare(fp32, int8_file, manifest, test, "label")
     sessions = onnx_session(str(fp32)), onnx_session(str(int8_file))
     columns, feeds_of = feeder(manifest, [value.name for value in sessions[0].get_inputs()])
@@ -98,10 +101,16 @@ def model_figures(name: str, folder: str, test: str, rounds: int) -> list[Figure
                    "rows/s", "ratio > 1 to keep the file")
         )  # fmt: skip
     delta = measured.int8_accuracy - measured.fp32_accuracy
+    batch = measured.batch
     figures.append(
         Figure(f"int8: {name}, test accuracy int8 vs fp32 ({measured.rows:,} rows, delta {delta:+.4f}, "
                f"{measured.agreement:.2%} same class)", measured.int8_accuracy, measured.fp32_accuracy,
                "accuracy", f"delta >= -{TOLERANCE:g} to keep the file")
+    )  # fmt: skip
+    figures.append(
+        Figure(f"int8: {name}, rows answered alike alone and beside an extreme and an inf row "
+               f"({batch.changed} of {batch.rows} changed, probabilities within {batch.shift:.1g})",
+               batch.rows - batch.changed, batch.rows, "rows", "ratio 1 to keep the file")
     )  # fmt: skip
     return figures
 

@@ -25,17 +25,17 @@ from tasks.core.serving.bundle import (
     BundleRecord,
     CodeVersion,
     Provenance,
+    SplitSettings,
     add_metrics,
     data_hash,
     load_bundle,
-    split_settings,
     write_bundle,
 )
 from tasks.core.serving.int8 import add_int8_export
 from tasks.core.serving.model_card import write_model_card
 from tasks.core.serving.scoring import regression_split_metrics, split_metrics, split_numbers
 from tasks.core.training.records import Hardware
-from tasks.hardware import ML_CPU_IMAGE, SMALL_CPU, guaranteed
+from tasks.hardware import CPU_RETRIES, ML_CPU_IMAGE, SMALL_CPU, guaranteed
 from tasks.plumbing.code_version import git_checkout, source_tree_hash
 from tasks.plumbing.decks import DECKS, evaluation_deck
 from tasks.plumbing.process import begin_task, running_locally
@@ -59,16 +59,15 @@ def billed_hardware(trained: TrainedModel, plan: ResourcePlan | None) -> tuple[H
     ), []
 
 
-def run_provenance(prepared: PreparedData, trained: TrainedModel) -> Provenance:
-    """The split, the code and the data's hash. The pipeline splits with the hyperparameters' seed
-    (right_sizing.prepare_data); whether it split by a column is not carried here. In a pod the code has no git checkout: the version its task was
-    registered under names the commit (`make register` names the version after it, with "-dirty-" and
-    a hash where the tree had uncommitted changes)."""
-    config = trained.run.config
+def run_provenance(prepared: PreparedData) -> Provenance:
+    """The split (as the prepared table carries the settings preprocessing split by), the code and the
+    data's hash. In a pod the code has no git checkout: the version its task was registered under
+    names the commit (`make register` names the version after it, with "-dirty-" and a hash where the
+    tree had uncommitted changes)."""
     task_id = None if running_locally() else current_context().task_id
     registered = task_id.version if task_id else ""
     return Provenance(
-        split=split_settings(prepared.table, config.seed if config else None),
+        split=SplitSettings.of(prepared.table),
         code=CodeVersion.of(source_tree_hash(), git_checkout(), registered),
         data=data_hash(prepared.table.source),
     )
@@ -109,6 +108,7 @@ Evaluated = NamedTuple("Evaluated", [("report", EvaluationReport), ("model", Fly
     container_image=ML_CPU_IMAGE,
     **guaranteed(SMALL_CPU),
     **DECKS,
+    retries=CPU_RETRIES,
 )
 def evaluate(
     prepared: PreparedData, trained: TrainedModel, plan: ResourcePlan | None = None, int8_export: bool = False
@@ -119,7 +119,7 @@ def evaluate(
     billed, notes = billed_hardware(trained, plan)
     folder = bundle_folder(prepared.fingerprint)
     record = BundleRecord.of(prepared.table, trained.run, billed, prepared.fingerprint)
-    write_bundle(folder, trained.artifact.download(), record, run_provenance(prepared, trained))
+    write_bundle(folder, trained.artifact.download(), record, run_provenance(prepared))
     bundle = load_bundle(folder, trusted_builders=[trained.run.model.builder])  # this run's own builder
     test = local_path(prepared.test, "test split")
     points = (
@@ -128,7 +128,13 @@ def evaluate(
     metrics = test_metrics(bundle, test, prepared.table, points)
     add_metrics(folder, metrics)
     regression = isinstance(metrics, RegressionMetrics)
-    int8 = add_int8_export(folder, test, prepared.table.label_column, enabled=int8_export and not regression)
+    int8 = add_int8_export(
+        folder,
+        test,
+        prepared.table.label_column,
+        train_rows=prepared.splits_in_place().train,  # read in place: only the calibration sample's rows
+        enabled=int8_export and not regression,
+    )
     if int8.check is not None:
         notes.append(f"int8 ONNX export {'kept' if int8.kept else 'not kept'}: {int8.why}")
     elif int8_export and regression:
