@@ -77,6 +77,7 @@ def quantize(source: Path, target: Path, calibration: np.ndarray) -> list[str]:
         del part.graph.value_info[:]
     quantized = onnx.compose.merge_models(front, back, io_map=[(cut, cut)])
     one_opset_per_domain(quantized)
+    keep_non_finite_rows(quantized, cut, calibration.shape[1])
     weights = int8_weights(quantized)
     if not weights:
         raise ValueError(f"the graph has no {' or '.join(QUANTIZED_OPS)} with constant weights to quantize")
@@ -161,6 +162,41 @@ class RowsReader:
 
     def get_next(self) -> dict[str, np.ndarray] | None:
         return next(self.feeds, None)
+
+
+def keep_non_finite_rows(model, cut: str, width: int) -> None:
+    """A row with a non-finite feature answers as in `model.onnx` (NaN logits and probabilities, no
+    label), where QuantizeLinear would saturate it into a class: the logits ahead of the softmax get
+    NaN added in those rows. `x * 0` is NaN exactly where x is inf or NaN, and its row sum (a MatMul by
+    ones, added after quantization so it stays float) NaN exactly where any feature is."""
+    from onnx import helper, numpy_helper
+
+    softmax = next((node for node in model.graph.node if node.op_type == "Softmax"), None)
+    if softmax is None:
+        raise ValueError("the graph has no Softmax whose logits a non-finite row would make NaN")
+    logits = softmax.input[0]
+    unmasked = f"{logits}/before_non_finite_rows"
+    producer = next(node for node in model.graph.node if logits in node.output)
+    outputs = [unmasked if name == logits else name for name in producer.output]
+    del producer.output[:]
+    producer.output.extend(outputs)
+    model.graph.initializer.extend(
+        [
+            numpy_helper.from_array(np.zeros((), np.float32), "non_finite_rows/zero"),
+            numpy_helper.from_array(np.ones((width, 1), np.float32), "non_finite_rows/ones"),
+        ]
+    )
+    at = list(model.graph.node).index(softmax)  # its inputs' producers come before it, as the cut's do
+    for offset, node in enumerate(
+        [
+            helper.make_node("Mul", [cut, "non_finite_rows/zero"], ["non_finite_rows/zeroed"]),
+            helper.make_node(
+                "MatMul", ["non_finite_rows/zeroed", "non_finite_rows/ones"], ["non_finite_rows/nan"]
+            ),
+            helper.make_node("Add", [unmasked, "non_finite_rows/nan"], [logits]),
+        ]
+    ):
+        model.graph.node.insert(at + offset, node)
 
 
 def int8_weights(model) -> list[str]:

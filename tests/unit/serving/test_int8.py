@@ -381,6 +381,11 @@ def test_a_row_is_answered_alike_alone_and_beside_a_huge_amount_and_an_inf(writt
     assert np.isfinite(alone_probabilities).all() and np.isfinite(together[0][:500]).all()
     assert together[1][:500].tolist() == [label for _, labels in alone for label in labels.tolist()]
     np.testing.assert_allclose(together[0][:500], alone_probabilities, rtol=0, atol=PROBABILITY_SHIFT)
+    # The inf row is answered as model.onnx answers it: no class, not a saturated one.
+    full = scored(onnx_session(str(Path(folder) / "model.onnx")), odd)
+    assert np.isnan(full[0][1]).all() and np.isnan(together[0][501]).all()
+    assert together[1][501] == full[1][1]
+    assert np.isfinite(together[0][500]).all()  # the extreme row saturates: a class, maybe not fp32's
 
 
 def dynamically_quantized(source, target, calibration):
