@@ -17,6 +17,10 @@ class ClassMetrics:
     predicted: int
 
 
+# Balanced accuracy within this of a constant answer's counts as nothing learned beyond the class balance.
+CHANCE_MARGIN = 0.02
+
+
 @dataclass
 class ClassificationMetrics:
     accuracy: float
@@ -36,13 +40,34 @@ class ClassificationMetrics:
                 "they have no prediction and are left out of these metrics"
             )
         if self.n_test and self.per_class and self.accuracy <= self.majority_accuracy:
-            majority = max(self.per_class, key=lambda c: c.support).label
-            found.append(
-                f"accuracy {self.accuracy:.4f} is not above {self.majority_accuracy:.4f}, what always "
-                f"answering the most frequent class ({majority!r}) scores on these rows: the model has not "
-                f"learned more than the class balance (balanced accuracy {self.balanced_accuracy:.4f})"
-            )
+            found.append(self.majority_note())
         return found
+
+    @property
+    def constant_balanced_accuracy(self) -> float:
+        """What always answering one class scores in balanced accuracy: 1 / the classes these rows hold."""
+        return 1 / max(1, sum(1 for c in self.per_class if c.support))
+
+    def majority_note(self) -> str:
+        """Accuracy no better than the most frequent class's: a model that learned nothing, or one that
+        trades that class's rows for the others' (class weighting asks for that), which balanced
+        accuracy tells apart."""
+        majority = max(self.per_class, key=lambda c: c.support).label
+        compared = (
+            f"accuracy {self.accuracy:.4f} is not above {self.majority_accuracy:.4f}, what always "
+            f"answering the most frequent class ({majority!r}) scores on these rows"
+        )
+        if self.balanced_accuracy <= self.constant_balanced_accuracy + CHANCE_MARGIN:
+            return (
+                f"{compared}: the model has not learned more than the class balance "
+                f"(balanced accuracy {self.balanced_accuracy:.4f})"
+            )
+        return (
+            f"{compared}, but its balanced accuracy {self.balanced_accuracy:.4f} is above the "
+            f"{self.constant_balanced_accuracy:.4f} of any constant answer: it answers the other classes at "
+            f"the frequent one's expense, as class weighting asks; judge it by balanced accuracy or "
+            f"macro-F1 ({self.macro_f1:.4f})"
+        )
 
 
 def classification_metrics(

@@ -80,6 +80,19 @@ def test_a_model_no_better_than_the_majority_class_is_named_so_beside_its_balanc
     assert "('ok')" in note and "balanced accuracy 0.5000" in note
 
 
+def test_a_weighted_model_below_the_majority_class_is_judged_by_balanced_accuracy():
+    """Class weighting trades the frequent class's rows for the rare one's: accuracy falls below always
+    answering the frequent class while balanced accuracy rises far above a constant answer's 0.5."""
+    truth = np.array([0] * 90 + [1] * 10)
+    predicted = np.array([0] * 80 + [1] * 10 + [1] * 9 + [0])
+    metrics = classification_metrics(truth, predicted, ["ok", "fraud"])
+    assert metrics.accuracy == 0.89 and metrics.majority_accuracy == 0.9
+    (note,) = metrics.notes()
+    assert "has not learned" not in note
+    assert f"balanced accuracy {metrics.balanced_accuracy:.4f} is above the 0.5000" in note
+    assert note.endswith(f"judge it by balanced accuracy or macro-F1 ({metrics.macro_f1:.4f})")
+
+
 def test_a_model_above_the_majority_class_gets_no_note_and_its_balanced_accuracy_is_the_mean_recall():
     truth = np.array([0] * 6 + [1] * 3 + [2])
     predicted = np.array([0] * 5 + [1] + [1] * 3 + [2])
