@@ -39,6 +39,10 @@ COMPLETED_CONFIG = "Server side auto-completed config"
 STUB_VENV = "triton-stub"
 STUB = "triton_python_backend_stub"
 TRITON_DATATYPES = {"float64": "FP64", "float32": "FP32"}  # and text: BYTES
+JSON_NUMBER_TYPES = {value: key for key, value in TRITON_DATATYPES.items()}
+# Triton's answers (HTTP 500) to a JSON element it cannot read as the tensor's type: null in place of a gap.
+JSON_NUMBER_REFUSED = "Unable to parse 'data': attempt to access JSON non-number as double"
+JSON_TEXT_REFUSED = "Unable to parse JSON bytes array: attempt to access JSON non-string as string"
 STAND_IN_MODEL = '''"""Triton's python backend running the published model.onnx with onnxruntime (serving check only)."""
 
 import os
@@ -167,6 +171,64 @@ def tensor_bytes(array: np.ndarray) -> bytes:
     return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
 
 
+class TritonRefusal(Exception):
+    """An HTTP error status and message, as Triton answers a request it cannot read."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(f"HTTP {status}: {message}")
+        self.status, self.message = status, message
+
+
+def json_request(feeds: dict[str, np.ndarray], outputs: list[dict], null_gaps: bool = False) -> bytes:
+    """A v2 inference request with its inputs as JSON: rows of text, or of numbers with a gap as the
+    literal NaN (which Python's json writes), or as `null` with `null_gaps`."""
+    inputs = [
+        {"name": name, "shape": list(array.shape), "data": json_data(array, null_gaps),
+         "datatype": "BYTES" if array.dtype.kind in "OU" else TRITON_DATATYPES[str(array.dtype)]}
+        for name, array in feeds.items()
+    ]  # fmt: skip
+    return json.dumps({"inputs": inputs, "outputs": outputs}).encode()
+
+
+def json_data(array: np.ndarray, null_gaps: bool) -> list:
+    if array.dtype.kind in "OU" or not null_gaps:
+        return array.tolist()
+    return np.where(np.isnan(array), None, array.astype(object)).tolist()
+
+
+def json_inputs(body: bytes) -> dict[str, np.ndarray]:
+    """The inputs of a JSON request as Triton's HTTP front end reads them (server's src/http_server.cc,
+    ReadDataFromJson, over common's triton_json.h): the body is parsed with rapidjson's
+    kParseNanAndInfFlag, so NaN, Infinity and -Infinity are numbers; an element of an FP32 or FP64
+    tensor that is not a number (`null`, `true`, "1.5") fails as TRITONSERVER_ERROR_INTERNAL, which
+    Triton answers with HTTP 500, and so does a BYTES element that is not a string. Raises TritonRefusal."""
+    request = json.loads(body)  # Python's json takes NaN, Infinity and -Infinity as rapidjson does
+    return {tensor["name"]: json_tensor(tensor) for tensor in request["inputs"]}
+
+
+def json_tensor(tensor: dict) -> np.ndarray:
+    values = list(flattened(tensor["data"]))
+    if tensor["datatype"] == "BYTES":
+        if not all(isinstance(value, str) for value in values):
+            raise TritonRefusal(500, JSON_TEXT_REFUSED)
+        array = np.array(values, dtype=object)
+    else:
+        if not all(isinstance(value, int | float) and not isinstance(value, bool) for value in values):
+            raise TritonRefusal(500, JSON_NUMBER_REFUSED)
+        array = np.array(values, dtype=np.dtype(JSON_NUMBER_TYPES[tensor["datatype"]]))
+    if array.size != int(np.prod(tensor["shape"])):
+        raise TritonRefusal(500, "Failed to parse 'data' field: shape does not match true shape")
+    return array.reshape(tensor["shape"])
+
+
+def flattened(data):
+    for value in data:
+        if isinstance(value, list):
+            yield from flattened(value)
+        else:
+            yield value
+
+
 def stand_in_config(published: str) -> str:
     """The published config.pbtxt with the python backend in place of onnxruntime, nothing else changed."""
     config, count = re.subn(r'^backend: "onnxruntime"$', 'backend: "python"', published, flags=re.MULTILINE)
@@ -262,9 +324,10 @@ def check_published(
     install: TritonInstall, prefix: Path, versions: tuple[str, str], work: Path, port: int
 ) -> str:
     """The published repository as it is: one load request, then the repository index and the log."""
-    from tasks.core.serving.layouts import TRITON, TRITON_CONFIG, serving_name
+    from tasks.core.serving.layouts import TRITON, TRITON_CONFIG
+    from tasks.core.serving.retention import model_name
 
-    name, (served, unserved) = serving_name(str(prefix)), versions
+    name, (served, unserved) = model_name(str(prefix)), versions
     published = (prefix / TRITON / name / TRITON_CONFIG).read_text()
     work.mkdir(parents=True, exist_ok=True)
     server = TritonServer(
@@ -284,9 +347,10 @@ def check_published(
 def stand_in_repository(prefix: Path, served: str, folder: Path) -> Path:
     """The published model folder with the python backend: its config.pbtxt so changed, its labels files,
     and the served version's model.onnx beside a model.py that runs it."""
-    from tasks.core.serving.layouts import ONNX_MODEL, TRITON, TRITON_CONFIG, serving_name
+    from tasks.core.serving.layouts import ONNX_MODEL, TRITON, TRITON_CONFIG
+    from tasks.core.serving.retention import model_name
 
-    name = serving_name(str(prefix))
+    name = model_name(str(prefix))
     published, model = prefix / TRITON / name, folder / name
     shutil.rmtree(folder, ignore_errors=True)  # a kept work folder's earlier stand-in
     (model / served).mkdir(parents=True)
@@ -302,10 +366,11 @@ def check_stand_in(
     install: TritonInstall, prefix: Path, served: str, bundle, frame, work: Path, port: int
 ) -> str:
     """The python-backend stand-in: loaded, and a request of raw rows answered as the bundle answers."""
-    from tasks.core.serving.layouts import LABELLED_OUTPUT, serving_name
+    from tasks.core.serving.layouts import LABELLED_OUTPUT
     from tasks.core.serving.raw_inputs import raw_feeds
+    from tasks.core.serving.retention import model_name
 
-    name = serving_name(str(prefix))
+    name = model_name(str(prefix))
     work.mkdir(parents=True, exist_ok=True)
     repository = stand_in_repository(prefix, served, work / "stand-in")
     server = TritonServer(
@@ -319,9 +384,14 @@ def check_stand_in(
         feeds = raw_feeds(frame, bundle.encoding)
         probabilities = output_array(infer(server, name, feeds, {}), LABELLED_OUTPUT)
         labels = classification_labels(infer(server, name, feeds, {"classification": 1}), LABELLED_OUTPUT)
+        as_json = json_gaps(server, name, feeds)
     finally:
         server.stop()
     expected = bundle.predict_proba(frame)
+    if not np.allclose(as_json, expected, atol=ATOL, equal_nan=False):
+        raise AssertionError(
+            "the JSON request's probabilities (NaN literals for gaps) differ from the bundle's"
+        )
     if labels != bundle.labels(expected.argmax(axis=1)).tolist():
         raise AssertionError("the classification's labels differ from the bundle's predict")
     difference = float(np.abs(probabilities - expected).max())
@@ -329,8 +399,30 @@ def check_stand_in(
         raise AssertionError(f"Triton's probabilities differ from the bundle's by {difference:.2e}")
     return (
         f"{len(frame):,} raw rows (NaN and empty text where missing) through /v2/models/{name}/infer: "
-        f"probabilities within {difference:.1e} of the bundle's, classification labels from the labels file equal"
+        f"probabilities within {difference:.1e} of the bundle's, classification labels from the labels file "
+        "equal; as JSON, NaN literals answered alike and a null refused with HTTP 500"
     )
+
+
+def json_gaps(server: TritonServer, name: str, feeds: dict[str, np.ndarray]) -> np.ndarray:
+    """The rows as a JSON request, gaps as NaN literals: the probabilities Triton answers. The same
+    request with `null` for the first gap must be refused as json_inputs says."""
+    from tasks.core.serving.layouts import LABELLED_OUTPUT
+
+    outputs = [{"name": LABELLED_OUTPUT, "parameters": {"binary_data": False}}]
+    body = json_request(feeds, outputs)
+    status, answer = server.call(f"/v2/models/{name}/infer", body, {"Content-Type": "application/json"})
+    if status != 200:
+        raise AssertionError(f"a JSON request with NaN literals answered HTTP {status}: {answer}")
+    with_null = json_request(feeds, outputs, null_gaps=True)
+    if b"null" not in with_null:
+        raise AssertionError("the rows have no number gap to send as null")
+    refused = server.call(f"/v2/models/{name}/infer", with_null, {"Content-Type": "application/json"})
+    if refused != (500, {"error": JSON_NUMBER_REFUSED}):
+        raise AssertionError(
+            f"a null in a number input answered {refused}, not HTTP 500 {JSON_NUMBER_REFUSED!r}"
+        )
+    return output_array(answer, LABELLED_OUTPUT)
 
 
 def infer(server: TritonServer, name: str, feeds: dict[str, np.ndarray], parameters: dict) -> dict:

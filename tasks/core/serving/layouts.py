@@ -3,15 +3,16 @@
 A version is an integer (publish.py); with it, the bundle's exports are laid out as each server wants:
 
     <prefix>/triton/<model>/config.pbtxt              the served version's configuration
-    <prefix>/triton/<model>/labels-<version>.txt      class labels, one a line, in output order
+    <prefix>/triton/<model>/labels-<version>.txt      class labels, one a line, in output order (classifiers)
     <prefix>/triton/<model>/<version>/model.onnx
+    <prefix>/triton/<model>/<version>/model.int8.onnx  the int8 export, where the bundle kept one
     <prefix>/tf_serving/models.config                 TF Serving's model config: the served version
     <prefix>/tf_serving/<version>/saved_model.pb, variables/, ...   Keras bundles only
 
 Triton (model_repository.md, model_configuration.md, model_config.proto of triton-inference-server):
 a model folder holds numerically named version folders, others are ignored; the onnxruntime backend
-reads `<version>/model.onnx`; with `max_batch_size` > 0 the batch dimension is implicit, so `dims`
-lists the others; an output of one value a row is stated as `dims: [1]` reshaped to `[]` (dims may not be empty);
+reads `<version>/model.onnx`, or the file `default_model_filename` names; with `max_batch_size` > 0
+the batch dimension is implicit, so `dims` lists the others; an output of one value a row is stated as `dims: [1]` reshaped to `[]` (dims may not be empty);
 `version_policy { specific { versions: [N] } }` serves version N alone (the default
 serves the highest); `label_filename` names the labels file of a classification output, read from the
 model folder. TF Serving (tensorflow.org/tfx/serving/serving_config): a base path of `<integer>/`
@@ -22,7 +23,8 @@ alone (the default serves the highest).
 replaced whole, and each names everything of its version (the labels file carries the version in its
 name), so a server never reads one version's configuration with another's labels. A version without a
 server's export (a torch bundle has no SavedModel) leaves that server's file as it is: the server keeps
-serving the version it names, and publishing says so (`left_behind` in publish.py).
+serving the version it names, and publishing says so (`left_behind` in publish.py). The model's name
+and how many versions the layouts keep are the prefix's settings (retention.py).
 
 Imports onnx and protobuf only inside the functions that use them.
 """
@@ -37,11 +39,14 @@ import fsspec
 
 from tasks.core.serving.bundle import PREDICT_BATCH_ROWS, Manifest
 
+LATEST = "LATEST"
 TRITON = "triton"
 TF_SERVING = "tf_serving"
 TRITON_CONFIG = "config.pbtxt"
 TF_SERVING_CONFIG = "models.config"
 ONNX_MODEL = "model.onnx"  # the file name Triton's onnxruntime backend reads in a version folder
+INT8_EXPORT = "onnx_int8"  # the int8 export's name in a manifest's files (int8.py)
+INT8_MODEL = "model.int8.onnx"  # beside model.onnx: `default_model_filename` swaps one for the other
 SAVED_MODEL_PB = "saved_model.pb"
 LABELLED_OUTPUT = "probabilities"
 # Where the TF Serving image looks for models (docs/serving.md mounts <prefix>/tf_serving there).
@@ -50,6 +55,8 @@ TF_SERVING_ROOT = "/models"
 MAX_BATCH_SIZE = PREDICT_BATCH_ROWS
 DEFAULT_NAME = "model"
 NAME_CHARACTER = re.compile(r"[^A-Za-z0-9_.\-]")
+# Uncommented, config.pbtxt serves the int8 export in place of model.onnx (the same inputs and outputs).
+INT8_SWAP = f'# default_model_filename: "{INT8_MODEL}"'
 # What each server needs of a version to serve it.
 SERVED_EXPORT = {TRITON: "ONNX export", TF_SERVING: "SavedModel (only Keras bundles have one)"}
 # The version a configuration file written here serves: `versions: [ N ]` (Triton), `versions: N` (TF Serving).
@@ -84,6 +91,19 @@ class Layouts:
     notes: list[str] = field(default_factory=list)  # the layouts left out, and why
 
 
+def join(uri: str, *names: str) -> str:
+    return "/".join([uri.rstrip("/"), *names])
+
+
+def is_version(name: str) -> bool:
+    """A folder name Triton and TF Serving read as a version: digits, not led by a zero."""
+    return name.isascii() and name.isdigit() and not name.startswith("0")
+
+
+def labels_file(version: int) -> str:
+    return f"labels-{version}.txt"
+
+
 def serving_name(prefix: str) -> str:
     """The model's name in Triton and TF Serving: the prefix's last folder, in characters both take
     ("model" where none is left), e.g. s3://bucket/models/churn -> "churn"."""
@@ -111,6 +131,8 @@ def version_layouts(local_dir: str, manifest: Manifest, name: str, version: int)
     onnx_file = manifest.files.get("onnx")
     if onnx_file:
         add_triton(layouts, folder / onnx_file, manifest.record.class_labels, name, version)
+        if int8_file := manifest.files.get(INT8_EXPORT):
+            add_triton_int8(layouts, folder / int8_file, name, version)
     else:
         layouts.notes.append(f"no {TRITON} layout: the bundle has no ONNX export")
     saved_model = manifest.files.get("saved_model")
@@ -122,12 +144,22 @@ def version_layouts(local_dir: str, manifest: Manifest, name: str, version: int)
 
 
 def add_triton(layouts: Layouts, onnx_path: Path, labels: list[str], name: str, version: int) -> None:
+    """The version's folder and config.pbtxt; a labels file for a classifier (a regression has no labels)."""
     model = f"{TRITON}/{name}"
-    labels_file = f"labels-{version}.txt"
+    labelled = labels_file(version) if labels else ""
     inputs, outputs = onnx_tensors(str(onnx_path))
     layouts.copies[str(onnx_path)] = f"{model}/{version}/{ONNX_MODEL}"
-    layouts.files[f"{model}/{labels_file}"] = labels_text(labels)
-    layouts.served[f"{model}/{TRITON_CONFIG}"] = triton_config(name, version, inputs, outputs, labels_file)
+    if labelled:
+        layouts.files[f"{model}/{labelled}"] = labels_text(labels)
+    layouts.served[f"{model}/{TRITON_CONFIG}"] = triton_config(name, version, inputs, outputs, labelled)
+
+
+def add_triton_int8(layouts: Layouts, int8_path: Path, name: str, version: int) -> None:
+    """The int8 file beside model.onnx, and in config.pbtxt the line that serves it, commented out."""
+    model = f"{TRITON}/{name}"
+    layouts.copies[str(int8_path)] = f"{model}/{version}/{INT8_MODEL}"
+    config = f"{model}/{TRITON_CONFIG}"
+    layouts.served[config] += f"{INT8_SWAP}\n"
 
 
 def add_tf_serving(layouts: Layouts, saved_model: Path, name: str, version: int) -> None:
@@ -168,11 +200,10 @@ def triton_tensor(value, path: str) -> Tensor:
     return Tensor(value.name, TRITON_TYPES[element], rest)
 
 
-def triton_config(
-    name: str, version: int, inputs: list[Tensor], outputs: list[Tensor], labels_file: str
-) -> str:
-    """config.pbtxt serving `version` alone, with dynamic batching."""
-    labelled = {LABELLED_OUTPUT: labels_file}
+def triton_config(name: str, version: int, inputs: list[Tensor], outputs: list[Tensor], labels: str) -> str:
+    """config.pbtxt serving `version` alone, with dynamic batching; `labels`: the labels file of the
+    probabilities, "" for none."""
+    labelled = {LABELLED_OUTPUT: labels} if labels else {}
     return "\n".join([
         f"name: {quoted(name)}",
         'backend: "onnxruntime"',

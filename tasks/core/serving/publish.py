@@ -7,6 +7,7 @@ layouts that Triton and TF Serving load as they are (layouts.py):
 
     <prefix>/20250301020412/bundle.json, model.pt, model.onnx, ..., PUBLISHED.json
     <prefix>/LATEST                      -> "20250301020412"
+    <prefix>/SERVING.json                the served model's name, how many versions the layouts keep
     <prefix>/triton/churn/config.pbtxt, labels-20250301020412.txt, 20250301020412/model.onnx
     <prefix>/tf_serving/models.config, 20250301020412/saved_model.pb   (Keras bundles)
 
@@ -26,6 +27,9 @@ A promoted version without a server's export (a torch bundle has no SavedModel) 
 the version it serves: TF Serving goes on answering with the last Keras version rather than with
 nothing, while `LATEST` and Triton move. Publishing logs a warning naming both versions, and the
 version's `notes` in `PUBLISHED.json` say the same.
+
+Each publish then prunes the layouts of older versions past `keep_versions`; promoting a pruned version
+copies its layouts back first (retention.py).
 """
 
 from __future__ import annotations
@@ -43,16 +47,24 @@ import fsspec
 from tasks.core.data.api import DatasetError, filesystem_for, is_local, remote_errors
 from tasks.core.serving.bundle import MANIFEST, BundleError, check_files, content_digest
 from tasks.core.serving.layouts import (
+    LATEST,
     SERVED_EXPORT,
     Layouts,
+    is_version,
+    join,
     served_version,
     server_configs,
-    serving_name,
     version_layouts,
 )
 from tasks.core.serving.prefixes import prefix_problem
+from tasks.core.serving.retention import (
+    SETTINGS,
+    prune_layouts,
+    restore_layouts,
+    serving_settings,
+    settings_text,
+)
 
-LATEST = "LATEST"
 PUBLISHED = "PUBLISHED.json"
 # Integer versions: Triton and TF Serving read a version folder's name as an int64; 14 digits fit.
 VERSION_NUMBER = "%Y%m%d%H%M%S"
@@ -94,20 +106,11 @@ def version_number(now: datetime | None = None) -> int:
     return int((now or datetime.now(UTC)).strftime(VERSION_NUMBER))
 
 
-def is_version(name: str) -> bool:
-    """A folder name Triton and TF Serving read as a version: digits, not led by a zero."""
-    return name.isascii() and name.isdigit() and not name.startswith("0")
-
-
 def next_version(taken: list[str], now: datetime | None = None) -> int:
     """The time's number, or one more than the newest version taken where that is not later: versions
     stay in publication order even where two are published in one second or the clock steps back."""
     newest = max((int(name) for name in taken if is_version(name)), default=0)
     return max(version_number(now), newest + 1)
-
-
-def join(uri: str, *names: str) -> str:
-    return "/".join([uri.rstrip("/"), *names])
 
 
 def publish_bundle(
@@ -138,11 +141,14 @@ def copy_version(local_dir: str, prefix: str, origin: str, decision: PromotionDe
     manifest = check_files(local_dir)
     filesystem, prefix_path = filesystem_for(prefix)
     now = datetime.now(UTC)
+    settings, unrecorded = serving_settings(filesystem, prefix_path, prefix)
     with remote_errors(prefix):
         version = claim_version(filesystem, prefix_path, now)
+        if unrecorded:
+            replace_whole(filesystem, join(prefix_path, SETTINGS), settings_text(settings))
         target = join(prefix_path, str(version))
         filesystem.put(str(local_dir).rstrip("/") + "/", target, recursive=True)
-        layouts = version_layouts(local_dir, manifest, serving_name(prefix), version)
+        layouts = version_layouts(local_dir, manifest, settings.model_name, version)
         copy_layouts(filesystem, prefix_path, layouts)
         behind = left_behind(filesystem, prefix, str(version), layouts.served) if decision.promote else []
         record = published_record(local_dir, version, now, origin, layouts, decision, behind)
@@ -153,6 +159,8 @@ def copy_version(local_dir: str, prefix: str, origin: str, decision: PromotionDe
         if decision.promote:
             serve(filesystem, prefix_path, str(version), layouts.served)
             warn_left_behind(prefix, str(version), behind)
+        if pruned := prune_layouts(filesystem, prefix_path, settings):
+            logger.info("pruned %s of %s (%s: keep_versions)", ", ".join(pruned), prefix, SETTINGS)
     return join(prefix, str(version))
 
 
@@ -207,7 +215,16 @@ def published_record(
         "notes": [*layouts.notes, *behind],
         "promotion": asdict(decision),
         "serve": layouts.served,  # what promoting this version writes: path under the prefix -> content
+        "restore": restore_record(local_dir, layouts),
     }
+
+
+def restore_record(local_dir: str, layouts: Layouts) -> dict:
+    """How to copy the version's layouts back from its own folder once pruned (retention.py)."""
+    copies = {
+        target: Path(source).relative_to(local_dir).as_posix() for source, target in layouts.copies.items()
+    }
+    return {"copies": copies, "files": layouts.files}
 
 
 def left_behind(
@@ -217,7 +234,8 @@ def left_behind(
     `prefix` it does not rewrite (`served`), for want of the export that server needs."""
     prefix_path = filesystem_for(prefix)[1]
     notes = []
-    for server, relative in server_configs(serving_name(prefix)).items():
+    name = serving_settings(filesystem, prefix_path, prefix)[0].model_name
+    for server, relative in server_configs(name).items():
         path = join(prefix_path, relative)
         if relative in served or not filesystem.isfile(path):
             continue
@@ -243,8 +261,11 @@ def promote_version(prefix: str, version: str) -> str:
     with remote_errors(prefix):
         if PurePosixPath(version).name != version or not filesystem.isfile(join(folder, MANIFEST)):
             raise BundleError(f"{join(prefix, version)}: not a published version (no {MANIFEST})")
-        served = published(filesystem, folder).get("serve", {})
+        record = published(filesystem, folder)
+        served = record.get("serve", {})
         behind = left_behind(filesystem, prefix, version, served)
+        if served:
+            restore_layouts(filesystem, prefix_path, version, record)
         serve(filesystem, prefix_path, version, served)
     warn_left_behind(prefix, version, behind)
     return join(prefix, version)

@@ -8,8 +8,13 @@ import numpy as np
 import pytest
 
 from benchmarks.triton_check import (
+    JSON_NUMBER_REFUSED,
+    JSON_TEXT_REFUSED,
+    TritonRefusal,
     binary_request,
     classification_labels,
+    json_inputs,
+    json_request,
     published_verdict,
     stand_in_config,
     tensor_names,
@@ -169,3 +174,40 @@ def test_the_stand_in_changes_the_backend_alone():
     assert config == PUBLISHED.replace('backend: "onnxruntime"', 'backend: "python"')
     with pytest.raises(AssertionError, match="onnxruntime backend once"):
         stand_in_config(config)
+
+
+def test_a_json_request_carries_a_gap_as_the_nan_literal_triton_parses():
+    feeds = {"amount": np.array([[1.5], [math.nan]]), "home city": np.array([["paris"], [""]], dtype=object)}
+    body = json_request(feeds, [{"name": "probabilities"}])
+    assert b"[[1.5], [NaN]]" in body and b'[["paris"], [""]]' in body
+    read = json_inputs(body)
+    assert (
+        read["amount"].dtype == np.float64
+        and read["amount"][0, 0] == 1.5
+        and math.isnan(read["amount"][1, 0])
+    )
+    assert read["home city"].tolist() == [["paris"], [""]]
+    assert json_inputs(body.replace(b"NaN", b"-Infinity"))["amount"][1, 0] == -math.inf
+
+
+@pytest.mark.parametrize(
+    ("tensor", "refusal"),
+    [
+        ({"datatype": "FP64", "shape": [2, 1], "data": [[1.5], [None]]}, JSON_NUMBER_REFUSED),
+        ({"datatype": "FP32", "shape": [2], "data": [True, 1.0]}, JSON_NUMBER_REFUSED),
+        ({"datatype": "FP32", "shape": [2], "data": ["1.5", 1.0]}, JSON_NUMBER_REFUSED),
+        ({"datatype": "BYTES", "shape": [2, 1], "data": [["paris"], [None]]}, JSON_TEXT_REFUSED),
+        ({"datatype": "FP64", "shape": [3], "data": [1.0, 2.0]}, "shape does not match"),
+    ],
+)
+def test_a_json_element_triton_cannot_read_is_refused_with_http_500(tensor, refusal):
+    body = json.dumps({"inputs": [{"name": "amount", **tensor}]}).encode()
+    with pytest.raises(TritonRefusal, match="HTTP 500") as refused:
+        json_inputs(body)
+    assert refusal in refused.value.message
+
+
+def test_null_gaps_are_written_where_asked():
+    feeds = {"amount": np.array([[1.5], [math.nan]])}
+    body = json_request(feeds, [], null_gaps=True)
+    assert json.loads(body)["inputs"][0]["data"] == [[1.5], [None]]

@@ -13,6 +13,7 @@ import pytest
 from tasks.core.serving import publish
 from tasks.core.serving.bundle import BundleError
 from tasks.core.serving.publish import LATEST, publish_bundle, resolve_bundle
+from tasks.core.serving.retention import SETTINGS
 from tests.unit.serving.test_publish import write_unexported_bundle
 
 
@@ -71,8 +72,11 @@ def test_the_local_latest_is_written_aside_then_renamed_over(bundle_pair, tmp_pa
     monkeypatch.setattr(publish.os, "replace", spy)
     uri = publish_bundle(bundle_pair[0], str(prefix))
     version = Path(uri).name
-    assert [(target, text) for _, target, text in renames] == [(prefix / LATEST, version)]
-    source = renames[0][0]
+    assert [target.name for _, target, _ in renames] == [SETTINGS, LATEST], (
+        "the first publish records settings"
+    )
+    assert renames[1][1:] == (prefix / LATEST, version)
+    source = renames[1][0]
     assert source.parent == prefix and source.name != LATEST and not source.exists()
     assert (prefix / LATEST).read_text() == version and leftovers(prefix) == []
     (tmp_path / "new-file").write_text("")

@@ -18,6 +18,7 @@ import onnxruntime
 import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, text_format
 
+from benchmarks.triton_check import TritonRefusal, json_inputs, json_request
 from tasks.core.serving import publish
 from tasks.core.serving.bundle import MANIFEST, load_bundle
 from tasks.core.serving.layouts import TF_SERVING_ROOT, serving_name
@@ -30,6 +31,7 @@ from tasks.core.serving.publish import (
     publish_bundle,
     resolve_bundle,
 )
+from tasks.core.serving.raw_inputs import raw_feeds
 from tests.conftest import blobs_frame
 from tests.unit.serving.test_publish import (
     CLASSES,
@@ -80,7 +82,7 @@ TRITON_MESSAGES = {
     "ModelConfig": [("name", 1, "string", False), ("platform", 2, "string", False),
                     ("version_policy", 3, "ModelVersionPolicy", False), ("max_batch_size", 4, "int32", False),
                     ("input", 5, "ModelInput", True), ("output", 6, "ModelOutput", True),
-                    ("dynamic_batching", 11, "ModelDynamicBatching", False), ("backend", 17, "string", False)],
+                    ("default_model_filename", 8, "string", False), ("dynamic_batching", 11, "ModelDynamicBatching", False), ("backend", 17, "string", False)],
 }  # fmt: skip
 TF_SERVING_MESSAGES = {
     "Latest": [("num_versions", 1, "uint32", False)],
@@ -192,8 +194,11 @@ def assert_tensors_match_the_file(configured, found) -> None:
             assert list(tensor.dims) == [1] and list(tensor.reshape.shape) == [], tensor.name
 
 
-def triton_batch(session: onnxruntime.InferenceSession, config, rows: dict[str, np.ndarray]) -> dict:
-    """Feeds shaped as Triton sends a batch: [batch, *dims] per input, reshaped where configured."""
+def triton_batch(session: onnxruntime.InferenceSession, config, request: bytes) -> dict:
+    """A JSON request answered as Triton answers it: its inputs read as Triton's HTTP front end reads
+    them (a gap as NaN; `null` refused with TritonRefusal, HTTP 500), fed shaped as Triton sends a batch:
+    [batch, *dims] per input, reshaped where configured."""
+    rows = json_inputs(request)
     feeds = {}
     for tensor in config.input:
         values = rows[tensor.name]
@@ -204,8 +209,6 @@ def triton_batch(session: onnxruntime.InferenceSession, config, rows: dict[str, 
 
 def feeds_of(kind: str, bundle_folder: str, rows: int = 5) -> dict[str, np.ndarray]:
     if kind == "raw columns":
-        from tasks.core.serving.raw_inputs import raw_feeds
-
         return raw_feeds(messy_table(rows, seed=5), load_bundle(bundle_folder).encoding)
     return {"features": blobs_frame(n_rows=rows)[FEATURES].to_numpy(np.float32)}
 
@@ -234,8 +237,24 @@ def test_the_triton_repository_serves_latest_with_the_onnx_file_s_inputs_outputs
     manifest = json.loads((Path(exported[kind]) / MANIFEST).read_text())
     assert labels == [str(label) for label in manifest["class_labels"]] == CLASSES
     assert list(labelled.dims) == [len(labels)], "a label for each probability, in output order"
-    outputs = triton_batch(session, config, feeds_of(kind, exported[kind]))
+    outputs = triton_batch(session, config, json_request(feeds_of(kind, exported[kind]), []))
     assert outputs["probabilities"].shape == (5, len(CLASSES))
+
+
+def test_a_gap_reaches_triton_as_json_nan_and_a_null_is_refused(exported, tmp_path):
+    prefix = tmp_path / "models" / "churn"
+    version = Path(publish_bundle(exported["raw columns"], str(prefix))).name
+    model = prefix / "triton" / "churn"
+    session = onnxruntime.InferenceSession(str(model / version / "model.onnx"))
+    rows = messy_table(6, seed=5)
+    feeds = raw_feeds(rows, load_bundle(exported["raw columns"]).encoding)
+    numbers = [name for name, array in feeds.items() if array.dtype.kind == "f"]
+    assert numbers and any(np.isnan(feeds[name]).any() for name in numbers), "the rows have number gaps"
+    answered = triton_batch(session, read_triton_model(model), json_request(feeds, []))
+    expected = load_bundle(exported["raw columns"]).predict_proba(rows)
+    np.testing.assert_allclose(answered["probabilities"], expected, atol=1e-5)
+    with pytest.raises(TritonRefusal, match="HTTP 500.*non-number as double"):
+        triton_batch(session, read_triton_model(model), json_request(feeds, [], null_gaps=True))
 
 
 def test_a_column_name_any_text_reaches_config_pbtxt_and_parses_back():
