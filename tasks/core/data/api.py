@@ -51,6 +51,7 @@ from tasks.core.data.scaling import ScalerStats, check_standardised, standardise
 from tasks.core.data.splits import batch_features
 from tasks.core.data.table import PreparedTable
 from tasks.core.data.target import Target
+from tasks.core.data.unseen import UnseenCategories, merged_unseen
 
 __all__ = [
     # files and reading
@@ -94,4 +95,7 @@ __all__ = [
     "check_standardised",
     "standardise",
     "typed_labels",
+    # what scoring rows hold that training did not
+    "UnseenCategories",
+    "merged_unseen",
 ]

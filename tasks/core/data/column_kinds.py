@@ -94,6 +94,11 @@ class Place:
         )
 
 
+def declared(kinds: Mapping[str, ColumnKind]) -> dict[str, str]:
+    """The kinds the user gave (column -> kind or 'drop'): what `reading.open_dataset` reads a CSV by."""
+    return {name: kind.kind for name, kind in kinds.items() if kind.by_user}
+
+
 def is_text(kind: pa.DataType) -> bool:
     return pa.types.is_string(kind) or pa.types.is_large_string(kind)
 

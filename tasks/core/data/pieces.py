@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 
 from tasks.core.data.assignment import SPLITS, SplitConfig, split_times
-from tasks.core.data.column_kinds import ColumnKind
+from tasks.core.data.column_kinds import ColumnKind, declared
 from tasks.core.data.columns import feature_columns, non_feature_columns
 from tasks.core.data.copies import hash_files
 from tasks.core.data.encoding import EncodingStats
@@ -145,7 +145,7 @@ def assign_pieces(
     """Every row's class and split from the label column alone (and the `split.split_by` column, read
     piece by piece in the input's order: the cuts come from every row's value, as in one pod), as
     `prepare_dataset` decides them; the assignment is saved to `assignment_file` (.npy, one byte a row)."""
-    dataset = open_dataset(uri, label_column)
+    dataset = open_dataset(uri, label_column, column_kinds=column_kinds)
     left_out = non_feature_columns(dataset, uri, label_column)
     columns = feature_columns(dataset.schema, label_column, uri, left_out)
     kinds = feature_kinds(dataset, uri, columns, column_kinds)
@@ -163,7 +163,9 @@ def assign_pieces(
 def piece_stats(layout: PieceLayout, piece: DataPiece, assignment: np.ndarray) -> EncodingStats:
     """The encoding statistics of the piece's train rows, once every feature value of the piece is read
     as its kind."""
-    dataset = piece_dataset(open_dataset(layout.uri, layout.table.label_column), piece)
+    dataset = piece_dataset(
+        open_dataset(layout.uri, layout.table.label_column, column_kinds=declared(layout.kinds)), piece
+    )
     rows = layout.rows_of(piece)
     return train_encoding_stats(dataset, layout.uri, layout.kinds, assignment[rows], rows.start)
 
@@ -196,7 +198,9 @@ def write_piece(
     """Write the piece's rows of each split as part `piece.index`; the rows written, by split. `layout`
     is `encoded`."""
     label_column = layout.table.label_column
-    dataset = piece_dataset(open_dataset(layout.uri, label_column), piece)
+    dataset = piece_dataset(
+        open_dataset(layout.uri, label_column, column_kinds=declared(layout.kinds)), piece
+    )
     from_csv = isinstance(dataset.format, ds.CsvFileFormat)
     column = label_column_of(dataset, layout.uri, label_column)
     labels = clean_labels(column, layout.uri, label_column, from_csv, layout.table.label_kind)

@@ -242,7 +242,7 @@ def prepare_dataset(
 ) -> PreparedSplits:
     """Validate `uri` and write train/val/test parquet files under `out_dir`: encoded and standardised
     train and val splits, and the test split's raw feature columns (`RAW_SPLIT`)."""
-    dataset = open_dataset(uri, label_column)
+    dataset = open_dataset(uri, label_column, column_kinds=column_kinds)
     left_out = non_feature_columns(dataset, uri, label_column)
     columns = feature_columns(dataset.schema, label_column, uri, left_out)
     kinds = feature_kinds(dataset, uri, columns, column_kinds)

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import csv
 import re
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 import fsspec
@@ -19,6 +20,7 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pa_fs
 
 from tasks.core.data.background import read_ahead
+from tasks.core.data.csv_text import comma_numbers, retyped
 from tasks.core.data.files import (
     DatasetError,
     detect_format,
@@ -34,6 +36,9 @@ BATCH_ROWS = 65_536
 # Batches decoded ahead of the one in use: bounds memory (pyarrow reads 16 ahead by default).
 READAHEAD_BATCHES = 2
 CSV_DELIMITERS = ",;\t|"
+# In a CSV input's schema, where its numbers are written with a decimal comma.
+DECIMAL_POINT_KEY = b"mixedml.csv_decimal_point"
+CATEGORICAL = "categorical"  # column_kinds.CATEGORICAL, which imports this module
 HEADER_BYTES = 1 << 20
 # The CSV text parsed at once: pyarrow cannot read a line longer than this. Column types are
 # guessed from a first block of pyarrow's default size.
@@ -41,7 +46,7 @@ CSV_BLOCK_BYTES, GUESS_BLOCK_BYTES = 16 << 20, 1 << 20
 # pyarrow's CSV errors number columns from 0 and rows as lines of the file, header included.
 CSV_COLUMN_ERROR = re.compile(r"In CSV column #(\d+): (?:Row #(\d+): )?(.*)", re.DOTALL)
 LONG_LINE_ERROR = "straddling object straddles two block boundaries"
-CSV_NOT_A_NUMBER = re.compile(r"CSV conversion error to \w+: invalid value '(.*)'", re.DOTALL)
+CSV_NOT_CONVERTED = re.compile(r"CSV conversion error to ([^:]+): invalid value '(.*)'", re.DOTALL)
 
 
 def header_line(filesystem: pa_fs.FileSystem, file: str) -> str:
@@ -73,18 +78,29 @@ def is_number(kind: pa.DataType) -> bool:
     )
 
 
-def guessed_schema(
-    filesystem: fsspec.AbstractFileSystem, source: str | list[str], parse: pa_csv.ParseOptions, text: dict
-) -> pa.Schema:
-    """The column types pyarrow guesses from the first block: a block of pyarrow's default size, so
-    a value that breaks the guess further down is named with its line when converted; a larger one
-    when the first rows are longer than that."""
-    convert = pa_csv.ConvertOptions(column_types=text)
+def first_block(
+    filesystem: fsspec.AbstractFileSystem,
+    source: str | list[str],
+    parse: pa_csv.ParseOptions,
+    convert: pa_csv.ConvertOptions,
+) -> tuple[pa.Schema, pa.RecordBatch | None]:
+    """The column types pyarrow guesses from the first block, and that block's rows: a block of
+    pyarrow's default size, so a value that breaks the guess further down is named with its line when
+    converted; a larger one when the first rows are longer than that."""
 
-    def guess(block: int) -> pa.Schema:
-        read = pa_csv.ReadOptions(block_size=block)
-        options = ds.CsvFileFormat(parse_options=parse, read_options=read, convert_options=convert)
-        return ds.dataset(source, filesystem=filesystem, format=options).schema
+    first = source[0] if isinstance(source, list) else source
+    handler = pa_fs.PyFileSystem(pa_fs.FSSpecHandler(filesystem))
+
+    def guess(block: int) -> tuple[pa.Schema, pa.RecordBatch | None]:
+        read = pa_csv.ReadOptions(block_size=block, use_threads=False)  # no block read ahead
+        with (
+            handler.open_input_stream(first, compression="detect") as stream,
+            pa_csv.open_csv(stream, read, parse, convert) as reader,
+        ):
+            try:
+                return reader.schema, reader.read_next_batch()
+            except StopIteration:
+                return reader.schema, None
 
     try:
         return guess(GUESS_BLOCK_BYTES)
@@ -94,43 +110,110 @@ def guessed_schema(
     return guess(CSV_BLOCK_BYTES)
 
 
-def csv_format(
-    filesystem: fsspec.AbstractFileSystem, path: str, is_dir: bool, label_column: str | None
-) -> ds.CsvFileFormat:
-    source = part_files(filesystem, path) if is_dir else path
-    return csv_format_and_schema(filesystem, source, label_column)[0]
+@dataclass(frozen=True)
+class CsvGuess:
+    """What the first block says of a CSV input: the types pyarrow guesses, the block's rows as so
+    read, and the decimal point its numbers are written with."""
+
+    schema: pa.Schema
+    sample: pa.RecordBatch | None
+    decimal_point: str = "."
+
+    def column(self, name: str) -> pa.Array | None:
+        return self.sample.column(name) if self.sample is not None else None
+
+
+def csv_guess(
+    filesystem: fsspec.AbstractFileSystem,
+    source: str | list[str],
+    parse: pa_csv.ParseOptions,
+    text: dict[str, pa.DataType],
+    place: str,
+) -> CsvGuess:
+    """The first block's guess, with a decimal comma where a column read as text holds numbers
+    written so ('0,123'), the delimiter is not a comma, and no column is numbers written with a point;
+    a file that writes numbers both ways is refused, naming a column of each (`place`: the file)."""
+    guess = CsvGuess(*first_block(filesystem, source, parse, pa_csv.ConvertOptions(column_types=text)))
+    if parse.delimiter == ",":
+        return guess
+    commas = {
+        f.name: found
+        for f in guess.schema
+        if f.name not in text and column_kind(f.type) == "text"
+        if (found := comma_numbers(guess.column(f.name))) is not None
+    }
+    if not commas:
+        return guess
+    convert = pa_csv.ConvertOptions(column_types=text, decimal_point=",")
+    comma = CsvGuess(*first_block(filesystem, source, parse, convert), decimal_point=",")
+    pointed = [
+        f.name for f in guess.schema if is_number(f.type) and not is_number(comma.schema.field(f.name).type)
+    ]
+    if pointed:
+        name, row = next(iter(commas.items()))
+        value = guess.column(name)[row].as_py()
+        raise DatasetError(
+            f"{place}: column {name!r} holds {shorten(repr(value))} at line {row + 2:,}, a number written "
+            f"with a decimal comma, while column {pointed[0]!r} writes numbers with a decimal point; write "
+            f"every number alike, or mark {name!r} categorical in column_kinds to read it as text"
+        )
+    return comma
 
 
 def csv_format_and_schema(
-    filesystem: fsspec.AbstractFileSystem, source: str | list[str], label_column: str | None
+    filesystem: fsspec.AbstractFileSystem,
+    source: str | list[str],
+    label_column: str | None,
+    uri: str,
+    declared: Mapping[str, str] | None = None,
 ) -> tuple[ds.CsvFileFormat, pa.Schema]:
-    """CSV options for this file: its delimiter, the label read as text and numeric columns as floats;
-    and the schema they give, so that opening the dataset reads no block of the large size.
+    """CSV options for this file: its delimiter and decimal point, the label and the columns `declared`
+    categorical (column -> the kind the user gave) read as text, numeric columns as floats; and the
+    schema they give, so that opening the dataset reads no block of the large size.
 
     pyarrow guesses column types from the first block only, so a column of integers holding 0.5
     further down would fail to convert; reading every numeric column as float64 avoids that. A text
-    label keeps 'NA' or 'NULL' as classes: only an empty cell is missing.
+    label keeps 'NA' or 'NULL' as classes: only an empty cell is missing. A column the user did not
+    declare, read as text but mostly numbers or ISO dates, is read as those (csv_text.py).
     """
+    declared = dict(declared or {})
     first = source[0] if isinstance(source, list) else source
     header = header_line(pa_fs.PyFileSystem(pa_fs.FSSpecHandler(filesystem)), first)
     parse = pa_csv.ParseOptions(delimiter=sniff_delimiter(header))
-    read = pa_csv.ReadOptions(block_size=CSV_BLOCK_BYTES)
-    text = {label_column: pa.string()} if label_column else {}
-    guessed = guessed_schema(filesystem, source, parse, text)
-    numbers = {f.name: pa.float64() for f in guessed if f.name not in text and is_number_or_null(f.type)}
-    types = {**numbers, **text}
-    convert = pa_csv.ConvertOptions(column_types=types)
-    schema = pa.schema([(f.name, types.get(f.name, f.type)) for f in guessed])
-    return ds.CsvFileFormat(parse_options=parse, read_options=read, convert_options=convert), schema
+    read_as_text = [label_column] if label_column else []
+    read_as_text += [name for name, kind in declared.items() if kind == CATEGORICAL]
+    text = dict.fromkeys(read_as_text, pa.string())
+    guess = csv_guess(filesystem, source, parse, text, part_name(uri, first))
+    types = {f.name: read_type(f, guess, retype=f.name not in declared) for f in guess.schema}
+    types.update(text)
+    comma = {DECIMAL_POINT_KEY: b","} if guess.decimal_point == "," else None
+    schema = pa.schema([(f.name, types.get(f.name, f.type)) for f in guess.schema], metadata=comma)
+    return csv_format_of(parse, schema), schema
+
+
+def read_type(field: pa.Field, guess: CsvGuess, retype: bool) -> pa.DataType:
+    """A column's type as read: numbers as float64; text that is mostly numbers or dates as those,
+    where `retype` (the user did not declare the column's kind)."""
+    if is_number_or_null(field.type):
+        return pa.float64()
+    column = guess.column(field.name)
+    if retype and column_kind(field.type) == "text" and column is not None:
+        return retyped(column, guess.decimal_point) or field.type
+    return field.type
 
 
 def open_dataset(
-    uri: str, label_column: str | None = None, typed_columns: Collection[str] | None = None
+    uri: str,
+    label_column: str | None = None,
+    typed_columns: Collection[str] | None = None,
+    column_kinds: Mapping[str, str] | None = None,
 ) -> ds.Dataset:
     """Open a local path or fsspec URI (s3://, gs://, ...) as a lazily-read pyarrow dataset.
 
-    For CSV only: `label_column` is read as text (see `csv_format`), and where `typed_columns` is
-    given, every other column too (scoring passes columns the model does not read through as written).
+    For CSV only: `label_column` is read as text, and so are the columns `column_kinds` (the user's,
+    column -> kind) declares categorical (see `csv_format_and_schema`); where `typed_columns` is
+    given, every column but those is read as text (scoring passes columns the model does not read
+    through as written).
     """
     file_format = detect_format(uri)
     filesystem, path = filesystem_for(uri)
@@ -144,10 +227,11 @@ def open_dataset(
         source = part_files(filesystem, path) if is_dir else path  # a folder has some: `detect_format`
         try:
             if file_format == "csv":
-                pa_format, schema = csv_format_and_schema(filesystem, source, label_column)
+                pa_format, schema = csv_format_and_schema(filesystem, source, label_column, uri, column_kinds)
                 if typed_columns is not None:
                     schema = pa.schema(
-                        [(f.name, f.type if f.name in typed_columns else pa.string()) for f in schema]
+                        [(f.name, f.type if f.name in typed_columns else pa.string()) for f in schema],
+                        metadata=schema.metadata,
                     )
                     pa_format = csv_format_of(pa_format.parse_options, schema)
             else:
@@ -166,11 +250,14 @@ def open_dataset(
 
 
 def csv_format_of(parse: pa_csv.ParseOptions, schema: pa.Schema) -> ds.CsvFileFormat:
-    """CSV options that read every column as `schema` types it: no guessing from a first block."""
+    """CSV options that read every column as `schema` types it: no guessing from a first block; with
+    the decimal point its metadata names (`csv_format_and_schema`), as a scoring piece reads it."""
+    types = {f.name: f.type for f in schema}
+    decimal_point = (schema.metadata or {}).get(DECIMAL_POINT_KEY, b".").decode()
     return ds.CsvFileFormat(
         parse_options=parse,
         read_options=pa_csv.ReadOptions(block_size=CSV_BLOCK_BYTES),
-        convert_options=pa_csv.ConvertOptions(column_types={f.name: f.type for f in schema}),
+        convert_options=pa_csv.ConvertOptions(column_types=types, decimal_point=decimal_point),
     )
 
 
@@ -204,13 +291,16 @@ def csv_error_message(err: pa.ArrowException, dataset: ds.Dataset, file: str, ur
     names = csv_header(dataset, file)
     column = repr(names[index]) if index < len(names) else f"number {index + 1}"
     where = f" at line {int(line):,}" if line else ""
-    value = CSV_NOT_A_NUMBER.match(detail)
+    value = CSV_NOT_CONVERTED.match(detail)
     if not value:
         return f"{source}: column {column}{where}: {shorten(detail, LINE_CHARS)}"
-    hint = " (numbers must use '.' as the decimal point)" if "," in value[1] else ""
+    instant = value[1].startswith(("date", "timestamp"))
+    what = "an ISO date or time" if instant else "a number"
+    hint = " (numbers must use '.' as the decimal point)" if "," in value[2] and not instant else ""
     return (
-        f"{source}: column {column} holds {shorten(repr(value[1]))}{where}, not a number{hint}; "
-        "encode it numerically or drop it before training"
+        f"{source}: column {column} holds {shorten(repr(value[2]))}{where}, not {what}{hint} like the "
+        "column's first values; correct it, or leave the field empty where the value is missing, "
+        "or mark the column categorical in column_kinds to read it as text"
     )
 
 

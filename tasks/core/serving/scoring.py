@@ -43,7 +43,10 @@ import pyarrow.fs as pa_fs
 import pyarrow.parquet as pq
 
 from tasks.core.data.api import (
+    CATEGORICAL,
     DatasetError,
+    FittedEncoding,
+    UnseenCategories,
     csv_format_of,
     detect_format,
     filesystem_for,
@@ -51,6 +54,7 @@ from tasks.core.data.api import (
     header_line,
     is_local,
     iter_batches,
+    merged_unseen,
     open_dataset,
     parquet_format,
     parquet_split,
@@ -168,6 +172,7 @@ class PieceResult:
     non_finite: int = 0  # rows whose model outputs are not finite: null prediction, out of the metrics
     non_finite_examples: list[str] = field(default_factory=list)  # "<file> row <n>", from 0
     regression: RegressionSums | None = None  # a regression's labelled rows, where there are labels
+    unseen: UnseenCategories | None = None  # category values the model's vocabulary lacks
 
 
 @dataclass(repr=False)
@@ -501,7 +506,7 @@ def plan_scoring(
     model_uri = resolve_bundle(model)
     bundle = bundle or load_bundle(model_uri, trusted_builders=trusted_builders)
     check_label_column(bundle, label_column, dataset)
-    source = open_scoring_dataset(dataset, bundle.input_columns)
+    source = open_scoring_dataset(dataset, bundle.input_columns, bundle.encoding)
     label = check_columns(bundle, source.schema, dataset, label_column)
     check_output(output, dataset)
     pieces = list_pieces(source, dataset, rows_per_piece)
@@ -523,13 +528,16 @@ def csv_rows(uri: str, dataset: ds.Dataset) -> int:
 # ---- reading the input ----------------------------------------------------------------------------------
 
 
-def open_scoring_dataset(uri: str, model_columns: list[str]) -> ds.Dataset:
+def open_scoring_dataset(
+    uri: str, model_columns: list[str], encoding: FittedEncoding | None = None
+) -> ds.Dataset:
     """The table to score: the columns the model reads by training's rules, the others as they are (a
-    CSV's as text, so that an id or a zip code keeps every digit; a parquet column's integer widths
-    widened where parts differ)."""
+    CSV's as text, so that an id or a zip code keeps every digit, as a CSV's category columns do; a
+    parquet column's integer widths widened where parts differ)."""
     read = set(model_columns)
     if detect_format(uri) == "csv":
-        return open_dataset(uri, typed_columns=read)
+        categories = [c.name for c in encoding.columns if c.kind == CATEGORICAL] if encoding else []
+        return open_dataset(uri, typed_columns=read, column_kinds=dict.fromkeys(categories, CATEGORICAL))
     return widened_passthrough(open_dataset(uri), uri, read)
 
 
@@ -709,9 +717,10 @@ def score_piece(job: ScoringJob, piece: ScoringPiece, bundle: Bundle | None = No
     tally = LabelTally(bundle, job.label_column) if job.label_column else None
     void = NonFiniteRows(piece.file)
     filesystem, part = piece_part(job, piece)
-    rows = 0
+    rows, unseen = 0, UnseenCategories()
     with part_writer(filesystem, part, layout) as writer:
         for batch, probabilities in scored_batches(bundle, dataset, piece.file, piece.first_row):
+            unseen = unseen.merge(UnseenCategories.of(bundle.encoding, batch))
             codes, answered = probabilities.argmax(axis=1), finite_rows(probabilities)
             writer.write_batch(layout.batch(batch, codes, probabilities))
             if tally:
@@ -721,6 +730,7 @@ def score_piece(job: ScoringJob, piece: ScoringPiece, bundle: Bundle | None = No
     confusion, unmatched, examples = tally.result() if tally else ([], 0, [])
     result = PieceResult(piece.index, file_uri(filesystem, part), rows, confusion, unmatched, examples)
     result.non_finite, result.non_finite_examples = void.count, void.examples
+    result.unseen = unseen
     return result
 
 
@@ -738,10 +748,11 @@ def score_numbers(job: ScoringJob, piece: ScoringPiece, bundle: Bundle) -> Piece
     layout = OutputLayout.of(bundle, dataset.schema)
     void, sums, unmatched = NonFiniteRows(piece.file), RegressionSums(), 0
     filesystem, part = piece_part(job, piece)
-    rows = 0
+    rows, unseen = 0, UnseenCategories()
     with part_writer(filesystem, part, layout) as writer:
         for batch in iter_batches(dataset, piece.file):
             numbers = bundle.predict_numbers(batch, piece.file, piece.first_row + rows)
+            unseen = unseen.merge(UnseenCategories.of(bundle.encoding, batch))
             answered = np.isfinite(numbers)
             writer.write_batch(layout.number_batch(batch, numbers))
             if job.label_column:
@@ -755,6 +766,7 @@ def score_numbers(job: ScoringJob, piece: ScoringPiece, bundle: Bundle) -> Piece
     result = PieceResult(piece.index, file_uri(filesystem, part), rows, unmatched=unmatched)
     result.non_finite, result.non_finite_examples = void.count, void.examples
     result.regression = sums if job.label_column else None
+    result.unseen = unseen
     return result
 
 
@@ -858,6 +870,7 @@ def summarise(
             f"{preview([f'{new} (not {old})' for old, new in layout.suffixed.items()])}"
         )
     add_non_finite_note(report, results)
+    report.notes += merged_unseen(r.unseen for r in results).notes()
     if plan.job.label_column:
         add_report_metrics(report, results, labels, plan.job.label_column)
     release_output(plan.job.output, keep_parts=True)
@@ -879,6 +892,7 @@ def summarise_numbers(
         non_finite_rows=sum(r.non_finite for r in results),
     )
     add_non_finite_note(report, results)
+    report.notes += merged_unseen(r.unseen for r in results).notes()
     label_column = plan.job.label_column
     if label_column:
         if unmatched := sum(r.unmatched for r in results):

@@ -5,6 +5,7 @@ rows prepare alike. Each input file is left as it was."""
 
 from __future__ import annotations
 
+import datetime
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from tasks.core.data import reading
+from tasks.core.data.assignment import SplitConfig
 from tasks.core.data.files import DatasetError
+from tasks.core.data.pieces import prepare_in_pieces
+from tasks.core.data.prepare import prepare_dataset
 from tasks.core.data.reading import iter_batches, open_dataset, sniff_delimiter
 from tasks.core.data.splits import batch_features
 from tests.conftest import blobs_frame
@@ -53,6 +57,12 @@ def test_a_late_float_in_an_integer_csv_column_is_read(tmp_path):
     assert f1.type == pa.float64()
     assert len(f1) == 200_001 and f1[-1].as_py() == 0.5 and f1[8].as_py() == 1.0
     assert Path(path).read_bytes() == before
+
+
+def test_a_column_of_a_declared_kind_is_read_as_floats_too(tmp_path):
+    path = late_column_csv(tmp_path / "late.csv", "0.5", n_rows=100_000)
+    for kind in ("numeric", "drop"):
+        assert open_dataset(path, "y", column_kinds={"f1": kind}).schema.field("f1").type == pa.float64()
 
 
 def test_a_late_non_number_names_the_column_and_line(tmp_path):
@@ -113,6 +123,121 @@ def test_a_messy_single_file_prepares_alike_as_csv_and_parquet(tmp_path):
             for p in (parquet, csv)
         )
         np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+# --- one stray value: the same outcome wherever it sits ---------------------------------------------
+
+STRAYS = {
+    "number": ([f"{i * 0.37:.2f}" for i in range(400)], "?", "not a number"),
+    "date": (
+        [str(datetime.date(2020, 1, 1) + datetime.timedelta(days=i)) for i in range(400)],
+        "31/12/2021",
+        "not an ISO date",
+    ),
+}
+
+
+def with_a_stray(path: Path, kind: str, row: int, n_rows: int) -> str:
+    """Column f1 of `kind`'s values (repeating), but for the stray value at `row`, labelled 'y'."""
+    values, stray, _ = STRAYS[kind]
+    f1 = [values[i % len(values)] for i in range(n_rows)]
+    f1[row] = stray
+    table = pa.table({"f0": np.arange(n_rows) % 5, "f1": f1, "y": np.arange(n_rows) % 2})
+    pa_csv.write_csv(table, path, pa_csv.WriteOptions(quoting_style="none"))
+    return str(path)
+
+
+@pytest.mark.parametrize("kind", sorted(STRAYS))
+@pytest.mark.parametrize("row", [15, 199_990], ids=["in the first block", "far past it"])
+def test_a_stray_value_is_refused_naming_its_line_wherever_it_sits(tmp_path, kind, row):
+    """Early, the stray made the column text (a category of hundreds of values, or an identifier left out),
+    silently; late, it was refused: now both are refused alike, with the way out."""
+    path = with_a_stray(tmp_path / "stray.csv", kind, row, 200_000)
+    message = refusal_y(path, tmp_path)
+    stray, words = STRAYS[kind][1], STRAYS[kind][2]
+    assert message.startswith(f"{path}: column 'f1' holds {stray!r} at line {row + 2:,}, {words}"), message
+    assert "column_kinds" in message
+
+
+@pytest.mark.parametrize("kind", sorted(STRAYS))
+def test_a_column_with_a_stray_declared_categorical_is_read_as_text(tmp_path, kind):
+    path = with_a_stray(tmp_path / "stray.csv", kind, 15, 800)
+    split = SplitConfig()
+    prepared = prepare_dataset(path, "y", str(tmp_path / "out"), split, {"f1": "categorical"})
+    assert f"f1={STRAYS[kind][1]}" not in prepared.table.feature_names  # rare: <other>
+    assert "f1=<other>" in prepared.table.feature_names
+
+
+def test_a_column_of_text_some_numbers_stays_text(tmp_path):
+    sizes = ["1", "2", "3+", "none", "many"]
+    frame = with_labels(["a", "b"], n_rows=100).assign(size=[sizes[i % 5] for i in range(100)])
+    prepared = prepare_y(write_frame(frame, tmp_path / "data.csv"), tmp_path)
+    assert {f"size={size}" for size in sizes} <= set(prepared.table.feature_names)
+
+
+# --- a category declared so keeps its text ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("pieces", [0, 3], ids=["one pod", "3 pieces"])
+def test_zip_codes_declared_categorical_keep_their_leading_zeros(tmp_path, pieces):
+    zips = ["00123", "01234", "10115", "00007"]
+    frame = with_labels(["a", "b"], n_rows=120).assign(zip=[zips[i % 4] for i in range(120)])
+    path = write_frame(frame, tmp_path / "data.csv")
+    kinds = {"zip": "categorical"}
+    if pieces:
+        prepared = prepare_in_pieces(
+            path, "y", str(tmp_path / "out"), SplitConfig(), pieces, column_kinds=kinds
+        )
+    else:
+        prepared = prepare_dataset(path, "y", str(tmp_path / "out"), SplitConfig(), kinds)
+    assert {f"zip={code}" for code in zips} <= set(prepared.table.feature_names)
+    test_zips = pq.read_table(prepared.paths["test"], columns=["zip"]).column("zip").to_pylist()
+    assert set(test_zips) <= set(zips)
+
+
+def test_a_declared_category_is_read_as_text_when_scoring_a_csv(tmp_path):
+    path = write_frame(pd.DataFrame({"zip": ["00123", "01234"], "n": [1, 2]}), tmp_path / "score.csv")
+    dataset = open_dataset(path, typed_columns={"zip", "n"}, column_kinds={"zip": "categorical"})
+    table = dataset.to_table()
+    assert table.column("zip").to_pylist() == ["00123", "01234"] and table.column("n").type == pa.float64()
+
+
+# --- numbers written with a decimal comma ----------------------------------------------------------
+
+
+def comma(value: float) -> str:
+    return f"{value:.3f}".replace(".", ",")
+
+
+def test_numbers_written_with_a_decimal_comma_are_read_as_numbers(tmp_path):
+    """Read as text, each value distinct, the column was left out as an identifier."""
+    frame = with_labels(["a", "b"], n_rows=200)
+    frame[["f0", "f1"]] = frame[["f0", "f1"]].map(comma)
+    path = write_frame(frame.assign(n=np.arange(200) % 7), tmp_path / "data.csv", sep=";")
+    dataset = open_dataset(path, "y")
+    assert [dataset.schema.field(name).type for name in ("f0", "f1", "n")] == [pa.float64()] * 3
+    f0 = dataset.to_table().column("f0").to_pylist()
+    assert f0 == [float(value.replace(",", ".")) for value in frame["f0"]]
+    prepared = prepare_y(path, tmp_path)
+    assert prepared.table.feature_names == ["f0", "f1", "n"] and not prepared.table.notes
+    # A scoring piece reads a part with the input's schema alone: the decimal comma travels with it.
+    again = ds.dataset(
+        path,
+        schema=dataset.schema,
+        format=reading.csv_format_of(dataset.format.parse_options, dataset.schema),
+    )
+    assert again.to_table().column("f0").to_pylist() == f0
+
+
+def test_a_file_writing_numbers_both_ways_is_refused_naming_both_columns(tmp_path):
+    frame = with_labels(["a", "b"], n_rows=200)
+    frame["f0"] = frame["f0"].map(comma)
+    path = write_frame(frame, tmp_path / "data.csv", sep=";")
+    message = refusal_y(path, tmp_path)
+    assert message.startswith(
+        f"{path}: column 'f0' holds {frame['f0'][0]!r} at line 2, a number written with a decimal comma"
+    ), message
+    assert "column 'f1' writes numbers with a decimal point" in message
 
 
 # --- long lines -----------------------------------------------------------------------------------

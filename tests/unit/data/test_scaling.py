@@ -72,6 +72,20 @@ def test_extreme_magnitudes_are_standardised(tmp_path, case):
     np.testing.assert_array_equal(np.asarray(prepared.table.scaler.scale)[~varies], 1.0)  # as scikit-learn
 
 
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+def test_a_column_of_17_digit_ids_is_standardised_by_its_spread(tmp_path, suffix):
+    """Hundreds apart about 1e16: scikit-learn's rounding bound took their variance for rounding and
+    left them unscaled, inputs of +-500 that drowned the other features."""
+    frame = blobs_frame().assign(id=12_345_678_901_234_567 + np.arange(len(blobs_frame())))
+    path = tmp_path / f"data{suffix}"
+    frame.to_csv(path, index=False) if suffix == ".csv" else frame.to_parquet(path, index=False)
+    prepared = prepare(str(path), tmp_path)
+    train = split_features(prepared, "train")[:, prepared.table.feature_names.index("id")]
+    assert prepared.table.scaler.scale[prepared.table.feature_names.index("id")] > 1.0
+    assert abs(train).max() < 2.0
+    np.testing.assert_allclose(train.std(), 1.0, rtol=1e-4)
+
+
 REFUSED_MAGNITUDES = {
     "differences that underflow": (scaled("f0", 1e-170), "differ by too little"),
     "values whose variance overflows": (scaled("f0", 1e200), "too large"),
