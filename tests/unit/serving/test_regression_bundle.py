@@ -14,6 +14,7 @@ from tasks.core.data.target import REGRESSION, Target
 from tasks.core.models.plugins import InputSpec, build, input_spec_for, mlp_spec
 from tasks.core.serving.bundle import BundleError, BundleRecord, load_bundle, write_bundle
 from tasks.core.training.records import Hardware, TrainingRun
+from tests.floats import FLOAT32_TOLERANCE, assert_float32_close
 from tests.unit.serving.test_raw_row_exports import (
     WEIGHTS,
     client_feeds,
@@ -28,9 +29,11 @@ pytestmark = pytest.mark.slow  # writes an ONNX export: seconds
 TARGET = Target(REGRESSION, "problem_type='regression' was asked for", mean=250_000.0, std=40_000.0)
 
 
-def regression_bundle(folder: Path, label_kind: str, framework: str = "pytorch") -> str:
+def regression_bundle(
+    folder: Path, label_kind: str, framework: str = "pytorch", target: Target = TARGET
+) -> str:
     """An untrained, seeded MLP with one output over the raw-row table's features, as a bundle."""
-    table = replace(prepared_table(train_table()), class_labels=[], class_counts={}, target=TARGET)
+    table = replace(prepared_table(train_table()), class_labels=[], class_counts={}, target=target)
     table = replace(table, label_kind=label_kind)
     spec = mlp_spec([16])
     n_features = len(table.feature_names)
@@ -149,7 +152,7 @@ def test_batch_scoring_writes_the_prediction_and_the_figures_of_every_piece_merg
         n.startswith("probability_") for n in scored.column_names
     )
     predicted = bundle.predict_numbers(rows)
-    np.testing.assert_allclose(scored.column("prediction").to_numpy(), predicted)
+    assert_float32_close(scored.column("prediction").to_numpy(), predicted)  # pieces of 20 rows
     keep = np.isfinite(truth)
     expected = regression_metrics(truth[keep], predicted[keep], TARGET.mean)
     got = report.regression
@@ -159,12 +162,21 @@ def test_batch_scoring_writes_the_prediction_and_the_figures_of_every_piece_merg
     assert "2 rows have no number in 'label'" in " ".join(report.notes) and "RMSE" in report.summary()
 
 
-def test_the_promotion_gate_leaves_latest_alone_for_a_regression(bundles):
+def test_the_promotion_gate_compares_regressions_of_raw_rows_by_rmse(bundles, tmp_path):
+    import pyarrow.parquet as pq
+
     from tasks.core.serving.promotion import CurrentVersion, PromotionPolicy, decide
 
-    new, current = load_bundle(bundles["float"]), load_bundle(bundles["integer"])
-    decision = decide(new, CurrentVersion("models/LATEST", current), "unused", "label", [], PromotionPolicy())
-    assert not decision.promote and "a regression has not" in decision.reason
+    rows = scoring_rows()
+    truth = np.random.default_rng(4).normal(TARGET.mean, TARGET.std, rows.num_rows)
+    (tmp_path / "test").mkdir()
+    pq.write_table(rows.append_column("label", [truth]), tmp_path / "test" / "part-0.parquet")
+    new, current = load_bundle(bundles["float"]), load_bundle(bundles["integer"])  # the same weights
+    decision = decide(
+        new, CurrentVersion("models/v1", current), str(tmp_path / "test"), "label", [], PromotionPolicy()
+    )
+    assert decision.promote and decision.new == decision.current > 0
+    assert decision.reason.startswith(f"promoted: RMSE {decision.new:.6g} against {decision.new:.6g}")
 
 
 def test_the_mlflow_model_answers_the_bundle_s_prediction(bundles):
@@ -181,3 +193,19 @@ def test_the_mlflow_model_answers_the_bundle_s_prediction(bundles):
     np.testing.assert_allclose(
         answer["prediction"].to_numpy(), load_bundle(str(folder)).predict(rows), rtol=1e-6
     )
+
+
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
+def test_a_label_of_a_tiny_mean_keeps_it_in_the_onnx_prediction(tmp_path, framework):
+    """A mean within 1e-8 of 0 is still added (an optimizer's no-op rule would drop it), and the check
+    at export time counts the difference in the label's standard deviations, not in its units."""
+    tiny = Target(REGRESSION, "problem_type='regression' was asked for", mean=1e-9, std=5e-9)
+    folder = regression_bundle(tmp_path / "bundle", "float", framework, tiny)
+    manifest = json.loads((Path(folder) / "bundle.json").read_text())
+    assert manifest["export_notes"] == []
+    assert manifest["export_checks"]["onnx"]["max_scaled_difference"] <= 1e-4
+    rows = scoring_rows()
+    (prediction,) = onnx_session(f"{folder}/model.onnx").run(["prediction"], client_feeds(rows))
+    expected = load_bundle(folder).predict(rows)
+    assert np.abs(expected - tiny.mean).max() < 100 * tiny.std  # in the label's units
+    np.testing.assert_allclose(prediction, expected, rtol=0, atol=FLOAT32_TOLERANCE["rtol"] * tiny.std)

@@ -31,6 +31,7 @@ from tasks.core.serving.scoring import (
     score_dataset,
 )
 from tests.conftest import blobs_frame
+from tests.floats import assert_scored_alike
 from tests.unit.serving.test_publish import CLASSES, messy_table, write_messy_bundle
 
 PROBABILITIES = [f"probability_{label}" for label in CLASSES]
@@ -84,7 +85,7 @@ def assert_scored_as_the_bundle(predictions: pd.DataFrame, bundle_uri: str) -> N
     assert list(predictions.columns) == ["customer_id", "species", "prediction", *PROBABILITIES]
     assert predictions["prediction"].tolist() == bundle.predict(frame).tolist()
     probabilities = predictions[PROBABILITIES].to_numpy()
-    np.testing.assert_array_equal(probabilities, bundle.predict_proba(frame))
+    assert_scored_alike(probabilities, bundle.predict_proba(frame))  # scored in batches of each part
     np.testing.assert_allclose(probabilities.sum(axis=1), 1.0, atol=1e-5)
 
 
@@ -244,7 +245,7 @@ def test_parts_of_text_booleans_dates_and_nulls_are_scored_as_the_bundle_scores_
     assert list(predictions.columns) == ["customer_id", "region", "species", "prediction", *PROBABILITIES]
     assert predictions["customer_id"].tolist() == frame["customer_id"].tolist()
     assert predictions["prediction"].tolist() == bundle.predict(frame).tolist()
-    np.testing.assert_array_equal(predictions[PROBABILITIES].to_numpy(), bundle.predict_proba(frame))
+    assert_scored_alike(predictions[PROBABILITIES].to_numpy(), bundle.predict_proba(frame))
     truth = frame["species"].map(CLASSES.index).to_numpy()
     predicted = predictions["prediction"].map(CLASSES.index).to_numpy()
     assert report.metrics == classification_metrics(truth, predicted, CLASSES)
@@ -257,9 +258,7 @@ def test_a_csv_of_the_same_messy_rows_scores_as_the_parquet_does(messy_bundle, t
     frame.to_csv(tmp_path / "users.csv", index=False)
     score_dataset(messy_bundle, str(tmp_path / "users.csv"), str(tmp_path / "predictions"))
     predictions = read_predictions(str(tmp_path / "predictions"))
-    np.testing.assert_array_equal(
-        predictions[PROBABILITIES].to_numpy(), load_bundle(messy_bundle).predict_proba(frame)
-    )
+    assert_scored_alike(predictions[PROBABILITIES].to_numpy(), load_bundle(messy_bundle).predict_proba(frame))
 
 
 def joined_as_numbers(part: pd.DataFrame) -> pd.DataFrame:

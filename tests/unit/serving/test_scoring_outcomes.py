@@ -18,6 +18,7 @@ from tasks.core.report.metrics import classification_metrics
 from tasks.core.serving.bundle import Bundle, load_bundle
 from tasks.core.serving.scoring import UNFINISHED, plan_scoring, score_dataset, score_piece, split_metrics
 from tests.conftest import blobs_frame
+from tests.floats import assert_scored_alike
 from tests.unit.serving.test_publish import CLASSES, write_test_bundle
 
 PROBABILITIES = [f"probability_{label}" for label in CLASSES]
@@ -188,7 +189,7 @@ def test_a_rerun_replaces_the_parts_of_a_scoring_whose_pieces_failed_elsewhere(b
     assert report.rows == sum(PART_ROWS)
     assert names_in(output) == ["part-00000.parquet", "part-00001.parquet", "part-00002.parquet"]
     predictions = pq.read_table(output).to_pandas()
-    np.testing.assert_array_equal(
+    assert_scored_alike(
         predictions[PROBABILITIES].to_numpy(), load_bundle(bundle_folder).predict_proba(users())
     )
 
