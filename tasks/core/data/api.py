@@ -40,6 +40,7 @@ from tasks.core.data.files import (
 )
 from tasks.core.data.labels import typed_labels
 from tasks.core.data.reading import (
+    VALUE_ADVICE,
     csv_format_of,
     first_batch,
     header_line,
@@ -56,6 +57,7 @@ from tasks.core.data.unseen import UnseenCategories, merged_unseen
 __all__ = [
     # files and reading
     "DatasetError",
+    "VALUE_ADVICE",
     "csv_format_of",
     "detect_format",
     "filesystem_for",

@@ -47,6 +47,12 @@ CSV_BLOCK_BYTES, GUESS_BLOCK_BYTES = 16 << 20, 1 << 20
 CSV_COLUMN_ERROR = re.compile(r"In CSV column #(\d+): (?:Row #(\d+): )?(.*)", re.DOTALL)
 LONG_LINE_ERROR = "straddling object straddles two block boundaries"
 CSV_NOT_CONVERTED = re.compile(r"CSV conversion error to ([^:]+): invalid value '(.*)'", re.DOTALL)
+# What a value of another kind in a CSV column calls for, as preprocessing reads it; scoring, where the
+# column's kind is the model's, gives its own advice in its place.
+VALUE_ADVICE = (
+    "correct it, or leave the field empty where the value is missing, "
+    "or mark the column categorical in column_kinds to read it as text"
+)
 
 
 def header_line(filesystem: pa_fs.FileSystem, file: str) -> str:
@@ -299,8 +305,7 @@ def csv_error_message(err: pa.ArrowException, dataset: ds.Dataset, file: str, ur
     hint = " (numbers must use '.' as the decimal point)" if "," in value[2] and not instant else ""
     return (
         f"{source}: column {column} holds {shorten(repr(value[2]))}{where}, not {what}{hint} like the "
-        "column's first values; correct it, or leave the field empty where the value is missing, "
-        "or mark the column categorical in column_kinds to read it as text"
+        f"column's first values; {VALUE_ADVICE}"
     )
 
 

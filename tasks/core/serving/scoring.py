@@ -44,6 +44,7 @@ import pyarrow.parquet as pq
 
 from tasks.core.data.api import (
     CATEGORICAL,
+    VALUE_ADVICE,
     DatasetError,
     FittedEncoding,
     UnseenCategories,
@@ -88,9 +89,10 @@ NON_FINITE_EXAMPLES = 5
 # Marks an output folder whose scoring has not finished; pyarrow and Spark skip names starting with '_'.
 UNFINISHED = "_SCORING_UNFINISHED"
 PART_NAME = re.compile(r"part-\d{5}\.parquet")
-# The reading's advice for a value that is not a number speaks of training; scoring gives its own.
-TRAINING_ADVICE = "encode it numerically or drop it before training"
-SCORING_ADVICE = "the model reads this column as numbers: correct the value, or leave its row out of scoring"
+# In place of the reading's advice (VALUE_ADVICE), which speaks of preprocessing.
+SCORING_ADVICE = (
+    "the model reads this column as it was trained: correct the value, or leave its row out of scoring"
+)
 HARDWARE = ("auto", "cpu", "gpu")
 # The hardware choice's assumptions: how many times faster than one CPU core a whole GPU runs the
 # model's forward pass (the rest of a row's work, reading, checking and writing, stays on the host's
@@ -480,9 +482,9 @@ def scoring_advice() -> Iterator[None]:
     try:
         yield
     except DatasetError as error:
-        if TRAINING_ADVICE not in str(error):
+        if VALUE_ADVICE not in str(error):
             raise
-        raise DatasetError(str(error).replace(TRAINING_ADVICE, SCORING_ADVICE)) from error
+        raise DatasetError(str(error).replace(VALUE_ADVICE, SCORING_ADVICE)) from error
 
 
 @scoring_advice()
