@@ -121,6 +121,7 @@ def evaluate(
     record = BundleRecord.of(prepared.table, trained.run, billed, prepared.fingerprint)
     write_bundle(folder, trained.artifact.download(), record, run_provenance(prepared))
     bundle = load_bundle(folder, trusted_builders=[trained.run.model.builder])  # this run's own builder
+    notes.extend(bundle.manifest.export_notes)  # an export left out, and why, in the report too
     test = local_path(prepared.test, "test split")
     points = (
         split_numbers(bundle, test, prepared.table.label_column) if prepared.table.target.regression else None

@@ -14,8 +14,9 @@ in one of two forms:
 - Otherwise (a categorical, boolean or date column, or a missing-value indicator): one input per raw
   column the encoding reads, `[rows, 1]`: text as strings ('' where missing), numbers, booleans (0/1)
   and dates (Unix seconds, UTC) as float64 (NaN where missing); the graph encodes them as the bundle's
-  `FittedEncoding` does (raw_inputs.py holds the conventions). The ONNX inputs are named as the columns,
-  the SavedModel's as `raw_inputs.signature_names` gives (TensorFlow refuses some characters).
+  `FittedEncoding` does (raw_inputs.py holds the conventions). The ONNX inputs are named as the columns
+  (`raw_inputs.onnx_input_names`: a column named as an output, e.g. "label", as "input/label"), the
+  SavedModel's as `raw_inputs.signature_names` gives (TensorFlow renames some characters).
 
 The scaler is folded into the graph as `tasks.core.data.scaling.standardise` computes it: (x - mean) /
 scale in float64, then cast to float32, so a row reaches the model as the bundle's loader feeds it.
@@ -44,7 +45,8 @@ untested). onnxruntime refuses a file whose IR version is above its ONNX's (IR 1
 1.15), and the torch exporter stamps IR 10 while using nothing added since IR 8.
 Each ONNX file is run in onnxruntime as it is written, on PARITY_ROWS rows with every kind of value and
 a gap (`parity_inputs`), against the live model: the largest difference and onnxruntime's version go
-in the result's `checks`, and a file beyond PARITY_TOLERANCE is left out with a note.
+in the result's `checks`, and a file beyond PARITY_TOLERANCE is left out with a note. A regression's
+difference is counted in the label's standard deviations, so a label of any scale is held alike.
 
 A user's model may use what an exporter cannot express (data-dependent control flow, an op without
 an ONNX conversion, a batch size fixed in its forward). Its weights still load through the bundle,
@@ -70,10 +72,11 @@ from typing import Any
 
 import numpy as np
 
-from tasks.core.data.api import NUMERIC, FittedEncoding, ScalerStats
+from tasks.core.data.api import FittedEncoding, ScalerStats
 from tasks.core.serving.raw_inputs import (
     input_rules,
     raw_feeds,
+    read_as_is,
     sample_table,
     tf_encoded,
     tf_input_signature,
@@ -98,7 +101,9 @@ ONNX_IR_VERSION = 8
 ML_OPSET_FLOOR = 3
 ONNXRUNTIME_FLOOR = "1.15"
 PARITY_ROWS = 8
-PARITY_TOLERANCE = 1e-4  # the largest difference in a probability, or a logit's relative to it above 1
+# The largest difference in a probability, or a logit's relative to it above 1; a regression's in the
+# label's standard deviations (relative to the standardised prediction above 1).
+PARITY_TOLERANCE = 1e-4
 OUTPUT_RULES = {
     "logits": "float32 [rows, classes], classes in the order of class_labels",
     "probabilities": "float32 [rows, classes], the softmax of the logits",
@@ -220,11 +225,7 @@ def encoded_columns(encoding: FittedEncoding | None) -> list[str]:
     missing values, whose features are the raw columns it keeps, as the exports take them."""
     if encoding is None:
         return []
-    return [
-        column.name
-        for column in encoding.columns
-        if column.kind != NUMERIC or column.encoder.names(column.name) != [column.name]
-    ]
+    return [column.name for column in encoding.columns if not read_as_is(column)]
 
 
 def export_torch(model, plan: ExportPlan, directory: str) -> ExportResult:
@@ -267,7 +268,14 @@ def torch_serving_module(
             self.fills = fill is not None
             if self.fills:
                 self.register_buffer("fill", torch.tensor(fill, dtype=torch.float64))
-            self.label_units = label_units
+            self.regression = label_units is not None
+            if self.regression:
+                # Tensors of shape [1], not Python numbers: the exporter's optimizer drops an Add of a
+                # scalar within 1e-8 of 0 and a Mul of one within 1e-5 of 1 as no-ops (onnxscript
+                # rewriter/rules/common/_no_op.py, matched with rewriter/_pattern_ir.py's tolerances),
+                # and a label's mean may be that small.
+                self.register_buffer("label_mean", torch.tensor([label_units[0]], dtype=torch.float64))
+                self.register_buffer("label_std", torch.tensor([label_units[1]], dtype=torch.float64))
 
         def forward(self, features: torch.Tensor) -> tuple[torch.Tensor, ...]:
             raw = features.double()
@@ -275,9 +283,8 @@ def torch_serving_module(
                 raw = torch.where(torch.isnan(raw), self.fill, raw)
             standardised = ((raw - self.mean) / self.scale).float()
             logits = self.model(standardised).float()
-            if self.label_units is not None:
-                mean, std = self.label_units
-                return (logits[:, 0].double() * std + mean,)
+            if self.regression:
+                return (logits[:, 0].double() * self.label_std + self.label_mean,)
             return logits, torch.softmax(logits, dim=-1)
 
     return Serving().eval()
@@ -497,9 +504,6 @@ def add_label_output(exported, class_labels: list[str]) -> None:
     from onnx import TensorProto, helper, numpy_helper
 
     graph = exported.graph
-    clashes = [value.name for value in graph.input if value.name == LABEL]
-    if clashes:
-        raise ValueError(f"the columns {clashes} have the names of the export's outputs")
     constants = {
         "serving/class_labels": np.asarray(class_labels, dtype=object),
         "serving/no_label": np.asarray("", dtype=object),
@@ -554,8 +558,8 @@ def all_nodes(graph):
 
 
 def check_parity(path: str, live: Callable, plan: ExportPlan) -> dict[str, Any]:
-    """onnxruntime's logits and probabilities for PARITY_ROWS rows against the live model's (`live`:
-    its input features -> (logits, probabilities)); refused over PARITY_TOLERANCE."""
+    """onnxruntime's outputs for PARITY_ROWS rows against the live model's (`live`: its input features
+    -> (logits, probabilities), or (prediction,)); refused over PARITY_TOLERANCE."""
     try:
         import onnxruntime
     except ImportError:
@@ -565,11 +569,13 @@ def check_parity(path: str, live: Callable, plan: ExportPlan) -> dict[str, Any]:
     expected = dict(zip(outputs, live(features), strict=True))
     got = dict(zip(outputs, onnx_session(path).run(list(outputs), feeds), strict=True))
     difference = max(float(np.max(np.abs(got[name] - expected[name]))) for name in outputs)
-    relative = max(scaled_difference(got[name], expected[name]) for name in outputs)
+    units = plan.label_units() or (0.0, 1.0)
+    relative = max(scaled_difference(got[name], expected[name], *units) for name in outputs)
     if not relative <= PARITY_TOLERANCE:  # NaN too
+        scale = "in the label's standard deviations" if plan.regression else "relative to values above 1"
         raise ValueError(
             f"onnxruntime {onnxruntime.__version__}'s answers differ from the model's by {relative:.3g} "
-            f"(relative to values above 1), more than {PARITY_TOLERANCE:g}"
+            f"({scale}), more than {PARITY_TOLERANCE:g}"
         )
     return {
         "max_abs_difference": difference,
@@ -580,11 +586,12 @@ def check_parity(path: str, live: Callable, plan: ExportPlan) -> dict[str, Any]:
     }
 
 
-def scaled_difference(got: np.ndarray, expected: np.ndarray) -> float:
-    """The largest difference, divided by the value where the value is above 1: float32 logits of 1e6
-    differ in their last bits by more than a probability may differ at all. Equal where both are NaN."""
+def scaled_difference(got: np.ndarray, expected: np.ndarray, mean: float = 0.0, std: float = 1.0) -> float:
+    """The largest difference in units of `std` (a regression's label's; 1 else), divided by the
+    standardised value (expected - `mean`) / `std` where that is above 1: float32 logits of 1e6 differ
+    in their last bits by more than a probability may differ at all. Equal where both are NaN."""
     both_nan = np.isnan(got) & np.isnan(expected)
-    scale = np.maximum(1.0, np.abs(expected))
+    scale = np.maximum(std, np.abs(expected - mean))
     return float(np.max(np.where(both_nan, 0.0, np.abs(got - expected) / scale), initial=0.0))
 
 

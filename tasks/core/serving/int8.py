@@ -46,7 +46,7 @@ from tasks.core.data.api import NUMERIC, FittedEncoding, batch_features, filesys
 from tasks.core.serving.bundle import Manifest, content_digest, read_manifest, write_manifest
 from tasks.core.serving.exports import INPUT, onnx_session, summary
 from tasks.core.serving.int8_quantize import CALIBRATION_ROWS, CALIBRATION_SEED, calibration_rows, quantize
-from tasks.core.serving.raw_inputs import raw_feeds
+from tasks.core.serving.raw_inputs import onnx_input_names, raw_feeds
 
 EXPORT = "onnx_int8"  # its name in the manifest's files and export_checks
 INT8_FILE = "model.int8.onnx"
@@ -269,7 +269,8 @@ def number_inputs(manifest: Manifest, inputs: list[str]) -> list[str]:
     if inputs == [INPUT]:
         return [INPUT]
     encoding = FittedEncoding.from_dict(manifest.record.encoding)
-    return [column.name for column in encoding.columns if column.kind == NUMERIC]
+    names = onnx_input_names(encoding)  # a column the graph's own names would clash with is renamed
+    return [names[column.name] for column in encoding.columns if column.kind == NUMERIC]
 
 
 def row_batches(test_rows: str | pa.Table, columns: list[str]) -> Iterator[pa.RecordBatch]:

@@ -7,7 +7,8 @@ installs it), the folder MLflow's model format describes:
     MLmodel                    YAML: the python_function flavor, the signature and the input example
     code/mixedml_onnx_pyfunc.py  mlflow_pyfunc.py as it is: the flavor's `loader_module`
     model/model.onnx           the bundle's ONNX export, copied
-    model/model.json           the raw columns in the export's order with their kinds, the class labels
+    model/model.json           the raw columns in the export's order with their kinds (and the ONNX input
+                               of a column whose name the graph uses), the class labels
     input_example.json         one row, `dataframe_split` orient; serving_input_example.json as a request
     requirements.txt, python_env.yaml, conda.yaml   what the loader imports, pinned as installed here
 
@@ -39,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.core.data.api import BOOLEAN, CATEGORICAL, DATE, NUMERIC, CategoryEncoding, FittedEncoding
+from tasks.core.serving.raw_inputs import onnx_input_names, takes_features
 
 MLFLOW_FOLDER = "mlflow"  # where a bundle keeps its MLflow model
 LOADER_MODULE = "mixedml_onnx_pyfunc"
@@ -87,11 +89,17 @@ def problem_type(manifest: dict[str, Any]) -> str:
 
 def input_columns(manifest: dict[str, Any]) -> list[dict[str, str]]:
     """The raw columns in the order the export reads them, with their kinds: the encoding's, or the
-    numeric features of a bundle without one."""
-    if manifest.get("encoding"):
-        encoding = FittedEncoding.from_dict(manifest["encoding"])
-        return [{"name": column.name, "kind": column.kind} for column in encoding.columns]
-    return [{"name": name, "kind": NUMERIC} for name in manifest["feature_names"]]
+    numeric features of a bundle without one; and the ONNX input of a column not named as the column."""
+    if not manifest.get("encoding"):
+        return [{"name": name, "kind": NUMERIC} for name in manifest["feature_names"]]
+    encoding = FittedEncoding.from_dict(manifest["encoding"])
+    columns = [{"name": column.name, "kind": column.kind} for column in encoding.columns]
+    if takes_features(encoding):
+        return columns
+    for column, name in zip(columns, onnx_input_names(encoding).values(), strict=True):
+        if name != column["name"]:
+            column["input"] = name
+    return columns
 
 
 def mlmodel(manifest: dict[str, Any], columns: list[dict[str, str]]) -> dict[str, Any]:

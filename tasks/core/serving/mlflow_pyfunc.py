@@ -6,8 +6,9 @@ puts on sys.path. It needs onnxruntime, numpy, pandas and pyarrow, and no code o
 imports nothing from it, so a server that has only the MLflow model folder runs it.
 
 `data_path` is the model's data folder: model.onnx (the bundle's ONNX export) and model.json (the raw
-columns in the order the export reads them, each with its kind, and the class labels). `predict` reads
-the columns by name and turns them into the export's inputs as the bundle reads a table:
+columns in the order the export reads them, each with its kind and, where the export names it otherwise,
+its "input"; and the class labels). `predict` reads the columns by name and turns them into the
+export's inputs as the bundle reads a table:
 - an export that takes one "features" input (numeric columns): the numbers float32 `[rows, columns]`;
 - an export that takes the raw columns: one `[rows, 1]` input per column, text for categories ('' where
   missing), float64 for numbers and booleans (NaN where missing) and for dates (seconds since 1970 UTC).
@@ -16,7 +17,15 @@ tasks/core/data/column_kinds.py and of `raw_feeds` in tasks/core/serving/raw_inp
 tests/unit/serving/test_mlflow_model.py.
 
 It answers a DataFrame: "prediction", the class label as the label column held it, then one
-"probability_<label>" column per class, float32, in the order of the class labels.
+"probability_<label>" column per class, float32, in the order of the class labels; a regression's
+"prediction" is a number in the label's units.
+
+A column of any type the bundle reads is read: int64 numbers, pandas' nullable booleans ("boolean", with
+pd.NA) and Int64 as a frame read from parquet holds them, score as the HTTP server's float64 casts of
+the same values. `mlflow.pyfunc.load_model(...).predict` checks a frame against the signature before it
+reaches this code and refuses those types against "double" (mlflow/models/utils.py,
+`_enforce_mlflow_datatype`: int64, unless every value is 0 or 1, and booleans are not safe casts);
+`get_raw_model()` is this model, whose `predict` takes the frame as it is.
 """
 
 from __future__ import annotations
@@ -53,6 +62,7 @@ class OnnxModel:
         with open(os.path.join(folder, DESCRIPTION_FILE), encoding="utf-8") as file:
             description = json.load(file)
         self.columns = [(column["name"], column["kind"]) for column in description["columns"]]
+        self.inputs = [column.get("input", column["name"]) for column in description["columns"]]
         self.class_labels = list(description["class_labels"])
         self.regression = description.get("problem_type") == "regression"
         self.session = onnxruntime.InferenceSession(
@@ -60,10 +70,13 @@ class OnnxModel:
         )
         inputs = [value.name for value in self.session.get_inputs()]
         self.takes_features = inputs == [FEATURES]
-        if not self.takes_features and inputs != [name for name, _ in self.columns]:
-            raise ValueError(
-                f"{ONNX_FILE} takes the inputs {inputs}, not the columns {DESCRIPTION_FILE} lists"
-            )
+        if not self.takes_features and inputs != self.inputs:
+            raise ValueError(f"{ONNX_FILE} takes the inputs {inputs}, not those {DESCRIPTION_FILE} lists")
+
+    def get_raw_model(self) -> OnnxModel:
+        """What MLflow's `PyFuncModel.get_raw_model()` returns: this model, whose `predict` reads a frame
+        without MLflow's signature check."""
+        return self
 
     def predict(self, model_input, params=None) -> pd.DataFrame:
         """Labels and per-class probabilities of the rows of `model_input`, a DataFrame with the
@@ -91,7 +104,10 @@ class OnnxModel:
         if self.takes_features:
             numbers = [canonical(NUMERIC, table.column(name), name) for name, _ in self.columns]
             return {FEATURES: np.column_stack(numbers).astype(np.float32)}
-        return {name: feed(kind, table.column(name), name) for name, kind in self.columns}
+        return {
+            input_name: feed(kind, table.column(name), name)
+            for input_name, (name, kind) in zip(self.inputs, self.columns, strict=True)
+        }
 
 
 def arrow_columns(frame, names: list[str]) -> pa.Table:

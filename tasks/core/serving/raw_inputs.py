@@ -18,10 +18,12 @@ then <missing>; a date as days since the train origin, month (1-12) and weekday 
 `onnx_encoding` writes that as an ONNX graph (standard operators and ai.onnx.ml's LabelEncoder, which
 onnxruntime runs) and `with_raw_inputs` puts it in front of an export that takes "features";
 `tf_encoded` does the same with TensorFlow ops, for the SavedModel's named-input signature.
-The ONNX inputs are named as the columns; the SavedModel's by `signature_names` (TensorFlow refuses
-some characters in a name). `raw_feeds` gives a table's columns as the ONNX inputs take them, and
-`input_rules` the conventions above, input by input, as the exports' metadata states them;
-`sample_table` makes rows of every kind of value the inputs take, for the check at export time.
+The ONNX inputs are named as the columns, except a name the graph itself uses (its outputs, "features",
+its internal prefixes), which `onnx_input_names` leads with "input/"; the SavedModel's are named by
+`signature_names` (TensorFlow renames some characters). `raw_feeds` gives a table's columns as the ONNX
+inputs take them, and `input_rules` the conventions above, input by input, as the exports' metadata
+states them; `sample_table` makes rows of every kind of value the inputs take, for the check at export
+time.
 
 Imports onnx and tensorflow only inside the functions that use them.
 """
@@ -38,6 +40,7 @@ from tasks.core.data.api import (
     CATEGORICAL,
     DATE,
     MISSING_INSTANT,
+    NUMERIC,
     CategoryEncoding,
     ColumnEncoding,
     DateEncoding,
@@ -47,16 +50,23 @@ from tasks.core.data.api import (
 )
 
 ROWS = "rows"
+FEATURES = "features"  # the one input of an export whose encoding is its numeric columns as they are
 ENCODED = "raw_inputs/features"  # the encoding graph's output, the numeric export's "features"
 PREFIX = "raw_inputs/"  # names inside the encoding graph
 MODEL_PREFIX = "model/"  # names inside the numeric export, once the two are one graph
+RENAMED_PREFIX = "input/"  # leads an input whose column has a name the graph uses
+# Names a column's input cannot take: the exports' outputs and input, and the prefixes of the names
+# inside the graph (exports.add_label_output's "serving/" too). A renamed input keeps its column's name
+# after RENAMED_PREFIX, so two columns never meet.
+GRAPH_NAMES = frozenset({FEATURES, "logits", "probabilities", "label", "prediction", ""})
+GRAPH_PREFIXES = (PREFIX, MODEL_PREFIX, "serving/", RENAMED_PREFIX)
 SECONDS_PER_DAY = 86_400
 MICROS_PER_SECOND = 1_000_000
 ML_DOMAIN, ML_OPSET = "ai.onnx.ml", 3  # the ai.onnx.ml version that ONNX opset 18 pairs with
 # Days from 0000-03-01 to 1970-01-01, and the days of a 400-year era: the civil calendar from a day
 # count (Howard Hinnant's days_from_civil, inverted), in integer operations only.
 EPOCH_SHIFT, DAYS_PER_ERA = 719_468, 146_097
-TF_NAME_CHARACTER = re.compile(r"[^A-Za-z0-9_.\-]")
+TF_NAME_CHARACTER = re.compile(r"[^A-Za-z0-9]")
 UNIX_SECONDS = "seconds since 1970-01-01T00:00:00Z"
 
 
@@ -64,33 +74,63 @@ def is_categorical(column: ColumnEncoding) -> bool:
     return column.kind == CATEGORICAL
 
 
+def read_as_is(column: ColumnEncoding) -> bool:
+    """Whether the column's one feature is its own number: numeric, without a missing-value indicator."""
+    return column.kind == NUMERIC and column.encoder.names(column.name) == [column.name]
+
+
+def takes_features(encoding: FittedEncoding | None) -> bool:
+    """Whether the exports of a bundle with `encoding` take one "features" input rather than the raw
+    columns: every column read as it is (or no encoding)."""
+    return encoding is None or all(read_as_is(column) for column in encoding.columns)
+
+
 def raw_feeds(table, encoding: FittedEncoding) -> dict[str, np.ndarray]:
     """The columns that `encoding` reads from `table` (a pandas DataFrame, a pyarrow Table or
     RecordBatch) as the ONNX export's inputs: each read as the bundle reads it, then in the inputs'
-    convention. A value the bundle refuses is refused here, naming its column and row."""
+    convention; where the export takes "features", the one feed float32 `[rows, columns]`, NaN where
+    missing. A value the bundle refuses is refused here, naming its column and row."""
     if not isinstance(table, pa.Table | pa.RecordBatch):
         table = pa.Table.from_pandas(table, columns=[column.name for column in encoding.columns])
-    feeds = {}
-    for column in encoding.columns:
-        values = canonical(column.kind, table.column(column.name), Place(column.name))
-        if is_categorical(column):
-            feeds[column.name] = np.asarray(values.fill_null("").to_pylist(), dtype=object)[:, None]
-        elif column.kind == DATE:
-            seconds = values / MICROS_PER_SECOND
-            feeds[column.name] = np.where(values == MISSING_INSTANT, np.nan, seconds)[:, None]
-        else:
-            feeds[column.name] = np.asarray(values, dtype=np.float64)[:, None]
-    return feeds
+    if takes_features(encoding):
+        columns = encoding.columns
+        numbers = [canonical(NUMERIC, table.column(column.name), Place(column.name)) for column in columns]
+        return {FEATURES: np.column_stack(numbers).astype(np.float32)}
+    names = onnx_input_names(encoding)
+    return {names[column.name]: column_feed(column, table.column(column.name)) for column in encoding.columns}
+
+
+def column_feed(column: ColumnEncoding, values) -> np.ndarray:
+    values = canonical(column.kind, values, Place(column.name))
+    if is_categorical(column):
+        return np.asarray(values.fill_null("").to_pylist(), dtype=object)[:, None]
+    if column.kind == DATE:
+        return np.where(values == MISSING_INSTANT, np.nan, values / MICROS_PER_SECOND)[:, None]
+    return np.asarray(values, dtype=np.float64)[:, None]
+
+
+def onnx_input_names(encoding: FittedEncoding) -> dict[str, str]:
+    """Each raw column's ONNX input name: the column's, or where the graph uses that name (an output,
+    "features", a name inside the graph), the column's led by RENAMED_PREFIX (`label` -> `input/label`)."""
+    return {
+        column.name: f"{RENAMED_PREFIX}{column.name}"
+        if column.name in GRAPH_NAMES or column.name.startswith(GRAPH_PREFIXES)
+        else column.name
+        for column in encoding.columns
+    }
 
 
 def signature_names(encoding: FittedEncoding) -> dict[str, str]:
-    """Each raw column's input name in the SavedModel's signature: the column's name where TensorFlow
-    takes it, else each character it refuses as '_' (led by 'x' where the first is not a letter, a digit
-    or '.'), with a suffix where two names meet ('_2', '_3', ...)."""
+    """Each raw column's input name in the SavedModel's signature, a name TensorFlow keeps as it is:
+    its function arguments are renamed by `sanitize_arg_name` (tensorflow/core/function/polymorphism/
+    function_type.py: each character that is not alphanumeric as '_', led by 'arg_' where the first is
+    not a letter), and two arguments renamed alike are refused. So the column's name in ASCII letters,
+    digits and '_' (`home city` -> `home_city`, `1st` -> `arg_1st`), with a suffix where two names meet
+    (`a.b` -> `a_b`, `a b` -> `a_b_2`)."""
     names: dict[str, str] = {}
     for column in encoding.columns:
         name = TF_NAME_CHARACTER.sub("_", column.name)
-        name = name if re.match(r"[A-Za-z0-9.]", name) else f"x{name}"
+        name = name if re.match(r"[A-Za-z]", name) else f"arg_{name}"
         unique, count = name, 1
         while unique in names.values():
             count += 1
@@ -100,15 +140,16 @@ def signature_names(encoding: FittedEncoding) -> dict[str, str]:
 
 
 def input_rules(encoding: FittedEncoding) -> list[dict]:
-    """What each input is, in the inputs' order: its ONNX and SavedModel names, the raw column's kind,
-    its type and shape, how a missing value is sent, and a date's unit."""
-    names = signature_names(encoding)
-    return [column_rule(column, names[column.name]) for column in encoding.columns]
+    """What each input is, in the inputs' order: the raw column it takes, its ONNX and SavedModel names,
+    the column's kind, its type and shape, how a missing value is sent, and a date's unit."""
+    names, signatures = onnx_input_names(encoding), signature_names(encoding)
+    return [column_rule(column, names[column.name], signatures[column.name]) for column in encoding.columns]
 
 
-def column_rule(column: ColumnEncoding, signature_name: str) -> dict:
+def column_rule(column: ColumnEncoding, name: str, signature_name: str) -> dict:
     rule = {
-        "name": column.name,
+        "name": name,
+        "column": column.name,
         "signature_name": signature_name,
         "kind": column.kind,
         "dtype": "string" if is_categorical(column) else "float64",
@@ -195,12 +236,15 @@ def onnx_encoding(encoding: FittedEncoding, ir_version: int, opset: int):
     from onnx import TensorProto, helper
 
     graph = GraphBuilder()
-    blocks = [onnx_column(graph, column) for column in encoding.columns]
+    names = onnx_input_names(encoding)
+    blocks = [onnx_column(graph, column, names[column.name]) for column in encoding.columns]
     encoded = graph.node("Concat", *blocks, axis=1)
     graph.nodes.append(helper.make_node("Identity", [encoded], [ENCODED], f"{PREFIX}output"))
     inputs = [
         helper.make_tensor_value_info(
-            column.name, TensorProto.STRING if is_categorical(column) else TensorProto.DOUBLE, [ROWS, 1]
+            names[column.name],
+            TensorProto.STRING if is_categorical(column) else TensorProto.DOUBLE,
+            [ROWS, 1],
         )
         for column in encoding.columns
     ]
@@ -213,18 +257,18 @@ def onnx_encoding(encoding: FittedEncoding, ir_version: int, opset: int):
     return model
 
 
-def onnx_column(graph: GraphBuilder, column: ColumnEncoding) -> str:
-    """The column's encoded block, float64 `[rows, its features]`."""
+def onnx_column(graph: GraphBuilder, column: ColumnEncoding, name: str) -> str:
+    """The column's encoded block, float64 `[rows, its features]`, from its input `name`."""
     if isinstance(column.encoder, CategoryEncoding):
-        return onnx_category(graph, column.name, column.encoder)
-    missing = graph.node("IsNaN", column.name)
+        return onnx_category(graph, name, column.encoder)
+    missing = graph.node("IsNaN", name)
     if isinstance(column.encoder, DateEncoding):
         filled = graph.node(
-            "Where", missing, graph.constant(date_seconds(column.encoder.fill), np.float64), column.name
+            "Where", missing, graph.constant(date_seconds(column.encoder.fill), np.float64), name
         )
         block = onnx_date(graph, filled, column.encoder)
     else:
-        block = graph.node("Where", missing, graph.constant(column.encoder.fill, np.float64), column.name)
+        block = graph.node("Where", missing, graph.constant(column.encoder.fill, np.float64), name)
     if not column.encoder.indicator:
         return block
     return graph.node("Concat", block, double(graph, missing), axis=1)
@@ -301,11 +345,6 @@ def with_raw_inputs(path: str, encoding: FittedEncoding) -> None:
 
     numeric = onnx.load(path)
     (features,) = [value.name for value in numeric.graph.input]
-    clashes = sorted(
-        {column.name for column in encoding.columns} & {out.name for out in numeric.graph.output}
-    )
-    if clashes:
-        raise ValueError(f"the columns {clashes} have the names of the export's outputs")
     opsets = {opset.domain: opset.version for opset in numeric.opset_import}
     encoder = onnx_encoding(encoding, numeric.ir_version, opsets[""])
     if ML_DOMAIN in opsets:
@@ -314,8 +353,19 @@ def with_raw_inputs(path: str, encoding: FittedEncoding) -> None:
         numeric, MODEL_PREFIX, rename_inputs=False, rename_outputs=False, rename_functions=False
     )
     merged = compose.merge_models(encoder, numeric, io_map=[(ENCODED, features)])
+    once_per_domain(merged)
     onnx.checker.check_model(merged)
     onnx.save(merged, path)
+
+
+def once_per_domain(model) -> None:
+    """Each opset domain imported once: onnx's `compose.merge_models` (1.23) checks that both models
+    import a domain at one version, then imports both models' lists, each domain twice."""
+    from onnx import helper
+
+    versions = {opset.domain: opset.version for opset in model.opset_import}
+    del model.opset_import[:]
+    model.opset_import.extend(helper.make_opsetid(domain, version) for domain, version in versions.items())
 
 
 # ---- TensorFlow ---------------------------------------------------------------------------------------

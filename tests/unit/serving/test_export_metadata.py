@@ -181,12 +181,12 @@ def test_raw_column_inputs_are_described_as_a_client_sends_them(framework, tmp_p
     props = {prop.key: prop.value for prop in onnx.load(str(tmp_path / "model.onnx")).metadata_props}
     common = {"shape": ["rows", 1]}
     assert json.loads(props["inputs"]) == [
-        {"name": "amount", "signature_name": "amount", "kind": "numeric", "dtype": "float64", "missing": "NaN", **common},
-        {"name": "home city", "signature_name": "home_city", "kind": "categorical", "dtype": "string", "missing": "",
+        {"name": "amount", "column": "amount", "signature_name": "amount", "kind": "numeric", "dtype": "float64", "missing": "NaN", **common},
+        {"name": "home city", "column": "home city", "signature_name": "home_city", "kind": "categorical", "dtype": "string", "missing": "",
          "unseen": "<other>", **common},
-        {"name": "member", "signature_name": "member", "kind": "boolean", "dtype": "float64", "missing": "NaN",
+        {"name": "member", "column": "member", "signature_name": "member", "kind": "boolean", "dtype": "float64", "missing": "NaN",
          "values": [0, 1], **common},
-        {"name": "joined", "signature_name": "joined", "kind": "date", "dtype": "float64", "missing": "NaN",
+        {"name": "joined", "column": "joined", "signature_name": "joined", "kind": "date", "dtype": "float64", "missing": "NaN",
          "unit": "seconds since 1970-01-01T00:00:00Z", **common},
     ]  # fmt: skip
     assert json.loads(props["feature_names"]) == names
@@ -230,15 +230,14 @@ def test_without_onnxruntime_the_export_is_kept_and_the_check_says_it_did_not_ru
     assert result.checks == {"onnx": {"not_run": "onnxruntime is not installed where the bundle was written"}}
 
 
-def test_a_column_named_label_leaves_the_described_onnx_export_out_with_a_note(tmp_path):
+def test_a_column_named_label_is_the_input_input_label_of_the_described_onnx_export(tmp_path):
     table = pa.table({"label": ["a", "b", "a", None]})
     encoding = fitted(table)
     n_features = len(encoding.encoded_names())
     scaler = ScalerStats([0.0] * n_features, [1.0] * n_features)
     model = model_of("pytorch", n_features)
     result = export_model(model, "pytorch", scaler, str(tmp_path), encoding, description=description([]))
-    assert result.notes == [
-        "onnx not exported: ValueError: the columns ['label'] have the names of the export's outputs"
-    ]
-    # without a description there is no label output, and the column keeps its name
-    assert export_model(model, "pytorch", scaler, str(tmp_path), encoding).files == {"onnx": "model.onnx"}
+    assert result.notes == [] and result.files == {"onnx": "model.onnx"}
+    assert [value.name for value in session(tmp_path / "model.onnx").get_inputs()] == ["input/label"]
+    answers = run(tmp_path / "model.onnx", raw_feeds(table, encoding))
+    assert answers["label"].tolist() == [CLASSES[index] for index in answers["probabilities"].argmax(axis=1)]

@@ -30,6 +30,7 @@ from tasks.core.serving.exports import (
     ExportResult,
     encoded_columns,
     export_model,
+    scaled_difference,
 )
 
 N_FEATURES, N_CLASSES = 64, 3
@@ -80,10 +81,12 @@ def assert_exported(result: ExportResult, names: list[str]) -> None:
 
 
 def assert_loads_in_the_onnxruntime_floor(path: str) -> None:
-    """IR 8 and opset 18 (ai.onnx.ml 3 at most), without the IR 10 nodes' metadata; checked as such."""
+    """IR 8 and opset 18 (ai.onnx.ml 3 at most), each domain imported once, without the IR 10 nodes'
+    metadata; checked as such."""
     exported = onnx.load(path)
     assert exported.ir_version == ONNX_IR_VERSION <= 9
     opsets = {opset.domain: opset.version for opset in exported.opset_import}
+    assert len(exported.opset_import) == len(opsets), [(o.domain, o.version) for o in exported.opset_import]
     assert opsets[""] == ONNX_OPSET == 18 and opsets.get("ai.onnx.ml", 3) <= 3
     assert not any(node.metadata_props for node in exported.graph.node)
     onnx.checker.check_model(exported, full_check=True)
@@ -309,6 +312,48 @@ def test_a_gap_in_a_number_is_filled_in_the_export_as_the_bundle_fills_it(tmp_pa
     else:
         logits = keras_logits(model, filled)
     assert_agree(onnx_outputs(str(tmp_path / "model.onnx"), raw), logits)
+
+
+def test_a_regression_s_difference_counts_in_the_label_s_standard_deviations():
+    """A prediction off by a label's mean of 1e-9 (a fifth of its spread) is far beyond the tolerance
+    in the label's units, where in absolute terms it would pass."""
+    mean, std = 1e-9, 5e-9
+    expected = mean + std * np.array([0.5, -1.0, 30.0])
+    assert scaled_difference(expected - mean, expected) < PARITY_TOLERANCE
+    assert scaled_difference(expected - mean, expected, mean, std) == pytest.approx(0.2)
+    assert scaled_difference(expected * (1 + 1e-7), expected, mean, std) < PARITY_TOLERANCE  # float32 bits
+
+
+@pytest.mark.slow
+def test_raw_feeds_of_an_export_that_takes_features_are_its_one_input(tmp_path):
+    """The embedded digits as read from their parquet file: 64 numeric columns as they are, so the export
+    takes "features", which raw_feeds gives, in the encoding's order, as onnxruntime takes it."""
+    import pandas as pd
+
+    from tasks.core.data.prepare import EMBEDDED_DIGITS_LABEL, write_embedded_digits
+    from tasks.core.data.scaling import standardise
+    from tasks.core.serving.raw_inputs import raw_feeds
+    from tests.floats import assert_scored_alike
+
+    frame = pd.read_parquet(write_embedded_digits(str(tmp_path))).drop(columns=[EMBEDDED_DIGITS_LABEL])
+    frame = frame.sample(frac=1.0, axis="columns", random_state=0).head(50)  # columns in another order
+    encoding = fitted(pa.Table.from_pandas(frame))
+    assert encoded_columns(encoding) == [] and len(encoding.columns) == N_FEATURES
+    encoded = encoding.transform(pa.Table.from_pandas(frame))
+    scaler = ScalerStats(encoded.mean(axis=0).tolist(), np.maximum(encoded.std(axis=0), 1.0).tolist())
+    torch.manual_seed(0)
+    model = build(SPECS["mlp"], N_FEATURES, N_CLASSES, "pytorch").eval()
+    (tmp_path / "export").mkdir()
+    assert_exported(export_model(model, "pytorch", scaler, str(tmp_path / "export"), encoding), ["onnx"])
+    feeds = raw_feeds(frame, encoding)
+    assert list(feeds) == ["features"] and feeds["features"].dtype == np.float32
+    session = onnxruntime.InferenceSession(
+        str(tmp_path / "export" / "model.onnx"), providers=["CPUExecutionProvider"]
+    )
+    (probabilities,) = session.run(["probabilities"], feeds)
+    with torch.no_grad():
+        logits = model(torch.from_numpy(standardise(encoded, scaler))).numpy()
+    assert_scored_alike(probabilities, torch.softmax(torch.from_numpy(logits), dim=1).numpy())
 
 
 def test_native_log_lines_of_a_conversion_are_held_and_shown_only_when_it_fails(capfd):

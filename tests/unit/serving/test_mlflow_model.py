@@ -143,6 +143,31 @@ def test_values_in_other_forms_are_read_as_raw_feeds_reads_them(model_dir, bundl
         np.testing.assert_array_equal(feeds[name], values)
 
 
+@pytest.mark.parametrize("dtype_backend", ["default", "numpy_nullable"])
+def test_a_frame_read_from_parquet_scores_as_the_server_s_casts_of_its_values(
+    model_dir, tmp_path, dtype_backend
+):
+    """Whole numbers as int64 (Int64), booleans with gaps as objects (pandas' "boolean", pd.NA), as
+    pandas reads them from parquet: what MLflow's in-process signature check refuses against "double",
+    the model itself reads as the HTTP server's float64 casts of the same values."""
+    import pyarrow.parquet as pq
+
+    rows = scoring_rows()
+    rows = rows.set_column(0, "amount", pa.array(np.arange(rows.num_rows) * 1_000 - 7, pa.int64()))
+    pq.write_table(rows, tmp_path / "rows.parquet")
+    backend = {} if dtype_backend == "default" else {"dtype_backend": dtype_backend}
+    frame = pd.read_parquet(tmp_path / "rows.parquet", **backend)
+    integers, booleans = ("Int64", "boolean") if dtype_backend == "numpy_nullable" else ("int64", "object")
+    assert (str(frame["amount"].dtype), str(frame["member"].dtype)) == (integers, booleans)
+    assert frame["member"].isna().any()
+    served = as_mlflow_casts(rows.to_pandas())
+    model = mlflow_pyfunc.OnnxModel(str(model_dir / "model"))
+    assert model.get_raw_model() is model  # mlflow.pyfunc's get_raw_model(): predict without its check
+    for name, values in model.feeds(served).items():
+        np.testing.assert_array_equal(model.feeds(frame)[name], values)
+    pd.testing.assert_frame_equal(model.predict(frame), model.predict(served))
+
+
 @pytest.mark.parametrize(
     "column, values, refusal",
     [

@@ -23,8 +23,14 @@ from tasks.core.data.prepare import PreparedTable
 from tasks.core.data.scaling import ScalerStats
 from tasks.core.models.plugins import build, input_spec_for, mlp_spec
 from tasks.core.serving.bundle import FORMAT_VERSION, BundleRecord, load_bundle, load_model, write_bundle
-from tasks.core.serving.exports import ExportDescription, ExportResult, export_model
-from tasks.core.serving.raw_inputs import onnx_encoding, raw_feeds, signature_names, tf_encoded
+from tasks.core.serving.exports import ExportDescription, export_model
+from tasks.core.serving.raw_inputs import (
+    onnx_encoding,
+    onnx_input_names,
+    raw_feeds,
+    signature_names,
+    tf_encoded,
+)
 from tasks.core.training.records import Hardware, TrainingRun
 
 # Each test here writes a model export (torch.onnx, tf2onnx, a SavedModel): seconds, so not in make test-fast.
@@ -73,22 +79,23 @@ def scoring_rows() -> pa.Table:
     return pa.concat_tables([seen, new.cast(seen.schema)])
 
 
-def prepared_table(table: pa.Table) -> PreparedTable:
-    """What preprocessing makes of `table`, all rows taken as train rows."""
-    raw = table.select(COLUMNS)
+def prepared_table(table: pa.Table, columns: list[str] = COLUMNS, label: str = "label") -> PreparedTable:
+    """What preprocessing makes of `table` (the feature `columns`, the `label` column), all rows taken
+    as train rows."""
+    raw = table.select(columns)
     encoding = batch_stats(propose_kinds(raw.schema, sample=raw), raw).fit()
     encoded = encoding.transform(raw)
     scale = encoded.std(axis=0)
-    counts = Counter(table.column("label").to_pylist())
+    counts = Counter(table.column(label).to_pylist())
     return PreparedTable(
         feature_names=encoding.encoded_names(),
-        label_column="label",
+        label_column=label,
         class_labels=CLASSES,
         class_counts={label: counts[label] for label in CLASSES},
         rows={"train": table.num_rows, "val": 0, "test": 0},
         scaler=ScalerStats(encoded.mean(axis=0).tolist(), np.where(scale > 0, scale, 1.0).tolist()),
         source="raw.parquet",
-        columns=COLUMNS,
+        columns=columns,
         encoding=json.dumps(encoding.to_dict()),
     )
 
@@ -233,19 +240,38 @@ def test_the_onnx_and_tensorflow_encodings_give_the_bundle_s_features(indicators
         np.testing.assert_allclose(encoded[:, days], expected[:, days], rtol=1e-13, atol=0)
 
 
-def test_signature_names_are_the_columns_where_tensorflow_takes_them():
-    encoding = FittedEncoding.from_dict({
+def numeric_encoding(names) -> FittedEncoding:
+    return FittedEncoding.from_dict({
         "version": 1,
         "left_out": {},
-        "columns": [
-            {"name": name, "kind": "numeric", "fill": 0.0, "indicator": False}
-            for name in ("amount", "home city", "home_city", "_id", "a.b-c", "né")
-        ],
+        "columns": [{"name": name, "kind": "numeric", "fill": 0.0, "indicator": False} for name in names],
     })  # fmt: skip
-    assert signature_names(encoding) == {
-        "amount": "amount", "home city": "home_city", "home_city": "home_city_2", "_id": "x_id",
-        "a.b-c": "a.b-c", "né": "n_",
+
+
+def test_signature_names_are_the_columns_as_tensorflow_keeps_them():
+    names = ("amount", "home city", "home_city", "_id", "a.b-c", "né", "1st", "a.b", "a b")
+    assert signature_names(numeric_encoding(names)) == {
+        "amount": "amount", "home city": "home_city", "home_city": "home_city_2", "_id": "arg__id",
+        "a.b-c": "a_b_c", "né": "n_", "1st": "arg_1st", "a.b": "a_b", "a b": "a_b_2",
     }  # fmt: skip
+
+
+def test_onnx_inputs_are_the_columns_unless_the_graph_uses_the_name():
+    names = ("amount", "label", "logits", "probabilities", "prediction", "features", "", "serving/zero",
+             "input/label", "labels")  # fmt: skip
+    renamed = {
+        "label",
+        "logits",
+        "probabilities",
+        "prediction",
+        "features",
+        "",
+        "serving/zero",
+        "input/label",
+    }
+    assert onnx_input_names(numeric_encoding(names)) == {
+        name: f"input/{name}" if name in renamed else name for name in names
+    }
 
 
 # ---- the bundle's exports --------------------------------------------------------------------------------
@@ -334,17 +360,77 @@ def test_described_exports_label_raw_rows_with_the_bundle_s_classes(bundles, pre
         assert labels.numpy().astype(str).tolist() == expected
 
 
-def test_a_column_named_as_an_output_leaves_the_onnx_export_out_with_a_note(tmp_path):
-    table = pa.table({"logits": ["a", "b", "a", None]})
+# A feature named as an output: its input is renamed, and the export answers as the bundle does.
+OUTPUT_NAMED = {"amount": "logits", "home city": "probabilities", "member": "label", "label": "class"}
+
+
+@pytest.fixture(scope="module")
+def output_named_bundle(tmp_path_factory) -> str:
+    table = train_table().rename_columns([OUTPUT_NAMED.get(name, name) for name in [*COLUMNS, "label"]])
+    columns = [OUTPUT_NAMED.get(name, name) for name in COLUMNS]
+    prepared = prepared_table(table, columns, label="class")
+    return write_raw_bundle(tmp_path_factory.mktemp("output-named") / "bundle", "pytorch", prepared)
+
+
+def test_columns_named_as_the_outputs_are_inputs_led_by_input(output_named_bundle):
+    manifest = json.loads((Path(output_named_bundle) / "bundle.json").read_text())
+    assert manifest["export_notes"] == [] and {"onnx", "mlflow"} <= set(manifest["files"])
+    session = onnx_session(os.path.join(output_named_bundle, "model.onnx"))
+    assert [value.name for value in session.get_inputs()] == [
+        "input/logits", "input/probabilities", "input/label", "joined", "last_seen"
+    ]  # fmt: skip
+    assert [value.name for value in session.get_outputs()] == ["logits", "probabilities", "label"]
+    rules = json.loads(session.get_modelmeta().custom_metadata_map["inputs"])
+    assert [(rule["name"], rule["column"]) for rule in rules][:3] == [
+        ("input/logits", "logits"), ("input/probabilities", "probabilities"), ("input/label", "label")
+    ]  # fmt: skip
+
+
+def test_columns_named_as_the_outputs_are_answered_as_the_bundle_answers(output_named_bundle):
+    from tasks.core.serving import mlflow_pyfunc
+    from tests.floats import assert_scored_alike
+
+    bundle = load_bundle(output_named_bundle)
+    rows = scoring_rows().rename_columns([OUTPUT_NAMED.get(name, name) for name in COLUMNS])
+    expected = bundle.predict_proba(rows)
+    assert len(set(expected.argmax(axis=1))) > 1
+    feeds = raw_feeds(rows, bundle.encoding)
+    session = onnx_session(os.path.join(output_named_bundle, "model.onnx"))
+    probabilities, labels = session.run(["probabilities", "label"], feeds)
+    assert_scored_alike(probabilities, expected)
+    assert labels.tolist() == [CLASSES[index] for index in expected.argmax(axis=1)]
+    answer = mlflow_pyfunc.OnnxModel(os.path.join(output_named_bundle, "mlflow", "model")).predict(rows)
+    assert answer["prediction"].tolist() == labels.tolist()
+    assert_scored_alike(answer[[f"probability_{label}" for label in CLASSES]].to_numpy(), expected)
+
+
+def test_keras_columns_tensorflow_would_rename_alike_get_a_saved_model(tmp_path):
+    """`a.b` and `a b` are both `a_b` to TensorFlow's argument renaming, which refuses the pair."""
+    import tensorflow as tf
+
+    table = pa.table(
+        {"a.b": [1.0, None, 3.0, 4.0], "a b": [2.0, 1.0, None, 0.0], "city": ["x", "y", "x", "y"]}
+    )
     encoding = batch_stats(propose_kinds(table.schema, sample=table), table).fit()
     n_features = len(encoding.encoded_names())
-    model = build(mlp_spec([4]), n_features, len(CLASSES), "pytorch").eval()
+    model = build(mlp_spec([4]), n_features, len(CLASSES), "tensorflow")
     scaler = ScalerStats([0.0] * n_features, [1.0] * n_features)
-    result = export_model(model, "pytorch", scaler, str(tmp_path), encoding)
-    assert result == ExportResult(
-        files={},
-        notes=[
-            "onnx not exported: ValueError: the columns ['logits'] have the names of the export's outputs"
-        ],
-    )
-    assert os.listdir(tmp_path) == []
+    described = ExportDescription(encoding.encoded_names(), "label", CLASSES, FORMAT_VERSION)
+    result = export_model(model, "tensorflow", scaler, str(tmp_path), encoding, description=described)
+    assert result.notes == [] and set(result.files) == {"saved_model", "onnx"}
+    serving = tf.saved_model.load(str(tmp_path / "saved_model")).signatures["serving_default"]
+    names = signature_names(encoding)
+    assert set(serving.structured_input_signature[1]) == set(names.values()) == {"a_b", "a_b_2", "city"}
+    feeds = raw_feeds(table, encoding)
+    answers = serving(**{names[column]: tf.constant(values) for column, values in feeds.items()})
+    (expected,) = onnx_session(str(tmp_path / "model.onnx")).run(["probabilities"], feeds)
+    assert_same_answers(expected, answers["probabilities"].numpy())
+
+
+def test_the_int8_batch_check_feeds_renamed_number_columns_by_their_input_names(output_named_bundle):
+    from tasks.core.serving.int8 import number_inputs
+
+    session = onnx_session(os.path.join(output_named_bundle, "model.onnx"))
+    inputs = [value.name for value in session.get_inputs()]
+    numbers = number_inputs(load_bundle(output_named_bundle).manifest, inputs)
+    assert "input/logits" in numbers and set(numbers) <= set(inputs)  # `amount`, named `logits` here
