@@ -7,7 +7,7 @@ A bundle is a folder, self-contained and free of pickled code:
                   the feature names in order, the scaler's statistics, the class labels as the label
                   column held them, the run (its hyperparameters among them), the billed hardware, the
                   data, the metrics, the package versions, the provenance (split, code version, data
-                  hash) and the sha256 of every file listed under "files"
+                  hash), the sha256 of every file listed under "files", and its own (digests.py)
     model.pt      the weights as the training artifact stores them (model.npz for Keras models)
     model.onnx    the serving exports (tasks/core/serving/exports.py), listed under "files" in the manifest
     mlflow/       the MLflow model (tasks/core/serving/mlflow_model.py)
@@ -20,20 +20,21 @@ the user's data holds, matched by column name, encodes them with the bundle's `F
 booleans, dates and missing values as numbers) and standardises them with `data.standardise`, as the
 prepared splits were: the same raw row reaches the model as the same float32 input.
 
-Loading checks the folder against its manifest before the model is rebuilt: the weights' sha256 (where
-the manifest records it: bundles written before digests existed have none), the builder, options and
+Loading checks the folder against its manifest before the model is rebuilt: the manifest's own sha256
+(an edited manifest is refused), the weights' sha256 (bundles written before digests existed have
+none; from format 3 a missing digest is refused as an edit), the builder, options and
 shape the weights record, the scaler's scales. The model is rebuilt through the builder the bundle
 names, which imports and calls it: a built-in always, a user's builder only where the caller trusts it
 (`load_bundle`'s `trusted_builders` or `allow_user_code`). The ONNX and SavedModel exports serve the
 model without running any of the bundle's code.
 
 Format 2 added the raw columns and the encoding. A format 1 bundle, written before encodings existed,
-has neither: its features are the raw numeric columns, read as they are.
+has neither: its features are the raw numeric columns, read as they are. Format 3 always records the
+digests, the manifest's own among them; formats 1 and 2 load without them.
 """
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import json
 import os
@@ -83,13 +84,18 @@ from tasks.core.models.plugins import (
     input_spec_for,
 )
 from tasks.core.report.metrics import ClassificationMetrics, RegressionMetrics
+from tasks.core.serving.digests import MANIFEST_DIGEST, content_digest, manifest_digest, stored_digest
 from tasks.core.serving.exports import ExportDescription, export_model
 from tasks.core.serving.mlflow_model import MLFLOW_FOLDER, write_mlflow_model
+from tasks.core.serving.table_input import BundleError, Table, arrow_features, check_present
 from tasks.core.training.records import Hardware, TrainingRun
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 MODEL_CARD = "MODEL_CARD.md"  # written by serving.model_card once the metrics are in
-READ_VERSIONS = (1, 2)  # 1: no raw columns nor encoding; the features are numeric columns
+# 1: no raw columns nor encoding; the features are numeric columns. 2: raw columns and the encoding.
+# 3: a digest of every file listed and of the manifest itself, required (`check_sealed`).
+READ_VERSIONS = (1, 2, 3)
+SEALED_SINCE = 3
 MANIFEST = "bundle.json"
 # The weights file of each framework, as its training artifact writes it.
 WEIGHTS = {"pytorch": "model.pt", "tensorflow": "model.npz"}
@@ -102,18 +108,6 @@ FRAMEWORK_MODULES = {
     "pytorch": ("torch", "onnx", "onnxscript"),
     "tensorflow": ("tensorflow", "keras", "onnx", "tf2onnx"),
 }
-
-Table = Any  # a pandas DataFrame, a pyarrow Table or a pyarrow RecordBatch
-
-
-class BundleError(ValueError):
-    """A model bundle that cannot be written or read, or a table without the features it needs; the
-    message names the bundle or the table and what is wrong."""
-
-
-class MissingColumns(BundleError, DatasetError):
-    """A table without a column the model reads: refused by the bundle (a BundleError), and input that
-    cannot be read as the model needs it (a DatasetError, as every other such input is)."""
 
 
 @dataclass
@@ -270,6 +264,7 @@ class Manifest:
     packages: dict[str, str] = field(default_factory=dict)  # python and distributions -> versions
     created: str = ""  # when the bundle was written, ISO 8601 in UTC
     # Each of `files`' paths -> its sha256 (`content_digest`); empty in bundles written before digests.
+    # The manifest's own (`manifest_sha256`) is no field: `write_manifest` adds it, `check_sealed` reads it.
     digests: dict[str, str] = field(default_factory=dict)
     provenance: Provenance | None = None  # None in bundles written before it
     format_version: int = FORMAT_VERSION
@@ -300,7 +295,7 @@ def parse_manifest(data: object, where: str) -> Manifest:
     if type(version) is not int or version not in READ_VERSIONS:
         raise BundleError(
             f"{where}: bundle format version {version!r}; this code reads formats "
-            f"{' and '.join(map(str, READ_VERSIONS))}"
+            f"{', '.join(map(str, READ_VERSIONS[:-1]))} and {READ_VERSIONS[-1]}"
         )
     record = {name: data[name] for name in RECORD_FIELDS if name in data}
     if isinstance(record.get("class_labels"), list):
@@ -316,7 +311,32 @@ def parse_manifest(data: object, where: str) -> Manifest:
     if "weights" not in manifest.files:
         raise BundleError(f"{where}: the manifest's files name no weights")
     check_model_record(manifest, where)
+    check_sealed(data, manifest, where)
     return manifest
+
+
+def check_sealed(data: dict[str, Any], manifest: Manifest, where: str) -> None:
+    """From format 3 on, every file listed has its digest and the manifest its own; a manifest's own
+    digest, where it has one, matches its content whatever its format. Else the manifest was edited
+    since it was written: reversed class labels would flip every answer, a deleted digest would let
+    swapped weights load."""
+    if manifest.format_version >= SEALED_SINCE:
+        missing = [key for key in ("digests", MANIFEST_DIGEST) if key not in data]
+        if "digests" in data:
+            missing += [
+                f"digests[{path!r}]" for path in manifest.files.values() if path not in manifest.digests
+            ]
+        if missing:
+            raise BundleError(
+                f"{where}: {' and '.join(missing)} missing, which format "
+                f"{manifest.format_version} always records: the manifest was edited since it was written"
+            )
+    recorded = data.get(MANIFEST_DIGEST)
+    if recorded is not None and recorded != manifest_digest(data):
+        raise BundleError(
+            f"{where} does not match its {MANIFEST_DIGEST} ({shorten(str(recorded), 19)}): the manifest was "
+            "edited since it was written (bundle.write_manifest records a manifest's digest)"
+        )
 
 
 def check_model_record(manifest: Manifest, where: str) -> None:
@@ -465,6 +485,7 @@ def serving_exports(
         problem_type=target.problem_type,
         target_mean=target.mean,
         target_std=target.std,
+        whole_numbers=target.regression and record.label_kind == "integer",
     )
     encoding = record_encoding(record, directory)
     exported = export_model(
@@ -490,44 +511,47 @@ def add_metrics(directory: str, metrics: ClassificationMetrics | RegressionMetri
 
 
 def write_manifest(directory: str, manifest: Manifest) -> None:
-    """Written beside, then renamed over the manifest: a reader never sees half a file."""
+    """With its digest over its content as a reader parses it (`check_sealed`); written beside, then
+    renamed over the manifest: a reader never sees half a file."""
+    data = json.loads(json.dumps(manifest.to_json()))
+    data[MANIFEST_DIGEST] = manifest_digest(data)
     with tempfile.NamedTemporaryFile("w", dir=directory, prefix=".", suffix=".json", delete=False) as file:
         try:
-            json.dump(manifest.to_json(), file, indent=2)
+            json.dump(data, file, indent=2)
         except BaseException:
             os.unlink(file.name)
             raise
     os.replace(file.name, Path(directory) / MANIFEST)
 
 
-def content_digest(path: Path) -> str:
-    """The sha256 of a file; of a folder (a SavedModel), of its files' relative names and contents."""
-    if path.is_file():
-        with path.open("rb") as stream:
-            return hashlib.file_digest(stream, "sha256").hexdigest()
-    digest = hashlib.sha256()
-    for file in sorted(item for item in path.rglob("*") if item.is_file()):
-        digest.update(file.relative_to(path).as_posix().encode() + b"\0")
-        with file.open("rb") as stream:
-            digest.update(hashlib.file_digest(stream, "sha256").digest())
-    return digest.hexdigest()
-
-
 def check_files(directory: str) -> Manifest:
-    """The manifest of the local bundle folder `directory`, every file it records a digest of present
-    and matching it."""
-    manifest = read_manifest(*filesystem_for(directory), directory)
+    """The manifest of the bundle folder `directory` (a local folder or any fsspec URI), every file it
+    records a digest of present and matching it."""
+    filesystem, folder = filesystem_for(directory)
+    manifest = read_manifest(filesystem, folder, directory)
     for relative, expected in manifest.digests.items():
-        check_digest(expected, Path(directory) / relative, f"{directory.rstrip('/')}/{relative}")
+        check_stored(
+            filesystem, posixpath.join(folder, relative), expected, f"{directory.rstrip('/')}/{relative}"
+        )
     return manifest
 
 
+def check_stored(filesystem: fsspec.AbstractFileSystem, path: str, expected: str, where: str) -> None:
+    """The file or folder at `path` present and of the sha256 `expected`."""
+    with remote_errors(where):
+        actual = stored_digest(filesystem, path)
+    check_matches(expected, actual, where, PurePosixPath(path).name)
+
+
 def check_digest(expected: str, path: Path, where: str) -> None:
-    if not path.exists():
+    check_matches(expected, content_digest(path) if path.exists() else None, where, path.name)
+
+
+def check_matches(expected: str, actual: str | None, where: str, name: str) -> None:
+    if actual is None:
         raise BundleError(f"{where}: missing; the bundle's manifest records its sha256")
-    actual = content_digest(path)
     if actual != expected:
-        card = f"; after editing {MODEL_CARD}, record it with write_model_card" * (path.name == MODEL_CARD)
+        card = f"; after editing {MODEL_CARD}, record it with write_model_card" * (name == MODEL_CARD)
         raise BundleError(
             f"{where} does not match the bundle's manifest: its sha256 is {actual[:16]}..., the manifest "
             f"records {shorten(str(expected), 19)}; a file from another bundle, or changed since written{card}"
@@ -771,13 +795,11 @@ class Bundle:
     def predict(self, table: Table, source: str = "table", first_row: int = 0) -> np.ndarray:
         """Class labels as the label column held them: text stays text, numbers stay numbers.
         BundleError naming the rows whose outputs are not finite, as `predict_codes`. A regression's
-        numbers in the label's units and type: whole numbers rounded for an integer label."""
+        `predict_numbers`, in the label's type: int64 for an integer label."""
         if self.target.regression:
             numbers = self.predict_numbers(table, source, first_row)
             check_answered(numbers[:, None], source, first_row)
-            return (
-                np.rint(numbers).astype(np.int64) if self.manifest.record.label_kind == "integer" else numbers
-            )
+            return numbers.astype(np.int64) if self.rounds else numbers
         return self.labels(self.predict_codes(table, source, first_row))
 
     @property
@@ -785,8 +807,9 @@ class Bundle:
         return self.manifest.record.target
 
     def predict_numbers(self, table: Table, source: str = "table", first_row: int = 0) -> np.ndarray:
-        """A regression's predictions, float64 in the label's units; NaN where the model's output is
-        not finite."""
+        """A regression's predictions, float64 in the label's units: for an integer label, rounded to
+        whole numbers (half to even), as the exports answer and as every metric of them is computed;
+        NaN where the model's output is not finite."""
         columns = self.checked(table, source, first_row)
         blocks = [
             self.numbers(columns.slice(start, PREDICT_BATCH_ROWS), source, first_row + start)
@@ -797,7 +820,13 @@ class Bundle:
     def numbers(self, columns: pa.Table | pa.RecordBatch, source: str, first_row: int) -> np.ndarray:
         outputs = self.logits(self.model_inputs(columns, source, first_row))[:, 0]
         with np.errstate(invalid="ignore", over="ignore"):
-            return self.target.in_label_units(outputs)
+            numbers = self.target.in_label_units(outputs)
+        return np.round(numbers) if self.rounds else numbers
+
+    @property
+    def rounds(self) -> bool:
+        """Whether the answers are rounded to whole numbers: a regression of a label of integers."""
+        return self.target.regression and self.manifest.record.label_kind == "integer"
 
     def refuse_regression(self, method: str) -> None:
         if self.target.regression:
@@ -859,38 +888,4 @@ def check_answered(probabilities: np.ndarray, source: str, first_row: int) -> No
             f"{source}: the model's outputs are not finite (NaN or infinite logits) for {rows}, "
             f"{at_rows(first_row + unanswered)}; no class is an answer for them. predict_proba gives "
             "them NaN probabilities, and finite_rows tells the rows that have an answer"
-        )
-
-
-def arrow_features(
-    table: Table, columns: list[str], source: str, encoded: bool = False
-) -> pa.Table | pa.RecordBatch:
-    """The `columns` of `table`, as arrow; a missing one refused by name. `encoded`: the columns are
-    raw columns that an encoding reads, not numeric features."""
-    if isinstance(table, pa.Table | pa.RecordBatch):
-        check_present(table.schema.names, columns, source, encoded)
-        return table.select(columns)
-    import pandas as pd
-
-    if not isinstance(table, pd.DataFrame):
-        raise TypeError(
-            f"{source}: cannot score a {type(table).__name__}; "
-            "pass a pandas DataFrame, a pyarrow Table or a pyarrow RecordBatch"
-        )
-    check_present(list(table.columns), columns, source, encoded)
-    try:
-        return pa.Table.from_pandas(table, columns=columns, preserve_index=False)
-    except (pa.ArrowInvalid, pa.ArrowTypeError) as error:  # e.g. numbers and text in one column
-        what = "mixes types Arrow cannot hold in one column" if encoded else "is not numbers"
-        raise DatasetError(f"{source}: a feature column {what}: {one_line(error)}") from error
-
-
-def check_present(present: list[str], wanted: list[str], source: str, encoded: bool = False) -> None:
-    missing = [name for name in wanted if name not in present]
-    if missing:
-        what = "column" if len(missing) == 1 else f"{len(missing)} columns"
-        reads = "columns" if encoded else "features"
-        raise MissingColumns(
-            f"{source}: missing feature {what} {preview([repr(name) for name in missing])}; the model "
-            f"reads {len(wanted)} {reads} by name: {preview(wanted)}"
         )

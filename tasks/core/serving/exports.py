@@ -46,7 +46,10 @@ untested). onnxruntime refuses a file whose IR version is above its ONNX's (IR 1
 Each ONNX file is run in onnxruntime as it is written, on PARITY_ROWS rows with every kind of value and
 a gap (`parity_inputs`), against the live model: the largest difference and onnxruntime's version go
 in the result's `checks`, and a file beyond PARITY_TOLERANCE is left out with a note. A regression's
-difference is counted in the label's standard deviations, so a label of any scale is held alike.
+difference is counted in the label's standard deviations, so a label of any scale is held alike. A
+regression of an integer label answers whole numbers, as the bundle does: ONNX's Round and the
+SavedModel's tf.round, both half to even as numpy; its check takes the live model's numbers rounded,
+either whole number beside a half within the tolerance.
 
 A user's model may use what an exporter cannot express (data-dependent control flow, an op without
 an ONNX conversion, a batch size fixed in its forward). Its weights still load through the bundle,
@@ -114,6 +117,10 @@ REGRESSION_OUTPUT_RULES = {
     PREDICTION: "float64 [rows], the predicted number in the label's units; NaN where the model's output "
     "is not finite (no answer)",
 }
+WHOLE_NUMBER_OUTPUT_RULES = {
+    PREDICTION: "float64 [rows], the predicted number in the label's units, rounded to a whole number (half "
+    "to even) as the label holds integers; NaN where the model's output is not finite (no answer)",
+}
 
 logger = logging.getLogger(__name__)
 
@@ -130,10 +137,17 @@ class ExportDescription:
     # A regression's label: mean + std x the model's one output is the prediction.
     target_mean: float = 0.0
     target_std: float = 1.0
+    whole_numbers: bool = False  # a regression of an integer label: the prediction is rounded
 
     @property
     def regression(self) -> bool:
         return self.problem_type == "regression"
+
+    @property
+    def output_rules(self) -> dict[str, str]:
+        if not self.regression:
+            return OUTPUT_RULES
+        return WHOLE_NUMBER_OUTPUT_RULES if self.whole_numbers else REGRESSION_OUTPUT_RULES
 
 
 @dataclass
@@ -165,6 +179,11 @@ class ExportPlan:
     def outputs(self) -> tuple[str, ...]:
         return REGRESSION_OUTPUTS if self.regression else OUTPUTS
 
+    @property
+    def rounds(self) -> bool:
+        """Whether the prediction is rounded to a whole number, half to even, as the bundle rounds it."""
+        return self.regression and self.description.whole_numbers
+
     def label_units(self) -> tuple[float, float] | None:
         """A regression's (mean, std) of the label, which turn the model's output into its units."""
         return (self.description.target_mean, self.description.target_std) if self.regression else None
@@ -182,7 +201,7 @@ class ExportPlan:
             "feature_names": list(described.feature_names),
             "bundle_format_version": described.format_version,
             "inputs": inputs,
-            "outputs": REGRESSION_OUTPUT_RULES if described.regression else OUTPUT_RULES,
+            "outputs": described.output_rules,
         }
 
     def features_rule(self) -> dict[str, Any]:
@@ -338,6 +357,8 @@ def export_keras(model, plan: ExportPlan, directory: str) -> ExportResult:
     endpoint = serve if plan.encoding is None else keras_raw_row_function(serve, plan.encoding)
     if plan.description is not None and not plan.regression:
         endpoint = keras_labelled_function(endpoint, plan.description.class_labels)
+    if plan.rounds:
+        endpoint = keras_rounded_function(endpoint)
 
     def live(features: np.ndarray) -> tuple[np.ndarray, ...]:
         outputs = serve(features)
@@ -416,6 +437,16 @@ def keras_labelled_function(endpoint, class_labels: list[str]):
     return tf.function(serve_labelled, input_signature=endpoint.input_signature, autograph=False)
 
 
+def keras_rounded_function(endpoint):
+    """`endpoint` with its "prediction" rounded to a whole number, half to even as numpy rounds."""
+    import tensorflow as tf
+
+    def serve_rounded(*inputs):
+        return {PREDICTION: tf.round(endpoint(*inputs)[PREDICTION])}
+
+    return tf.function(serve_rounded, input_signature=endpoint.input_signature, autograph=False)
+
+
 def write_json(path: str, content: dict[str, Any]) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w", encoding="utf-8") as file:
@@ -482,7 +513,8 @@ def check_dynamic_rows(path: str) -> None:
 def finish_onnx(path: str, plan: ExportPlan) -> None:
     """Make the ONNX file at `path`, which takes "features", what serving reads: the raw columns as its
     inputs where the plan has an encoding; the "label" output and the metadata where it has a
-    description; the IR version of the onnxruntime floor."""
+    description (and a whole-number "prediction" where the label holds integers); the IR version of
+    the onnxruntime floor."""
     import onnx
 
     if plan.encoding is not None:
@@ -492,6 +524,8 @@ def finish_onnx(path: str, plan: ExportPlan) -> None:
     if metadata is not None:
         if not plan.regression:
             add_label_output(exported, metadata["class_labels"])
+        elif plan.rounds:
+            round_prediction(exported)
         onnx.helper.set_model_props(exported, onnx_metadata(metadata))
     for_onnxruntime_floor(exported)
     onnx.checker.check_model(exported, full_check=True)
@@ -524,6 +558,18 @@ def add_label_output(exported, class_labels: list[str]) -> None:
                          "serving/label"),
     ])  # fmt: skip
     graph.output.append(helper.make_tensor_value_info(LABEL, TensorProto.STRING, [ROWS]))
+
+
+def round_prediction(exported) -> None:
+    """The "prediction" rounded to a whole number: ONNX's Round rounds half to even, as numpy does."""
+    from onnx import helper
+
+    graph = exported.graph
+    unrounded = "serving/unrounded_prediction"
+    for node in all_nodes(graph):
+        node.output[:] = [unrounded if name == PREDICTION else name for name in node.output]
+        node.input[:] = [unrounded if name == PREDICTION else name for name in node.input]
+    graph.node.append(helper.make_node("Round", [unrounded], [PREDICTION], "serving/round"))
 
 
 def onnx_metadata(metadata: dict[str, Any]) -> dict[str, str]:
@@ -568,6 +614,8 @@ def check_parity(path: str, live: Callable, plan: ExportPlan) -> dict[str, Any]:
     outputs = plan.outputs
     expected = dict(zip(outputs, live(features), strict=True))
     got = dict(zip(outputs, onnx_session(path).run(list(outputs), feeds), strict=True))
+    if plan.rounds:
+        expected[PREDICTION] = rounded_expectation(got[PREDICTION], expected[PREDICTION], *plan.label_units())
     difference = max(float(np.max(np.abs(got[name] - expected[name]))) for name in outputs)
     units = plan.label_units() or (0.0, 1.0)
     relative = max(scaled_difference(got[name], expected[name], *units) for name in outputs)
@@ -593,6 +641,16 @@ def scaled_difference(got: np.ndarray, expected: np.ndarray, mean: float = 0.0, 
     both_nan = np.isnan(got) & np.isnan(expected)
     scale = np.maximum(std, np.abs(expected - mean))
     return float(np.max(np.where(both_nan, 0.0, np.abs(got - expected) / scale), initial=0.0))
+
+
+def rounded_expectation(got: np.ndarray, unrounded: np.ndarray, mean: float, std: float) -> np.ndarray:
+    """The live model's numbers rounded as the export rounds them, or, where one lies within the
+    tolerance of a half, either whole number beside it: float32 rounding may tip it either way."""
+    slack = PARITY_TOLERANCE * np.maximum(std, np.abs(unrounded - mean))
+    below = np.floor(unrounded)
+    at_half = np.abs(unrounded - below - 0.5) <= slack
+    beside = (got == below) | (got == below + 1)
+    return np.where(at_half & beside, got, np.round(unrounded))
 
 
 def parity_inputs(plan: ExportPlan) -> tuple[dict[str, np.ndarray], np.ndarray]:

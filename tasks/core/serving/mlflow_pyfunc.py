@@ -18,7 +18,9 @@ tests/unit/serving/test_mlflow_model.py.
 
 It answers a DataFrame: "prediction", the class label as the label column held it, then one
 "probability_<label>" column per class, float32, in the order of the class labels; a regression's
-"prediction" is a number in the label's units.
+"prediction" is a number in the label's units (a whole number where the label held integers: the
+export rounds it, as the bundle does). A column Arrow cannot hold as one type (numbers and text in one
+object column) is refused naming it and its first value that does not fit.
 
 A column of any type the bundle reads is read: int64 numbers, pandas' nullable booleans ("boolean", with
 pd.NA) and Int64 as a frame read from parquet holds them, score as the HTTP server's float64 casts of
@@ -116,7 +118,37 @@ def arrow_columns(frame, names: list[str]) -> pa.Table:
     missing = [name for name in names if name not in frame.columns]
     if missing:
         raise ValueError(f"missing columns {missing}; the model reads {names}")
-    return pa.Table.from_pandas(frame, columns=names, preserve_index=False)
+    try:
+        return pa.Table.from_pandas(frame, columns=names, preserve_index=False)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as error:
+        for name in names:
+            refuse_mixed_types(frame[name], name)
+        raise ValueError(f"the columns {names} cannot be read: {error}") from error
+
+
+def refuse_mixed_types(values: pd.Series, name: str) -> None:
+    """Refuse a column Arrow cannot hold as one type (numbers and text in an object column), naming the
+    first value that does not fit the ones before it."""
+    if converts(values):
+        return
+    fits, fails = 0, len(values)  # the first `fits` values convert, the first `fails` do not
+    while fails - fits > 1:
+        middle = (fits + fails) // 2
+        fits, fails = (middle, fails) if converts(values.iloc[:middle]) else (fits, middle)
+    value = values.iloc[fails - 1]
+    raise ValueError(
+        f"column {name!r} holds values of more than one type: {value!r} ({type(value).__name__}) at row "
+        f"{fails - 1} does not fit the values before it; send one type a column (numbers, text, booleans "
+        "or dates)"
+    )
+
+
+def converts(values: pd.Series) -> bool:
+    try:
+        pa.array(values, from_pandas=True)
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        return False
+    return True
 
 
 def feed(kind: str, column: pa.ChunkedArray, name: str) -> np.ndarray:

@@ -2,7 +2,7 @@
 
 A prefix (any fsspec URI: a folder, s3://bucket/models/churn, gs://...) holds one folder per published
 version, named by an integer that orders versions by publication time (the UTC time as YYYYMMDDhhmmss,
-one more than the newest where that is taken), a small `LATEST` object naming the one in use, and the
+the second after the newest where that is taken), a small `LATEST` object naming the one in use, and the
 layouts that Triton and TF Serving load as they are (layouts.py):
 
     <prefix>/20250301020412/bundle.json, model.pt, model.onnx, ..., PUBLISHED.json
@@ -19,9 +19,11 @@ A version and its layouts' files are copied in full before anything names them. 
 replaces the servers' configuration files (`config.pbtxt`, `models.config`), then `LATEST`, each whole:
 an object store replaces an object in one write; on a filesystem (a local disk, an NFS mount) the new
 content is written under a temporary name in the same folder and renamed over the old, so a reader
-never finds one empty or half-written. A version published without promoting (`promote=False`) is
-copied, and `LATEST` and what the servers serve stay where they were. `PUBLISHED.json` records the
-decision and its reason.
+never finds one empty or half-written. A publish never moves them back to an older version: where
+`LATEST` names a newer one by then (another publisher's), the version stays published, unserved
+(`serve`). A version published without promoting (`promote=False`) is copied, and `LATEST` and what the
+servers serve stay where they were. `promote_version` moves them to any version, once its files are
+checked against its manifest. `PUBLISHED.json` records the decision and its reason.
 
 A promoted version without a server's export (a torch bundle has no SavedModel) leaves that server on
 the version it serves: TF Serving goes on answering with the last Keras version rather than with
@@ -34,18 +36,21 @@ copies its layouts back first (retention.py).
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
 import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path, PurePosixPath
 
 import fsspec
 
 from tasks.core.data.api import DatasetError, filesystem_for, is_local, remote_errors
-from tasks.core.serving.bundle import MANIFEST, BundleError, check_files, content_digest
+from tasks.core.serving.bundle import MANIFEST, BundleError, check_files, check_stored, content_digest
 from tasks.core.serving.layouts import (
     LATEST,
     SERVED_EXPORT,
@@ -60,6 +65,7 @@ from tasks.core.serving.prefixes import prefix_problem
 from tasks.core.serving.retention import (
     SETTINGS,
     prune_layouts,
+    read_text,
     restore_layouts,
     serving_settings,
     settings_text,
@@ -68,6 +74,7 @@ from tasks.core.serving.retention import (
 PUBLISHED = "PUBLISHED.json"
 # Integer versions: Triton and TF Serving read a version folder's name as an int64; 14 digits fit.
 VERSION_NUMBER = "%Y%m%d%H%M%S"
+VERSION_DIGITS = 14
 # Readable ids (and the version names of prefixes published before versions were integers).
 VERSION_TIME = "%Y%m%dT%H%M%SZ"
 HASH_CHARS = 8
@@ -107,10 +114,21 @@ def version_number(now: datetime | None = None) -> int:
 
 
 def next_version(taken: list[str], now: datetime | None = None) -> int:
-    """The time's number, or one more than the newest version taken where that is not later: versions
-    stay in publication order even where two are published in one second or the clock steps back."""
+    """The time's number, or the second after the newest version taken where that is not later: versions
+    stay in publication order, and read as times, even where two are published in one second or the
+    clock steps back."""
     newest = max((int(name) for name in taken if is_version(name)), default=0)
-    return max(version_number(now), newest + 1)
+    return max(version_number(now), second_after(newest))
+
+
+def second_after(version: int) -> int:
+    """The version one second after `version` read as a time (20250302021459 -> 20250302021500); one
+    more where it reads as no time."""
+    text = str(version)
+    if len(text) == VERSION_DIGITS:
+        with suppress(ValueError, OverflowError):
+            return version_number(datetime.strptime(text, VERSION_NUMBER) + timedelta(seconds=1))
+    return version + 1
 
 
 def publish_bundle(
@@ -157,8 +175,7 @@ def copy_version(local_dir: str, prefix: str, origin: str, decision: PromotionDe
         for note in layouts.notes:
             logger.warning("published version %s of %s with %s", version, prefix, note)
         if decision.promote:
-            serve(filesystem, prefix_path, str(version), layouts.served)
-            warn_left_behind(prefix, str(version), behind)
+            promote_published(filesystem, prefix, record, layouts, behind)
         if pruned := prune_layouts(filesystem, prefix_path, settings):
             logger.info("pruned %s of %s (%s: keep_versions)", ", ".join(pruned), prefix, SETTINGS)
     return join(prefix, str(version))
@@ -180,7 +197,7 @@ def claim_version(filesystem: fsspec.AbstractFileSystem, prefix_path: str, now: 
             os.mkdir(join(prefix_path, str(version)))
             return version
         except FileExistsError:
-            version += 1
+            version = second_after(version)
 
 
 def copy_layouts(filesystem: fsspec.AbstractFileSystem, prefix_path: str, layouts: Layouts) -> None:
@@ -227,6 +244,26 @@ def restore_record(local_dir: str, layouts: Layouts) -> dict:
     return {"copies": copies, "files": layouts.files}
 
 
+def promote_published(
+    filesystem: fsspec.AbstractFileSystem, prefix: str, record: dict, layouts: Layouts, behind: list[str]
+) -> None:
+    """Serve the version just published, unless LATEST names a newer one by now (a publisher that
+    claimed a later version finished first): then it stays published beside it, and its PUBLISHED.json
+    says why it is not served."""
+    prefix_path, version = filesystem_for(prefix)[1], str(record["version"])
+    newer = serve(filesystem, prefix_path, version, layouts.served)
+    if not newer:
+        warn_left_behind(prefix, version, behind)
+        return
+    note = (
+        f"not served: version {newer}, published meanwhile, is newer and LATEST names it; "
+        "promote_version serves this one"
+    )
+    logger.warning("published version %s of %s, %s", version, prefix, note)
+    record = {**record, "notes": [*layouts.notes, note]}
+    replace_whole(filesystem, join(prefix_path, version, PUBLISHED), json.dumps(record, indent=2).encode())
+
+
 def left_behind(
     filesystem: fsspec.AbstractFileSystem, prefix: str, version: str, served: dict[str, str]
 ) -> list[str]:
@@ -254,21 +291,37 @@ def warn_left_behind(prefix: str, version: str, notes: list[str]) -> None:
 
 def promote_version(prefix: str, version: str) -> str:
     """Make a published version the one `LATEST` names and the servers serve: a rollback, or a promotion
-    decided after publishing. A version published before layouts existed moves `LATEST` alone; a server
-    that has no export of the version stays where it is, with a warning. Returns the version's URI."""
+    decided after publishing. The version is checked as publishing checks a bundle first (`check_files`,
+    and the exports its layouts hold): a file changed since is refused by name, and nothing moves. A
+    version published before layouts existed moves `LATEST` alone; a server that has no export of the
+    version stays where it is, with a warning. Returns the version's URI."""
     filesystem, prefix_path = filesystem_for(prefix)
     folder = join(prefix_path, version)
     with remote_errors(prefix):
-        if PurePosixPath(version).name != version or not filesystem.isfile(join(folder, MANIFEST)):
-            raise BundleError(f"{join(prefix, version)}: not a published version (no {MANIFEST})")
-        record = published(filesystem, folder)
+        named = PurePosixPath(version).name == version and filesystem.isfile(join(folder, MANIFEST))
+        record = published(filesystem, folder) if named else {}
+    if not named:
+        raise BundleError(f"{join(prefix, version)}: not a published version (no {MANIFEST})")
+    check_version(filesystem, prefix, version, record)
+    with remote_errors(prefix):
         served = record.get("serve", {})
         behind = left_behind(filesystem, prefix, version, served)
         if served:
             restore_layouts(filesystem, prefix_path, version, record)
-        serve(filesystem, prefix_path, version, served)
+        serve(filesystem, prefix_path, version, served, rollback=True)
     warn_left_behind(prefix, version, behind)
     return join(prefix, version)
+
+
+def check_version(filesystem: fsspec.AbstractFileSystem, prefix: str, version: str, record: dict) -> None:
+    """The version's folder against its manifest, and each export its layouts hold (the copies its
+    PUBLISHED.json records, where not pruned) against the manifest's digest of it."""
+    manifest = check_files(join(prefix, version))
+    prefix_path = filesystem_for(prefix)[1]
+    for relative, source in record.get("restore", {}).get("copies", {}).items():
+        path = join(prefix_path, relative)
+        if source in manifest.digests and filesystem.exists(path):
+            check_stored(filesystem, path, manifest.digests[source], join(prefix, relative))
 
 
 def published(filesystem: fsspec.AbstractFileSystem, folder: str) -> dict:
@@ -282,11 +335,43 @@ def published(filesystem: fsspec.AbstractFileSystem, folder: str) -> dict:
         raise BundleError(f"{path}: not valid JSON: {error}") from error
 
 
-def serve(filesystem: fsspec.AbstractFileSystem, prefix_path: str, version: str, served: dict[str, str]):
-    """The servers' configuration files first, then `LATEST`: a failure leaves `LATEST` as it was."""
-    for relative, text in served.items():
-        replace_whole(filesystem, join(prefix_path, relative), text.encode())
-    point_latest(filesystem, prefix_path, version)
+def serve(
+    filesystem: fsspec.AbstractFileSystem,
+    prefix_path: str,
+    version: str,
+    served: dict[str, str],
+    rollback: bool = False,
+) -> str:
+    """The servers' configuration files first, then `LATEST`: a failure leaves `LATEST` as it was.
+    Unless a `rollback` (promote_version), nothing is written where `LATEST` already names a newer
+    version: that version is returned, else ""."""
+    with turn_at_latest(filesystem, prefix_path):
+        current = read_text(filesystem, join(prefix_path, LATEST)).strip()
+        if not rollback and is_version(current) and is_version(version) and int(current) > int(version):
+            return current
+        for relative, text in served.items():
+            replace_whole(filesystem, join(prefix_path, relative), text.encode())
+        point_latest(filesystem, prefix_path, version)
+    return ""
+
+
+@contextmanager
+def turn_at_latest(filesystem: fsspec.AbstractFileSystem, prefix_path: str) -> Iterator[None]:
+    """On a filesystem, an exclusive lock on the prefix's folder, so that publishers read and move
+    `LATEST` one at a time. An object store has no lock, nor has a mount that refuses one: there `LATEST`
+    is read just before it is written, which leaves two publishers finishing at the same moment a
+    window to cross in."""
+    if not is_local(filesystem):
+        yield
+        return
+    os.makedirs(prefix_path, exist_ok=True)
+    descriptor = os.open(prefix_path, os.O_RDONLY)
+    try:
+        with suppress(OSError):  # e.g. an NFS mount emulating flock for files opened to write only
+            fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(descriptor)  # which releases the lock
 
 
 def point_latest(filesystem: fsspec.AbstractFileSystem, prefix_path: str, version: str) -> None:

@@ -48,6 +48,7 @@ from tasks.core.data.api import (
     Place,
     canonical,
 )
+from tasks.core.serving.table_input import arrow_features
 
 ROWS = "rows"
 FEATURES = "features"  # the one input of an export whose encoding is its numeric columns as they are
@@ -89,9 +90,10 @@ def raw_feeds(table, encoding: FittedEncoding) -> dict[str, np.ndarray]:
     """The columns that `encoding` reads from `table` (a pandas DataFrame, a pyarrow Table or
     RecordBatch) as the ONNX export's inputs: each read as the bundle reads it, then in the inputs'
     convention; where the export takes "features", the one feed float32 `[rows, columns]`, NaN where
-    missing. A value the bundle refuses is refused here, naming its column and row."""
-    if not isinstance(table, pa.Table | pa.RecordBatch):
-        table = pa.Table.from_pandas(table, columns=[column.name for column in encoding.columns])
+    missing. A missing column, and a value the bundle refuses, are refused here as there (DatasetError),
+    naming the column and where it can, the row."""
+
+    table = arrow_features(table, [column.name for column in encoding.columns], "table", encoded=True)
     if takes_features(encoding):
         columns = encoding.columns
         numbers = [canonical(NUMERIC, table.column(column.name), Place(column.name)) for column in columns]

@@ -271,10 +271,11 @@ class OutputLayout:
         return [*self.passthrough, PREDICTION]
 
     def number_batch(self, batch: pa.RecordBatch, numbers: np.ndarray) -> pa.RecordBatch:
-        """A regression's output rows; a row without a finite prediction gets a null."""
+        """A regression's output rows (`numbers`: `predict_numbers`, whole for an integer label); a row
+        without a finite prediction gets a null."""
         void = ~np.isfinite(numbers)
         kind = self.schema.field(PREDICTION).type
-        values = np.rint(np.where(void, 0.0, numbers)).astype(np.int64) if kind == pa.int64() else numbers
+        values = np.where(void, 0.0, numbers).astype(np.int64) if kind == pa.int64() else numbers
         columns = [batch.column(name) for name in self.passthrough]
         columns.append(pa.array(values, kind, mask=void if void.any() else None))
         return pa.RecordBatch.from_arrays(columns, schema=self.schema)

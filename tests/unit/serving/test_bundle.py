@@ -28,6 +28,7 @@ from tasks.core.models.plugins import ModelError, mlp_spec
 from tasks.core.report.metrics import classification_metrics
 from tasks.core.serving import bundle as bundles
 from tasks.core.serving.bundle import BundleError, BundleRecord, add_metrics, load_bundle, write_bundle
+from tasks.core.serving.digests import MANIFEST_DIGEST
 from tasks.core.training.config import TrainConfig
 from tasks.core.training.records import Hardware
 from tests.conftest import blobs_frame
@@ -139,7 +140,7 @@ def test_shuffled_columns_and_extra_ids_predict_what_the_test_split_did(written,
 
 def test_the_manifest_records_the_run_and_what_the_folder_holds(torch_bundle, prepared):
     manifest = json.loads((Path(torch_bundle.folder) / bundles.MANIFEST).read_text())
-    assert manifest["format_version"] == bundles.FORMAT_VERSION == 2
+    assert manifest["format_version"] == bundles.FORMAT_VERSION == 3
     assert manifest["framework"] == "pytorch"
     assert manifest["model"]["model"] == {
         "builder": "mlp",
@@ -208,10 +209,10 @@ def test_a_missing_feature_is_refused_by_name(torch_bundle, prepared):
 
 def strip_to_format_1(folder: Path) -> None:
     """The manifest as bundles were written before encodings existed: format 1, no raw columns, no
-    encoding."""
+    encoding, no digest of its own."""
     path = folder / bundles.MANIFEST
     manifest = json.loads(path.read_text())
-    del manifest["columns"], manifest["encoding"]
+    del manifest["columns"], manifest["encoding"], manifest[MANIFEST_DIGEST]
     path.write_text(json.dumps({**manifest, "format_version": 1}))
 
 
@@ -272,7 +273,7 @@ def rewrite_manifest(folder: Path, **changes) -> None:
     path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
 
 
-@pytest.mark.parametrize("version", [3, "2", None])
+@pytest.mark.parametrize("version", [4, "2", None])
 def test_a_format_version_this_code_does_not_read_is_refused(torch_bundle, tmp_path, version):
     folder = shutil.copytree(torch_bundle.folder, tmp_path / "bundle")
     rewrite_manifest(folder, format_version=version)
@@ -280,7 +281,7 @@ def test_a_format_version_this_code_does_not_read_is_refused(torch_bundle, tmp_p
         load_bundle(str(folder))
     message = str(error.value)
     assert str(folder / bundles.MANIFEST) in message
-    assert f"format version {version!r}; this code reads formats 1 and 2" in message
+    assert f"format version {version!r}; this code reads formats 1, 2 and 3" in message
 
 
 def test_a_folder_without_a_readable_manifest_is_refused(torch_bundle, tmp_path):
@@ -430,7 +431,7 @@ def test_dates_as_iso_text_score_as_dates_and_a_value_not_of_its_kind_is_named(m
 @pytest.mark.slow  # writes a bundle with its model exports: seconds
 def test_the_manifest_holds_the_raw_columns_and_the_encoding_and_its_raw_row_export(messy):
     manifest = json.loads((Path(messy.folder) / bundles.MANIFEST).read_text())
-    assert manifest["format_version"] == 2
+    assert manifest["format_version"] == 3
     assert manifest["columns"] == MESSY_COLUMNS
     assert manifest["encoding"] == messy.encoding.to_dict() == json.loads(messy.prepared.encoding)
     assert manifest["feature_names"] == messy.encoding.encoded_names() == messy.prepared.feature_names

@@ -15,6 +15,7 @@ import pytest
 
 from tasks.core.models.plugins import BuilderTrust
 from tasks.core.serving.bundle import MANIFEST, BundleError, content_digest, load_bundle
+from tasks.core.serving.digests import MANIFEST_DIGEST, manifest_digest
 from tests.conftest import blobs_frame
 from tests.unit.serving.test_publish import write_unexported_bundle
 
@@ -38,7 +39,7 @@ def mlp_bundle(tmp_path_factory) -> str:
 
 def renamed_builder(bundle: str, folder: Path, builder: str, in_manifest: bool = True) -> Path:
     """The bundle with its weights edited to name `builder`, as whoever hands over a bundle may edit
-    it: the manifest's digest kept in step, and its model record too where `in_manifest`."""
+    it: the manifest's digests kept in step, and its model record too where `in_manifest`."""
     import torch
 
     folder = Path(shutil.copytree(bundle, folder))
@@ -49,6 +50,7 @@ def renamed_builder(bundle: str, folder: Path, builder: str, in_manifest: bool =
     manifest["digests"]["model.pt"] = content_digest(folder / "model.pt")
     if in_manifest:
         manifest["model"]["model"]["builder"] = builder
+    manifest[MANIFEST_DIGEST] = manifest_digest(manifest)
     (folder / MANIFEST).write_text(json.dumps(manifest))
     return folder
 

@@ -1,11 +1,13 @@
 """A bundle folder that does not match its manifest is refused when loading, naming the mismatch: weights
 from another bundle (by their sha256, or by the model and shape they record where the manifest has no
-digests), a class label removed, a scale that is not positive; a bundle written before digests still
+digests), a class label removed, a scale that is not positive; a manifest edited since it was written
+(its own digest), or stripped of a digest its format records; a bundle written before digests still
 loads; publishing checks every file the manifest records, exports included."""
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -14,7 +16,8 @@ import pytest
 
 from tasks.core.models.plugins import build, input_spec_for, mlp_spec
 from tasks.core.serving import bundle as bundles
-from tasks.core.serving.bundle import MANIFEST, BundleError, content_digest, load_bundle
+from tasks.core.serving.bundle import MANIFEST, BundleError, check_files, content_digest, load_bundle
+from tasks.core.serving.digests import MANIFEST_DIGEST
 from tasks.core.serving.publish import publish_bundle
 from tests.conftest import blobs_frame
 from tests.unit.serving.test_publish import CLASSES, FEATURES, write_test_bundle, write_unexported_bundle
@@ -42,8 +45,9 @@ def copy_of(bundle: str, root: Path, name: str = "bundle") -> Path:
 
 
 def without_digests(manifest: dict) -> None:
-    """As bundles were written before digests existed."""
-    del manifest["digests"]
+    """As bundles were written before digests existed: format 2, no file's digest nor the manifest's."""
+    del manifest["digests"], manifest[MANIFEST_DIGEST]
+    manifest["format_version"] = 2
 
 
 def weights_for(n_features: int, n_classes: int, path: Path) -> None:
@@ -88,6 +92,24 @@ def scale(value: float):
     return change
 
 
+def class_labels_reversed(folder: Path, other: str) -> None:
+    edit_manifest(folder, lambda manifest: manifest["class_labels"].reverse())
+
+
+def digests_deleted(folder: Path, other: str) -> None:
+    swap_weights(folder, other)
+    edit_manifest(folder, lambda manifest: manifest.pop("digests"))
+
+
+def weights_digest_deleted(folder: Path, other: str) -> None:
+    swap_weights(folder, other)
+    edit_manifest(folder, lambda manifest: manifest["digests"].pop("model.pt"))
+
+
+def manifest_digest_deleted(folder: Path, other: str) -> None:
+    edit_manifest(folder, lambda manifest: manifest.pop(MANIFEST_DIGEST))
+
+
 MISMATCHES = {
     "weights of another bundle": (swap_weights, "model.pt does not match the bundle's manifest: its sha256 is"),
     "weights for another input, no digests": (fewer_classes, 'the weights record input {"n_features": 4, "n_classes": 4}, the manifest {"n_features": 4, "n_classes": 3}'),
@@ -95,6 +117,14 @@ MISMATCHES = {
     "a negative scale": (scale(-1.5), "the scaler's scale of feature 'f2' is -1.5; a scale must be a positive finite number"),
     "a zero scale": (scale(0.0), "the scaler's scale of feature 'f2' is 0; a scale must be a positive finite number"),
 }  # fmt: skip
+# Edits of the manifest that its own digest, or a digest its format always records, tells.
+EDITS = {
+    "class labels reversed": (class_labels_reversed, f"bundle.json does not match its {MANIFEST_DIGEST}"),
+    "digests deleted, weights swapped": (digests_deleted, "bundle.json: digests missing, which format 3 always records"),
+    "the weights' digest deleted": (weights_digest_deleted, "bundle.json: digests['model.pt'] missing"),
+    "the manifest's digest deleted": (manifest_digest_deleted, f"bundle.json: {MANIFEST_DIGEST} missing"),
+}  # fmt: skip
+MISMATCHES |= EDITS
 
 
 @pytest.mark.slow  # writes a bundle with its model exports: seconds
@@ -111,6 +141,17 @@ def test_a_folder_that_does_not_match_its_manifest_is_refused_naming_the_mismatc
 
 
 @pytest.mark.slow  # writes a bundle with its model exports: seconds
+@pytest.mark.parametrize("change", list(EDITS))
+def test_publishing_refuses_an_edited_manifest(bundle_pair, tmp_path, change):
+    folder = copy_of(bundle_pair[0], tmp_path)
+    edit, words = EDITS[change]
+    edit(folder, bundle_pair[1])
+    with pytest.raises(BundleError, match=re.escape(words)):
+        publish_bundle(str(folder), str(tmp_path / "models"))
+    assert not (tmp_path / "models").exists()
+
+
+@pytest.mark.slow  # writes a bundle with its model exports: seconds
 def test_a_bundle_written_before_digests_loads_and_scores_as_it_did(bundle_pair, tmp_path):
     folder = copy_of(bundle_pair[0], tmp_path)
     edit_manifest(folder, without_digests)
@@ -118,6 +159,15 @@ def test_a_bundle_written_before_digests_loads_and_scores_as_it_did(bundle_pair,
     old = load_bundle(str(folder))
     assert old.manifest.digests == {}
     np.testing.assert_array_equal(old.predict_proba(rows), load_bundle(bundle_pair[0]).predict_proba(rows))
+
+
+@pytest.mark.slow  # writes a bundle with its model exports: seconds
+def test_the_manifest_s_digest_does_not_depend_on_its_layout(bundle_pair, tmp_path):
+    folder = copy_of(bundle_pair[0], tmp_path)
+    manifest = manifest_of(folder)
+    (folder / MANIFEST).write_text(json.dumps(dict(reversed(manifest.items())), indent=4))
+    assert load_bundle(str(folder)).manifest == load_bundle(bundle_pair[0]).manifest
+    check_files(str(folder))
 
 
 @pytest.mark.slow  # writes a bundle with its model exports: seconds

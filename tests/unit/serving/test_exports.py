@@ -30,6 +30,7 @@ from tasks.core.serving.exports import (
     ExportResult,
     encoded_columns,
     export_model,
+    rounded_expectation,
     scaled_difference,
 )
 
@@ -322,6 +323,16 @@ def test_a_regression_s_difference_counts_in_the_label_s_standard_deviations():
     assert scaled_difference(expected - mean, expected) < PARITY_TOLERANCE
     assert scaled_difference(expected - mean, expected, mean, std) == pytest.approx(0.2)
     assert scaled_difference(expected * (1 + 1e-7), expected, mean, std) < PARITY_TOLERANCE  # float32 bits
+
+
+def test_a_rounded_prediction_is_held_to_the_model_s_numbers_rounded_half_to_even():
+    """Either whole number beside a half is the model's answer where float32 rounding could tip it;
+    elsewhere only the number numpy rounds it to (half to even, as ONNX's Round and tf.round)."""
+    unrounded = np.array([2.5, 2.5, 7.49999999, 7.2, 7.2, np.nan])
+    got = np.array([3.0, 5.0, 8.0, 7.0, 8.0, np.nan])
+    expected = rounded_expectation(got, unrounded, mean=5.0, std=2.0)
+    np.testing.assert_array_equal(expected, [3.0, 2.0, 8.0, 7.0, 7.0, np.nan])
+    assert scaled_difference(got, expected, 5.0, 2.0) == pytest.approx(1.0)  # 5 for 2.5 (2): 3 off, over 3
 
 
 @pytest.mark.slow

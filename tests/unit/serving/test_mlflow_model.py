@@ -185,6 +185,24 @@ def test_a_value_the_bundle_refuses_is_refused_by_column_and_row(model_dir, colu
         mlflow_pyfunc.OnnxModel(str(model_dir / "model")).predict(frame)
 
 
+@pytest.mark.parametrize(
+    "column, values, refusal",
+    [
+        ("amount", [1250.0, 7.5, "lots", 3.0], r"column 'amount' .* 'lots' \(str\) at row 2"),
+        ("home city", ["oslo", None, 3.5, "rome"], r"column 'home city' .* 3.5 \(float\) at row 2"),
+        ("member", [True, None, "yes", False], r"column 'member' .* 'yes' \(str\) at row 2"),
+    ],
+)
+def test_a_column_of_mixed_types_is_refused_naming_the_column_and_value(model_dir, column, values, refusal):
+    """An object column Arrow cannot hold as one type: refused naming it and its first misfit value,
+    not with Arrow's ArrowInvalid."""
+    frame = scoring_rows().slice(0, 4).to_pandas().astype({column: object})
+    frame[column] = pd.Series(values, dtype=object)
+    with pytest.raises(ValueError, match=f"{refusal}.*send one type a column") as refused:
+        mlflow_pyfunc.OnnxModel(str(model_dir / "model")).predict(frame)
+    assert not isinstance(refused.value, pa.ArrowException)
+
+
 def test_a_missing_column_is_refused_by_name(model_dir):
     frame = scoring_rows().to_pandas().drop(columns=["member"])
     with pytest.raises(ValueError, match=r"missing columns \['member'\]"):

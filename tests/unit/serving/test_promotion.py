@@ -19,6 +19,7 @@ from tasks.core.data.target import REGRESSION, Target
 from tasks.core.messages import InputError
 from tasks.core.models.plugins import build, input_spec_for, mlp_spec
 from tasks.core.serving.bundle import BundleRecord, load_bundle, write_bundle
+from tasks.core.serving.digests import MANIFEST_DIGEST, manifest_digest
 from tasks.core.serving.promotion import (
     ALWAYS,
     CurrentVersion,
@@ -169,8 +170,8 @@ def test_a_latest_of_other_classes_cannot_compare_and_the_new_version_is_promote
 ):
     other = tmp_path / "other-classes"
     shutil.copytree(ranked["better"], other)
-    manifest = json.loads((other / "bundle.json").read_text())
-    (other / "bundle.json").write_text(json.dumps({**manifest, "class_labels": ["cat", "dog", "eel"]}))
+    manifest = {**json.loads((other / "bundle.json").read_text()), "class_labels": ["cat", "dog", "eel"]}
+    (other / "bundle.json").write_text(json.dumps({**manifest, MANIFEST_DIGEST: manifest_digest(manifest)}))
     decision = decide(
         load_bundle(ranked["worse"]), current_at(str(other)), split, LABEL, CLASSES, PromotionPolicy()
     )

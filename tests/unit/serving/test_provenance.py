@@ -36,6 +36,7 @@ from tasks.core.serving.bundle import (
     load_bundle,
     write_bundle,
 )
+from tasks.core.serving.digests import MANIFEST_DIGEST
 from tasks.core.serving.model_card import USER_SECTIONS, render_card, write_model_card
 from tasks.core.serving.publish import publish_bundle
 from tasks.core.training.config import TrainConfig
@@ -165,8 +166,8 @@ def test_a_filled_in_card_is_kept_and_recorded_by_writing_the_card_again(bundle,
 def test_a_bundle_written_before_provenance_loads(bundle, tmp_path):
     folder = Path(shutil.copytree(bundle, tmp_path / "bundle"))
     manifest = manifest_of(folder)
-    del manifest["provenance"], manifest["run"]["config"]
-    (folder / MANIFEST).write_text(json.dumps(manifest))
+    del manifest["provenance"], manifest["run"]["config"], manifest[MANIFEST_DIGEST]
+    (folder / MANIFEST).write_text(json.dumps({**manifest, "format_version": 2}))
     old = load_bundle(str(folder)).manifest
     assert old.provenance is None and old.record.run.config is None
     write_model_card(str(folder))

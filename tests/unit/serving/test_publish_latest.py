@@ -1,18 +1,21 @@
 """LATEST is replaced whole: a reader polling a prefix while bundles are published there finds the
 previous version or the new one, never an empty or half-written LATEST; on a filesystem the new value is
-written aside and renamed over it, and a failed write leaves LATEST and no temporary file behind."""
+written aside and renamed over it, and a failed write leaves LATEST and no temporary file behind. Two
+publishers finishing out of order never move LATEST back to the older version."""
 
 from __future__ import annotations
 
+import json
 import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from tasks.core.serving import publish
 from tasks.core.serving.bundle import BundleError
-from tasks.core.serving.publish import LATEST, publish_bundle, resolve_bundle
+from tasks.core.serving.publish import LATEST, PUBLISHED, promote_version, publish_bundle, resolve_bundle
 from tasks.core.serving.retention import SETTINGS
 from tests.unit.serving.test_publish import write_unexported_bundle
 
@@ -99,3 +102,39 @@ def test_a_failed_rename_leaves_latest_as_it_was_and_no_temporary_file(bundle_pa
         publish_bundle(bundle_pair[1], str(prefix))
     assert f"the bundle is not published and stays at {bundle_pair[1]}" in str(error.value)
     assert resolve_bundle(str(prefix)) == first and leftovers(prefix) == []
+
+
+def test_two_publishers_finishing_out_of_order_leave_latest_on_the_newer_version(
+    bundle_pair, tmp_path, monkeypatch
+):
+    """Each publisher claims its version, then both wait; the one that claimed first (the older version)
+    goes on only once the other has published in full, and would move LATEST back."""
+    prefix = tmp_path / "models"
+    claimed, finished, versions = threading.Barrier(2), threading.Event(), []
+    left_behind = publish.left_behind
+
+    def in_racy_order(filesystem, uri, version, served):
+        versions.append(version)
+        claimed.wait(timeout=60)
+        if version == min(versions, key=int):
+            assert finished.wait(timeout=60), "the newer version was published"
+        return left_behind(filesystem, uri, version, served)
+
+    def publisher(folder: str) -> str:
+        uri = publish_bundle(folder, str(prefix))
+        finished.set()
+        return uri
+
+    monkeypatch.setattr(publish, "left_behind", in_racy_order)
+    with ThreadPoolExecutor(2) as pool:
+        uris = list(pool.map(publisher, bundle_pair))
+    older, newer = sorted((Path(uri).name for uri in uris), key=int)
+    assert (prefix / LATEST).read_text() == newer, "LATEST stays on the newer version"
+    notes = json.loads((prefix / older / PUBLISHED).read_text())["notes"]
+    assert notes[-1:] == [
+        f"not served: version {newer}, published meanwhile, is newer and LATEST names it; "
+        "promote_version serves this one"
+    ]
+    monkeypatch.setattr(publish, "left_behind", left_behind)
+    assert promote_version(str(prefix), older) == str(prefix / older), "a deliberate rollback moves it back"
+    assert (prefix / LATEST).read_text() == older and leftovers(prefix) == []

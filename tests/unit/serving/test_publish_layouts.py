@@ -2,7 +2,8 @@
 (integer version folders under a model folder, config.pbtxt parsed against Triton's field names, the
 inputs and outputs onnxruntime finds in the file, the labels of the classification output), TF Serving's
 `<int>/saved_model.pb` and model config; integer versions in publication order; LATEST and the served
-version moving together, or not at all with promote=False; prefixes published before integer versions."""
+version moving together, or not at all with promote=False; a version whose files changed since it was
+published is not promoted; prefixes published before integer versions."""
 
 from __future__ import annotations
 
@@ -345,24 +346,29 @@ def test_the_published_record_holds_the_promotion_decision(exported, tmp_path):
 def test_versions_are_integers_in_publication_order_that_int64_holds():
     morning = datetime(2026, 11, 25, 20, 17, 44, tzinfo=UTC)
     assert next_version([], morning) == 20261125201744
-    assert next_version(["20261125201744", "triton", "LATEST"], morning) == 20261125201745, "taken: one more"
+    assert next_version(["20261125201744", "triton", "LATEST"], morning) == 20261125201745, (
+        "taken: a second on"
+    )
     assert next_version(["20261125201750"], morning) == 20261125201751, "a clock stepping back stays in order"
     assert next_version(["20250301T020412Z-3f9c2a1b", "0999"], morning) == 20261125201744, "not versions"
     assert next_version([], datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC)) < 2**63
+    assert next_version(["20261125201759"], morning) == 20261125201800, "a second on is a time, not :60"
+    assert next_version(["20261231235959"], morning) == 20270101000000
+    assert next_version(["20261125201760"], morning) == 20261125201761, "a number that is no time: one more"
 
 
 def test_bundles_published_in_one_second_get_increasing_versions(exported, tmp_path, monkeypatch):
     class Frozen(datetime):
         @classmethod
         def now(cls, tz=None):
-            return datetime(2026, 11, 25, 20, 17, 44, tzinfo=UTC)
+            return datetime(2026, 11, 25, 20, 17, 59, tzinfo=UTC)
 
     monkeypatch.setattr(publish, "datetime", Frozen)
     prefix = tmp_path / "models"
     versions = [Path(publish_bundle(exported["torch"], str(prefix))).name for _ in range(3)]
-    assert versions == ["20261125201744", "20261125201745", "20261125201746"]
+    assert versions == ["20261125201759", "20261125201800", "20261125201801"]
     record = json.loads((prefix / versions[1] / PUBLISHED).read_text())
-    assert record["version"] == 20261125201745 and record["id"].startswith("20261125T201744Z-")
+    assert record["version"] == 20261125201800 and record["id"].startswith("20261125T201759Z-")
     assert record["bundle_sha256"] == publish.bundle_digest(exported["torch"])
     assert record["id"].endswith(record["bundle_sha256"][:8])
 
@@ -403,6 +409,47 @@ def test_a_failed_config_rename_leaves_latest_and_the_served_version_as_they_wer
     assert latest(prefix) == first and (prefix / "triton" / "models" / "config.pbtxt").read_bytes() == served
     leftovers = [path for path in prefix.rglob(".*")]
     assert leftovers == [], "no temporary file is left behind"
+
+
+def replace_onnx(path: Path | str, source: str, filesystem=None) -> None:
+    """Another bundle's model.onnx in place of the one published: answers a manifest does not describe."""
+    data = (Path(source) / "model.onnx").read_bytes()
+    if filesystem is None:
+        Path(path).write_bytes(data)
+    else:
+        filesystem.pipe_file(str(path), data)
+
+
+@pytest.mark.parametrize("where", ["version", "triton"])
+def test_promoting_a_version_whose_files_changed_since_it_was_published_is_refused_naming_the_file(
+    exported, tmp_path, where
+):
+    prefix = tmp_path / "models" / "churn"
+    first = Path(publish_bundle(exported["torch"], str(prefix))).name
+    held = Path(publish_bundle(exported["torch"], str(prefix), promote=False)).name
+    served = (prefix / "triton" / "churn" / "config.pbtxt").read_bytes()
+    changed = {
+        "version": prefix / held / "model.onnx",
+        "triton": prefix / "triton" / "churn" / held / "model.onnx",
+    }
+    replace_onnx(changed[where], exported["raw columns"])
+    with pytest.raises(
+        ValueError, match=f"{changed[where]} does not match the bundle's manifest: its sha256"
+    ):
+        promote_version(str(prefix), held)
+    assert latest(prefix) == first and (prefix / "triton" / "churn" / "config.pbtxt").read_bytes() == served
+
+
+def test_promoting_a_changed_version_under_any_fsspec_uri_is_refused(exported):
+    prefix = "memory://mixedml-layouts/models/tampered"
+    first = Path(publish_bundle(exported["torch"], prefix)).name
+    held = Path(publish_bundle(exported["torch"], prefix, promote=False)).name
+    memory = fsspec.filesystem("memory")
+    replace_onnx(f"/mixedml-layouts/models/tampered/{held}/model.onnx", exported["raw columns"], memory)
+    with pytest.raises(ValueError, match=f"{prefix}/{held}/model.onnx does not match the bundle's manifest"):
+        promote_version(prefix, held)
+    assert memory.cat_file("/mixedml-layouts/models/tampered/LATEST").decode() == first
+    assert promote_version(prefix, first) == f"{prefix}/{first}", "an untouched version still promotes"
 
 
 def test_layouts_are_written_under_any_fsspec_uri(exported):

@@ -17,6 +17,7 @@ import onnxruntime
 import pyarrow as pa
 import pytest
 
+from tasks.core.data.api import DatasetError
 from tasks.core.data.column_kinds import propose_kinds
 from tasks.core.data.encoding import FittedEncoding, batch_stats
 from tasks.core.data.prepare import PreparedTable
@@ -317,6 +318,22 @@ def test_a_client_s_inputs_are_what_raw_feeds_gives(prepared, form):
     for name, values in expected.items():
         assert feeds[name].shape == values.shape == (rows.num_rows, 1)
         np.testing.assert_array_equal(feeds[name], values)
+
+
+@pytest.mark.parametrize("form", ["arrow", "pandas"])
+def test_raw_feeds_refuse_rows_missing_a_column_naming_it_as_the_bundle_does(prepared, form):
+    rows = scoring_rows().drop_columns(["joined", "member"])
+    with pytest.raises(
+        DatasetError, match=r"missing feature 2 columns 'member', 'joined'; the model reads 5"
+    ):
+        raw_feeds(rows if form == "arrow" else rows.to_pandas(), prepared.fitted_encoding())
+
+
+def test_raw_feeds_refuse_a_column_of_mixed_types_naming_it(prepared):
+    frame = scoring_rows().to_pandas().astype({"amount": object})
+    frame.loc[3, "amount"] = "lots"
+    with pytest.raises(DatasetError, match="a feature column mixes types .*amount"):
+        raw_feeds(frame, prepared.fitted_encoding())
 
 
 @pytest.mark.parametrize("framework", list(WEIGHTS))
