@@ -30,7 +30,7 @@ from benchmarks.synthetic import write_table
 from tasks.core.data.splits import SplitPaths
 from tasks.core.models.memory import ESTIMATE_HIGH, ESTIMATE_LOW
 from tasks.core.models.plugins import measure_footprint, mlp_options, mlp_spec
-from tasks.core.training import torch_training
+from tasks.core.training import torch_ddp, torch_loop, torch_step, torch_training
 from tasks.core.training.config import TrainConfig
 
 NO_CUDA = "no CUDA device (torch.cuda.is_available() is False)"
@@ -288,11 +288,11 @@ def autocast_precision() -> str:
     """What tests/unit/training/test_torch_training.py's CUDA test checks, without pytest."""
     require_cuda()
     cuda = torch.device("cuda")
-    auto = torch_training.autocast_dtype(cuda, "auto")
+    auto = torch_step.autocast_dtype(cuda, "auto")
     expected = torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
     expect(auto == expected, f"precision 'auto' autocasts to {auto}, expected {expected}")
-    expect(torch_training.autocast_dtype(cuda, "fp16") == torch.float16, "precision 'fp16' is not float16")
-    expect(torch_training.autocast_dtype(cuda, "fp32") is None, "precision 'fp32' still autocasts")
+    expect(torch_step.autocast_dtype(cuda, "fp16") == torch.float16, "precision 'fp16' is not float16")
+    expect(torch_step.autocast_dtype(cuda, "fp32") is None, "precision 'fp32' still autocasts")
     return f"auto -> {auto}, fp16 -> torch.float16, fp32 -> no autocast"
 
 
@@ -376,7 +376,7 @@ def train_on_one_rank_group(config: TrainConfig, splits: SplitPaths, backend: st
     try:
         outcome = torch_training.train(config, splits)
     finally:
-        torch_training.shutdown_distributed()
+        torch_ddp.shutdown_distributed()
     return {**asdict(outcome.run), "optimizer_steps": outcome.optimizer_steps}
 
 
@@ -395,9 +395,9 @@ def ddp_finding(run: dict, config: TrainConfig, backend: str = "nccl") -> str:
     expect(all(math.isfinite(loss) for loss in losses), f"training losses {losses}")
     accuracy = run["history"][-1]["val_accuracy"]
     expect(accuracy >= MIN_ACCURACY, f"validation accuracy {accuracy:.3f} < {MIN_ACCURACY}")
-    fast = run["optimizer_steps"] - torch_training.GUARDED_STEPS
+    fast = run["optimizer_steps"] - torch_loop.GUARDED_STEPS
     expect(fast > 0, f"{run['optimizer_steps']} optimizer steps: the fast path (after the first "
-                     f"{torch_training.GUARDED_STEPS}, guarded) never ran")  # fmt: skip
+                     f"{torch_loop.GUARDED_STEPS}, guarded) never ran")  # fmt: skip
     return (
         f"DDP over {backend}, {run['world_size']} rank on {run['device']}: {config.epochs} epochs with "
         f"{config.grad_accum_steps} accumulation steps, {fast} of {run['optimizer_steps']} optimizer steps "
@@ -435,7 +435,7 @@ def train_two_ranks_on_one_gpu(
         with memory_cap(cap_bytes) if capped else nullcontext():
             outcome = torch_training.train(config, splits)
     finally:
-        torch_training.shutdown_distributed()
+        torch_ddp.shutdown_distributed()
     return {
         "backend": outcome.run.backend,
         "micro_batch_size": outcome.micro_batch_size,

@@ -1,7 +1,7 @@
 """The GPU check's scoring figures: a bundle scoring a parquet file on the GPU against the CPU.
 
 The scorer's choice of hardware predicts how many times one CPU core's rows per second a whole GPU
-scores a bundle (`RowCost` in `tasks.core.serving.scoring`: the model's forward pass `GPU_MODEL_SPEEDUP` times
+scores a bundle (`RowCost` in `tasks.core.scoring.records`: the model's forward pass `GPU_MODEL_SPEEDUP` times
 faster, reading, checking and writing as fast); these figures measure that ratio on this machine, for
 the small MLP of the CPU scoring benchmark and for a wide one, and also against all of its cores. Each
 side runs the whole scorer (plan, read, check, model, write) on a table of the same shape; the CPU's
@@ -23,8 +23,9 @@ from benchmarks.gpu_figures import GpuFigure, Sizes, require_cuda, require_modul
 from benchmarks.measure import interleave
 from benchmarks.scoring_bench import FEATURES, MODEL, write_bundle_for
 from benchmarks.synthetic import write_table
-from tasks.core.serving.bundle import Bundle, load_bundle
-from tasks.core.serving.scoring import gpu_bundle, plan_scoring, score_piece
+from tasks.core.bundle.loading import Bundle, load_bundle
+from tasks.core.scoring.piece import gpu_bundle, score_piece
+from tasks.core.scoring.plan import plan_scoring
 
 WIDE_MODEL = [2048, 2048]  # where the dense layers, not reading and writing, are most of the work
 

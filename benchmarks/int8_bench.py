@@ -2,7 +2,7 @@
 
 For the default MLP and a wider one, each trained briefly by the torch loop on a seeded table whose
 classes overlap (so that quantization has answers to change), the bundle's `model.onnx` is quantized as
-`tasks.core.serving.int8` quantizes it, and both files are run by onnxruntime on CPU with the same
+`tasks.core.bundle.int8` quantizes it, and both files are run by onnxruntime on CPU with the same
 session settings (one thread): rows per second on batches of 1 and 1,024 rows, the best of alternating
 rounds of each; the test split's accuracy, whose difference is what the export's tolerance bounds; and
 how many of 500 test rows the int8 file answers alike alone and beside an extreme and an inf row.
@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from benchmarks.measure import Figure
-from tasks.core.serving.int8 import TOLERANCE
+from tasks.core.bundle.int8 import TOLERANCE
 
 MODELS = {"default mlp 256,128": [256, 128], "wide mlp 1024,1024,512": [1024, 1024, 512]}
 BATCHES = (1, 1024)
@@ -64,8 +64,9 @@ def prepared_table(work: Path, rows: int):
 
 
 def trained_bundle(folder: Path, prepared, hidden_sizes: list[int], sizes: dict) -> str:
+    from tasks.core.bundle.manifest import BundleRecord
+    from tasks.core.bundle.writing import write_bundle
     from tasks.core.models.plugins import mlp_spec
-    from tasks.core.serving.bundle import BundleRecord, write_bundle
     from tasks.core.training.config import TrainConfig
     from tasks.core.training.records import Hardware
     from tasks.core.training.torch_training import train
@@ -78,11 +79,11 @@ def trained_bundle(folder: Path, prepared, hidden_sizes: list[int], sizes: dict)
 
 
 def model_figures(name: str, folder: str, splits: dict[str, str], rounds: int) -> list[Figure]:
+    from tasks.core.bundle.export_plan import onnx_session
+    from tasks.core.bundle.int8 import INT8_FILE, best_rates, compare, feeder, row_batches, tiled
+    from tasks.core.bundle.int8_quantize import calibration_rows, quantize
+    from tasks.core.bundle.manifest import read_manifest
     from tasks.core.data.files import filesystem_for
-    from tasks.core.serving.bundle import read_manifest
-    from tasks.core.serving.exports import onnx_session
-    from tasks.core.serving.int8 import INT8_FILE, best_rates, compare, feeder, row_batches, tiled
-    from tasks.core.serving.int8_quantize import calibration_rows, quantize
 
     manifest = read_manifest(*filesystem_for(folder), folder)
     fp32, int8_file = Path(folder) / manifest.files["onnx"], Path(folder) / INT8_FILE

@@ -107,7 +107,7 @@ def ddp_rates(splits: SplitPaths, config: TrainConfig, rounds: int) -> dict[str,
             for side in DDP_SIDES[round_ % 2 :] + DDP_SIDES[: round_ % 2]:
                 best[side] = max(best[side], runs[side]())
     finally:
-        from tasks.core.training.torch_training import shutdown_distributed
+        from tasks.core.training.torch_ddp import shutdown_distributed
 
         shutdown_distributed()
     return best
@@ -116,13 +116,13 @@ def ddp_rates(splits: SplitPaths, config: TrainConfig, rounds: int) -> dict[str,
 def guarded_torch_samples_per_second(splits: SplitPaths, config: TrainConfig) -> float:
     """The project loop with every step on the guarded path: no_sync backward, a synchronous vote,
     then the loop's own bucket-by-bucket all-reduce."""
-    from tasks.core.training import torch_training
+    from tasks.core.training import torch_loop
 
-    guarded, torch_training.GUARDED_STEPS = torch_training.GUARDED_STEPS, 10**9
+    guarded, torch_loop.GUARDED_STEPS = torch_loop.GUARDED_STEPS, 10**9
     try:
         return project_torch_samples_per_second(splits, config)
     finally:
-        torch_training.GUARDED_STEPS = guarded
+        torch_loop.GUARDED_STEPS = guarded
 
 
 def bare_ddp_samples_per_second(splits: SplitPaths, config: TrainConfig) -> float:
@@ -134,7 +134,7 @@ def bare_ddp_samples_per_second(splits: SplitPaths, config: TrainConfig) -> floa
     from torch.nn.parallel import DistributedDataParallel
 
     from tasks.core.models.plugins import build
-    from tasks.core.training.torch_training import init_distributed
+    from tasks.core.training.torch_ddp import init_distributed
 
     ctx = init_distributed(config.collective_timeout_s)
     x, y = (torch.from_numpy(a) for a in read_split(splits.train, splits.feature_names, splits.label_column))

@@ -17,17 +17,20 @@ from pathlib import Path  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
 from benchmarks.local_launch import local_workers  # noqa: E402
+from tasks.core.bundle.loading import load_bundle  # noqa: E402
+from tasks.core.bundle.manifest import BundleRecord  # noqa: E402
+from tasks.core.bundle.writing import write_bundle  # noqa: E402
 from tasks.core.data.assignment import SplitConfig  # noqa: E402
 from tasks.core.data.prepare import prepare_dataset  # noqa: E402
 from tasks.core.data.splits import SplitPaths  # noqa: E402
-from tasks.core.report.metrics import classification_metrics  # noqa: E402
-from tasks.core.serving.bundle import BundleRecord, load_bundle, write_bundle  # noqa: E402
+from tasks.core.evaluation.metrics import classification_metrics  # noqa: E402
 from tasks.core.training.config import TrainConfig  # noqa: E402
 from tasks.core.training.records import Hardware, TrainingRun  # noqa: E402
 
 
 def train_worker(config: TrainConfig, splits: SplitPaths, artifact: str) -> None:
-    from tasks.core.training.torch_training import shutdown_distributed, train
+    from tasks.core.training.torch_ddp import shutdown_distributed
+    from tasks.core.training.torch_training import train
 
     try:
         train(config, splits, artifact)

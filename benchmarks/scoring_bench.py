@@ -21,8 +21,8 @@ import pyarrow.parquet as pq
 
 from benchmarks.measure import Figure, alternating_best_rates, child_peak_rss_gib
 from benchmarks.synthetic import write_table
+from tasks.core.bundle.manifest import PREDICT_BATCH_ROWS
 from tasks.core.data.reading import BATCH_ROWS
-from tasks.core.serving.bundle import PREDICT_BATCH_ROWS
 
 FEATURES, CLASSES = 64, 10
 MODEL = {"hidden_sizes": [256, 128]}
@@ -32,10 +32,11 @@ def write_bundle_for(folder: Path, data: str, hidden_sizes: list[int] = MODEL["h
     """An untrained MLP for the table's features and classes, as a bundle (its cost is what counts)."""
     import torch
 
+    from tasks.core.bundle.manifest import BundleRecord
+    from tasks.core.bundle.writing import write_bundle
     from tasks.core.data.scaling import ScalerStats
     from tasks.core.models.plugins import build, input_spec_for, mlp_spec
     from tasks.core.models.torch_models import save_torch_artifact
-    from tasks.core.serving.bundle import BundleRecord, write_bundle
     from tasks.core.training.records import Hardware, TrainingRun
 
     spec = mlp_spec(hidden_sizes)
@@ -60,7 +61,7 @@ def write_bundle_for(folder: Path, data: str, hidden_sizes: list[int] = MODEL["h
 
 
 def ours(bundle: str, data: str, out: str) -> None:
-    from tasks.core.serving.scoring import score_dataset
+    from tasks.core.scoring.run import score_dataset
 
     score_dataset(bundle, data, out)
 
@@ -85,7 +86,7 @@ def main(bundle: str, data: str, mode: str, out: str) -> None:
     import scipy.special  # noqa: F401 - what each side imports is loaded before the clock starts
     import torch  # noqa: F401
 
-    import tasks.core.serving.scoring  # noqa: F401
+    import tasks.core.scoring.run  # noqa: F401
 
     start = time.perf_counter()
     {"ours": ours, "bare": bare}[mode](bundle, data, out)

@@ -2,7 +2,7 @@
 served by a real `mlflow models serve` on 127.0.0.1, checked, and timed against onnxruntime in-process.
 
 Writes a bundle of a seeded, untrained MLP over a table of numbers, categories, booleans and dates,
-each with gaps, and its MLflow model (tasks/core/serving/mlflow_model.py). `DIR` is a virtual
+each with gaps, and its MLflow model (tasks/core/bundle/mlflow_model.py). `DIR` is a virtual
 environment holding mlflow and onnxruntime and neither Flyte nor this project (make serving-check
 installs it from deploy/serving-constraints.txt); the server runs from it, in a temporary folder, with
 `--env-manager local`. Checks, each printed as passed or FAILED (the exit status is 1 if one fails):
@@ -71,13 +71,14 @@ def write_mixed_bundle(folder: Path, table: pa.Table) -> str:
     """A seeded, untrained MLP over the table's encoded columns, written as a bundle (with its exports)."""
     import torch
 
+    from tasks.core.bundle.manifest import BundleRecord
+    from tasks.core.bundle.writing import write_bundle
     from tasks.core.data.column_kinds import propose_kinds
     from tasks.core.data.encoding import batch_stats
     from tasks.core.data.prepare import PreparedTable
     from tasks.core.data.scaling import ScalerStats
     from tasks.core.models.plugins import build, input_spec_for, mlp_spec
     from tasks.core.models.torch_models import save_torch_artifact
-    from tasks.core.serving.bundle import BundleRecord, write_bundle
     from tasks.core.training.records import Hardware, TrainingRun
 
     raw = table.select(COLUMNS)
@@ -210,7 +211,7 @@ def throughput(
 ) -> list[Figure]:
     import onnxruntime
 
-    from tasks.core.serving.raw_inputs import raw_feeds
+    from tasks.core.bundle.raw_inputs import raw_feeds
 
     session = onnxruntime.InferenceSession(str(model_onnx), providers=["CPUExecutionProvider"])
     figures = []
@@ -257,8 +258,8 @@ def main() -> None:
 
 
 def run_checks(venv: Path, work: Path, settings: dict) -> int:
-    from tasks.core.serving.bundle import load_bundle
-    from tasks.core.serving.mlflow_model import MLFLOW_FOLDER, write_mlflow_model
+    from tasks.core.bundle.loading import load_bundle
+    from tasks.core.bundle.mlflow_model import MLFLOW_FOLDER, write_mlflow_model
 
     work.mkdir(parents=True, exist_ok=True)
     bundle_dir = write_mixed_bundle(work / "bundle", mixed_table(2000, seed=0))

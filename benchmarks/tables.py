@@ -34,14 +34,7 @@ import pyarrow.parquet as pq
 
 from benchmarks.measure import REPO, Figure
 from tasks.core.data.assignment import SPLITS, SplitConfig
-from tasks.core.data.column_kinds import (
-    CATEGORICAL,
-    DATE,
-    MICROS_PER_DAY,
-    MISSING_INSTANT,
-    Place,
-    canonical,
-)
+from tasks.core.data.column_kinds import CATEGORICAL, DATE, MICROS_PER_DAY, MISSING_INSTANT, Place, canonical
 from tasks.core.data.prepare import PreparedSplits, RowSplit, prepare_dataset
 from tasks.core.training.config import TrainConfig
 
@@ -281,8 +274,10 @@ REGRESSION_TABLES = {
 
 def pipeline_accuracy(prepared: PreparedSplits, work: Path, config: TrainConfig) -> float:
     """Train the torch loop in this process, then score the raw test split through the model bundle."""
-    from tasks.core.report.metrics import classification_metrics
-    from tasks.core.serving.bundle import BundleRecord, load_bundle, write_bundle
+    from tasks.core.bundle.loading import load_bundle
+    from tasks.core.bundle.manifest import BundleRecord
+    from tasks.core.bundle.writing import write_bundle
+    from tasks.core.evaluation.metrics import classification_metrics
     from tasks.core.training.records import Hardware
     from tasks.core.training.torch_training import train
 
@@ -300,7 +295,9 @@ def pipeline_r2(prepared: PreparedSplits, work: Path, config: TrainConfig) -> fl
     """`pipeline_accuracy` for a regression: the test R² of the bundle's numbers on the raw test split."""
     from sklearn.metrics import r2_score
 
-    from tasks.core.serving.bundle import BundleRecord, load_bundle, write_bundle
+    from tasks.core.bundle.loading import load_bundle
+    from tasks.core.bundle.manifest import BundleRecord
+    from tasks.core.bundle.writing import write_bundle
     from tasks.core.training.records import Hardware
     from tasks.core.training.torch_training import train
 

@@ -324,8 +324,8 @@ def check_published(
     install: TritonInstall, prefix: Path, versions: tuple[str, str], work: Path, port: int
 ) -> str:
     """The published repository as it is: one load request, then the repository index and the log."""
-    from tasks.core.serving.layouts import TRITON, TRITON_CONFIG
-    from tasks.core.serving.retention import model_name
+    from tasks.core.publish.layouts import TRITON, TRITON_CONFIG
+    from tasks.core.publish.retention import model_name
 
     name, (served, unserved) = model_name(str(prefix)), versions
     published = (prefix / TRITON / name / TRITON_CONFIG).read_text()
@@ -347,8 +347,8 @@ def check_published(
 def stand_in_repository(prefix: Path, served: str, folder: Path) -> Path:
     """The published model folder with the python backend: its config.pbtxt so changed, its labels files,
     and the served version's model.onnx beside a model.py that runs it."""
-    from tasks.core.serving.layouts import ONNX_MODEL, TRITON, TRITON_CONFIG
-    from tasks.core.serving.retention import model_name
+    from tasks.core.publish.layouts import ONNX_MODEL, TRITON, TRITON_CONFIG
+    from tasks.core.publish.retention import model_name
 
     name = model_name(str(prefix))
     published, model = prefix / TRITON / name, folder / name
@@ -366,9 +366,9 @@ def check_stand_in(
     install: TritonInstall, prefix: Path, served: str, bundle, frame, work: Path, port: int
 ) -> str:
     """The python-backend stand-in: loaded, and a request of raw rows answered as the bundle answers."""
-    from tasks.core.serving.layouts import LABELLED_OUTPUT
-    from tasks.core.serving.raw_inputs import raw_feeds
-    from tasks.core.serving.retention import model_name
+    from tasks.core.bundle.raw_inputs import raw_feeds
+    from tasks.core.publish.layouts import LABELLED_OUTPUT
+    from tasks.core.publish.retention import model_name
 
     name = model_name(str(prefix))
     work.mkdir(parents=True, exist_ok=True)
@@ -407,7 +407,7 @@ def check_stand_in(
 def json_gaps(server: TritonServer, name: str, feeds: dict[str, np.ndarray]) -> np.ndarray:
     """The rows as a JSON request, gaps as NaN literals: the probabilities Triton answers. The same
     request with `null` for the first gap must be refused as json_inputs says."""
-    from tasks.core.serving.layouts import LABELLED_OUTPUT
+    from tasks.core.publish.layouts import LABELLED_OUTPUT
 
     outputs = [{"name": LABELLED_OUTPUT, "parameters": {"binary_data": False}}]
     body = json_request(feeds, outputs)
@@ -426,7 +426,7 @@ def json_gaps(server: TritonServer, name: str, feeds: dict[str, np.ndarray]) -> 
 
 
 def infer(server: TritonServer, name: str, feeds: dict[str, np.ndarray], parameters: dict) -> dict:
-    from tasks.core.serving.layouts import LABELLED_OUTPUT
+    from tasks.core.publish.layouts import LABELLED_OUTPUT
 
     output = {"name": LABELLED_OUTPUT, "parameters": {"binary_data": False, **parameters}}
     body, header_length = binary_request(feeds, [output])
@@ -443,7 +443,7 @@ def infer(server: TritonServer, name: str, feeds: dict[str, np.ndarray], paramet
 def publish_two_versions(bundle_dir: str, prefix: Path) -> tuple[str, str]:
     """The bundle published twice: the first version promoted (config.pbtxt serves it), the second,
     newer, not. Returns the two versions."""
-    from tasks.core.serving.publish import publish_bundle
+    from tasks.core.publish.versions import publish_bundle
 
     served = publish_bundle(bundle_dir, str(prefix)).rsplit("/", 1)[1]
     unserved = publish_bundle(bundle_dir, str(prefix), promote=False).rsplit("/", 1)[1]

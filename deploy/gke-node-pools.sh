@@ -2,7 +2,7 @@
 # The GKE cluster and node pools mixedml's tasks schedule on. Every pool autoscales from zero.
 #   PROJECT=my-project deploy/gke-node-pools.sh
 #   PROJECT=my-project MIXEDML_EXTRA_OPTIONS="a100-40gb tpu-v6e-1x1" deploy/gke-node-pools.sh  # opt-in pools
-# The default pools are those of the planner's default catalog (DEFAULT_OPTIONS in tasks/hardware.py)
+# The default pools are those of the planner's default catalog (DEFAULT_OPTIONS in tasks/catalog.py)
 # and of the declared profiles. MIXEDML_EXTRA_OPTIONS names further planner options (GPU_OPTIONS,
 # TPU_OPTIONS there) to create pools for; pass the same value to `pyflyte register --env
 # MIXEDML_EXTRA_OPTIONS=...` so that the planner may choose them (docs/planning.md).
@@ -101,7 +101,7 @@ training_pool tpu-v5e-1x1 --machine-type ct5lp-hightpu-1t
 training_pool a100-mig-1g-5gb --machine-type a2-highgpu-1g \
   --accelerator "type=nvidia-tesla-a100,count=1,gpu-partition-size=1g.5gb,$DRIVER"
 
-# The other planner options (GPU_OPTIONS, TPU_OPTIONS in tasks/hardware.py), by the planner's names.
+# The other planner options (GPU_OPTIONS, TPU_OPTIONS in tasks/catalog.py), by the planner's names.
 optional_pool a100-mig-2g.10gb --machine-type a2-highgpu-1g \
   --accelerator "type=nvidia-tesla-a100,count=1,gpu-partition-size=2g.10gb,$DRIVER"
 optional_pool a100-mig-3g.20gb --machine-type a2-highgpu-1g \

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from flytekit import task
 
+from tasks.catalog import DEFAULT_PRICES_PER_HOUR
+from tasks.core.evaluation.compare import HardwareComparison, RunSummary, compare_runs, price_problems
 from tasks.core.messages import raise_for
-from tasks.core.report.compare import HardwareComparison, RunSummary, compare_runs
-from tasks.core.validation import price_problems
-from tasks.hardware import CPU_IMAGE, CPU_RETRIES, DEFAULT_PRICES_PER_HOUR, SMALL_CPU, guaranteed
+from tasks.hardware import CPU_IMAGE, CPU_RETRIES, SMALL_CPU, guaranteed
 from tasks.plumbing.decks import DECKS, comparison_deck
 from tasks.plumbing.process import running_locally
 from tasks.types import EvaluationReport

@@ -47,14 +47,11 @@ def train_with_ddp(
     """Runs in every DDP worker; rank 0's return value becomes the task output. A failure that Flyte
     retries (tasks/plumbing/failures.py) is raised as `FlyteRecoverableException`: the kfpytorch plugin marks
     only that one recoverable for the launcher (flytekitplugins/kfpytorch/task.py, `spawn_helper`)."""
+    from tasks.core.models.torch_startup import tensorboard_without_tensorflow
     from tasks.core.training.checkpoint import TrainingCheckpoint
     from tasks.core.training.nccl_pairing import checked_nccl
-    from tasks.core.training.torch_startup import tensorboard_without_tensorflow
-    from tasks.core.training.torch_training import (
-        SetUpFailed,
-        shutdown_distributed,
-        train,
-    )
+    from tasks.core.training.torch_ddp import SetUpFailed, shutdown_distributed
+    from tasks.core.training.torch_training import train
 
     begin_task()
     # On GPUDirect, torch is imported by now and with it its NCCL: say which, or fail on the wrong one.

@@ -19,21 +19,14 @@ import numpy as np
 from flytekit import current_context, task
 from flytekit.types.directory import FlyteDirectory
 
+from tasks.core.bundle.int8 import add_int8_export
+from tasks.core.bundle.loading import load_bundle
+from tasks.core.bundle.manifest import BundleRecord, CodeVersion, Provenance, SplitSettings, data_hash
+from tasks.core.bundle.metric_records import ClassificationMetrics, RegressionMetrics
+from tasks.core.bundle.model_card import write_model_card
+from tasks.core.bundle.writing import add_metrics, write_bundle
 from tasks.core.data.prepare import PreparedTable
-from tasks.core.report.metrics import ClassificationMetrics, RegressionMetrics
-from tasks.core.serving.bundle import (
-    BundleRecord,
-    CodeVersion,
-    Provenance,
-    SplitSettings,
-    add_metrics,
-    data_hash,
-    load_bundle,
-    write_bundle,
-)
-from tasks.core.serving.int8 import add_int8_export
-from tasks.core.serving.model_card import write_model_card
-from tasks.core.serving.scoring import regression_split_metrics, split_metrics, split_numbers
+from tasks.core.evaluation.split_metrics import regression_split_metrics, split_metrics, split_numbers
 from tasks.core.training.records import Hardware
 from tasks.hardware import CPU_RETRIES, ML_CPU_IMAGE, SMALL_CPU, guaranteed
 from tasks.plumbing.code_version import git_checkout, source_tree_hash
@@ -98,7 +91,7 @@ def test_metrics(
     return split_metrics(bundle, test, table.label_column, table.class_labels)
 
 
-# A run's outputs: the report, and the model bundle (tasks/core/serving/bundle.py). The functional form keeps the
+# A run's outputs: the report, and the model bundle (tasks/core/bundle/). The functional form keeps the
 # field types real classes, as flytekit reads them, under postponed annotations.
 Evaluated = NamedTuple("Evaluated", [("report", EvaluationReport), ("model", FlyteDirectory)])  # noqa: UP014
 

@@ -6,15 +6,15 @@ from flytekit import task
 from flytekit.types.directory import FlyteDirectory
 
 from tasks.core.messages import raise_for
-from tasks.core.serving.promotion import ALWAYS, PromotionPolicy, promotion_of, promotion_problems
-from tasks.core.serving.publish import publish_bundle
+from tasks.core.publish.promotion import ALWAYS, PromotionPolicy, promotion_of, promotion_problems
+from tasks.core.publish.versions import publish_bundle
 from tasks.hardware import CPU_RETRIES, ML_CPU_IMAGE, SMALL_CPU, guaranteed
 from tasks.plumbing.process import begin_task
 from tasks.plumbing.storage import local_path
 from tasks.types import PreparedData
 
 
-# ml-cpu: publishing names bundles as tasks.core.serving.bundle does, whose loader imports either framework.
+# ml-cpu: publishing names bundles as tasks.core.bundle.loading does, whose loader imports either framework.
 @task(container_image=ML_CPU_IMAGE, **guaranteed(SMALL_CPU), retries=CPU_RETRIES)
 def publish_model(
     bundle: FlyteDirectory,
@@ -24,7 +24,7 @@ def publish_model(
 ) -> str:
     """Copy the bundle to `<prefix>/<version>/`, then point `<prefix>/LATEST` at it where `promotion`
     promotes it: always, or by the gate, which scores the run's raw test split (in `prepared`) with
-    this bundle and with the one LATEST names (tasks/core/serving/promotion.py). Returns the version's
+    this bundle and with the one LATEST names (tasks/core/publish/promotion.py). Returns the version's
     URI, promoted or not; the decision is printed with both figures, and recorded in the version's
     PUBLISHED.json. An empty prefix publishes nothing
     and returns "". A failure names the run's bundle, which stays where the run wrote it."""

@@ -16,12 +16,12 @@ from functools import partial
 
 from flytekit import Deck, Resources, dynamic
 
+from tasks.core.accelerators.rule import on_flyte_cluster
 from tasks.core.data.fingerprint import dataset_fingerprint, describe_input
 from tasks.core.data.pieces import DataPiece, plan_pieces
 from tasks.core.data.reading import BATCH_ROWS
 from tasks.core.messages import raise_for
 from tasks.core.models.plugins import measure_footprint
-from tasks.core.planning.accelerators import on_flyte_cluster
 from tasks.core.planning.planner import (
     PlanError,
     PreprocessPlan,
@@ -30,7 +30,7 @@ from tasks.core.planning.planner import (
     plan_preprocessing,
     plan_training,
 )
-from tasks.core.serving.promotion import ALWAYS, PromotionPolicy, promotion_problems
+from tasks.core.publish.promotion import ALWAYS, PromotionPolicy, promotion_problems
 from tasks.core.training.config import TrainConfig
 from tasks.core.validation import (
     batch_problems,
@@ -42,13 +42,7 @@ from tasks.core.validation import (
     regression_problems,
     split_by_problems,
 )
-from tasks.hardware import (
-    CPU_NODE,
-    LAUNCHER_RETRIES,
-    ML_CPU_IMAGE,
-    SMALL_CPU,
-    guaranteed,
-)
+from tasks.hardware import CPU_NODE, LAUNCHER_RETRIES, ML_CPU_IMAGE, SMALL_CPU, guaranteed
 from tasks.plumbing.decks import DECKS
 from tasks.plumbing.process import begin_task
 from tasks.preprocess import preprocess, preprocess_in_pieces

@@ -1,7 +1,7 @@
 """Batch scoring on Flyte: plan on a small CPU pod, score the pieces with a map task, add up the counts.
 
 `score` is `@dynamic`: it checks every input and measures the model's cost on the first rows
-(tasks/core/serving/scoring.py), decides between CPU pods and a GPU, and only then maps the scoring task over
+(tasks/core/scoring/plan.py), decides between CPU pods and a GPU, and only then maps the scoring task over
 the pieces, so no accelerator is requested before the plan says so. Every piece writes its own parquet
 part into one output folder, which `collect_scores` returns as one StructuredDataset.
 """
@@ -16,28 +16,24 @@ from typing import NamedTuple
 from flytekit import Deck, FlyteContextManager, dynamic, map_task, task
 from flytekit.types.structured import StructuredDataset
 
-from tasks.core.planning.accelerators import on_flyte_cluster
-from tasks.core.planning.cuda_check import require_cuda
-from tasks.core.serving.scoring import (
+from tasks.catalog import DEFAULT_PRICES_PER_HOUR, GPU_CATALOG
+from tasks.core.accelerators.cuda_check import require_cuda
+from tasks.core.accelerators.rule import on_flyte_cluster
+from tasks.core.scoring.cpu_or_gpu import cheapest_whole_gpu, check_hardware, choose_hardware
+from tasks.core.scoring.piece import gpu_bundle, score_piece
+from tasks.core.scoring.plan import plan_scoring
+from tasks.core.scoring.records import (
     HardwareChoice,
     PieceResult,
     ScoringJob,
     ScoringPiece,
     ScoringPlan,
     ScoringReport,
-    cheapest_whole_gpu,
-    check_hardware,
-    choose_hardware,
-    gpu_bundle,
-    plan_scoring,
-    score_piece,
-    summarise,
 )
+from tasks.core.scoring.report import summarise
 from tasks.core.training.tf_strategy import require_gpus
 from tasks.hardware import (
     CPU_RETRIES,
-    DEFAULT_PRICES_PER_HOUR,
-    GPU_CATALOG,
     LAUNCHER_RETRIES,
     ML_CPU_IMAGE,
     PIECE_RETRIES,
@@ -61,7 +57,7 @@ Scored = NamedTuple("Scored", [("predictions", StructuredDataset), ("report", Sc
 DEFAULT_GPU = cheapest_whole_gpu(GPU_CATALOG)
 GPU_PIECE = gpu_option_overrides(DEFAULT_GPU)
 # On a cluster a GPU piece scores on its GPU or fails naming it, never on the host CPU
-# (tasks/core/planning/accelerators.py); the planner's overrides may put it on another GPU than this one.
+# (tasks/core/accelerators/rule.py); the planner's overrides may put it on another GPU than this one.
 DECLARED_GPU = f"1 x {DEFAULT_GPU.device} GPU (its pod requests nvidia.com/gpu)"
 
 

@@ -6,12 +6,11 @@ from dataclasses import dataclass
 
 from flytekit.core.python_function_task import PythonFunctionTask
 
+from tasks.catalog import GPU_CATALOG, TPU_CATALOG
 from tasks.core.planning.planner import CatalogEntry
 from tasks.core.training.config import TrainConfig
 from tasks.core.training.tf_strategy import tpu_target_problems
 from tasks.hardware import (
-    GPU_CATALOG,
-    TPU_CATALOG,
     TRAIN_GPU,
     TRAIN_GPU_MULTINODE,
     TRAIN_TF_GPU,

@@ -14,7 +14,7 @@ from flytekit import current_context, task
 from flytekit.types.directory import FlyteDirectory
 from flytekit.types.file import FlyteFile
 
-from tasks.core.planning.accelerators import on_flyte_cluster
+from tasks.core.accelerators.rule import on_flyte_cluster
 from tasks.core.training.config import TrainConfig
 from tasks.core.training.preemption import Preempted, PreemptionNotice
 from tasks.core.training.records import Hardware, TrainingRun

@@ -23,8 +23,9 @@ from flytekit.exceptions.user import FlyteUserRuntimeException
 from flytekitplugins.kfpytorch import CleanPodPolicy, Elastic, RunPolicy
 from flytekitplugins.kfpytorch.task import PytorchElasticFunctionTask
 
+from tasks.core.accelerators.rule import on_flyte_cluster
 from tasks.core.messages import raise_for
-from tasks.core.planning.accelerators import on_flyte_cluster
+from tasks.core.models.torch_startup import rendezvous_events_named_without_stack_walks
 from tasks.core.training.config import TrainConfig
 from tasks.core.training.job_completion import wait_for_rank_zero, written_by_rank_zero
 from tasks.core.training.launch import (
@@ -35,7 +36,6 @@ from tasks.core.training.launch import (
 )
 from tasks.core.training.preemption import DEFAULT_GRACE_S
 from tasks.core.training.telemetry import UtilisationSampler
-from tasks.core.training.torch_startup import rendezvous_events_named_without_stack_walks
 from tasks.core.validation import batch_problems
 from tasks.ddp_worker import SetUpRefused, train_with_ddp
 from tasks.gpudirect import apply_node_profile
@@ -85,7 +85,7 @@ class MachineFittedElasticTask(PytorchElasticFunctionTask):
         with UtilisationSampler() as sampler:
             trained = self._launch_fitted(**kwargs)  # only the launcher that holds rank 0 returns
         if isinstance(trained, SetUpRefused):
-            from tasks.core.training.torch_training import SetUpFailed
+            from tasks.core.training.torch_ddp import SetUpFailed
 
             raise SetUpFailed(trained.message)  # a user error: Flyte does not retry it
         training_deck(trained, sampler.samples)
@@ -94,7 +94,7 @@ class MachineFittedElasticTask(PytorchElasticFunctionTask):
     def require_declared_gpus(self) -> None:
         """On a cluster, refuse to start unless the GPUs the task declared are usable: the local CPU
         fallback there would be a silent wrong result."""
-        from tasks.core.planning.cuda_check import require_cuda
+        from tasks.core.accelerators.cuda_check import require_cuda
 
         gpus = self.task_config.nproc_per_node
         device = self.accelerator.to_flyte_idl().device if self.accelerator else "NVIDIA"

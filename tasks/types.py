@@ -8,13 +8,13 @@ from flytekit.types.directory import FlyteDirectory
 from flytekit.types.file import FlyteFile
 from flytekit.types.structured import StructuredDataset
 
+from tasks.core.bundle.metric_records import ClassificationMetrics, RegressionMetrics
 from tasks.core.data.pieces import PieceLayout
 from tasks.core.data.prepare import PreparedTable
 from tasks.core.data.splits import SplitPaths
 from tasks.core.data.target import Target
 from tasks.core.models.plugins import describe_spec
 from tasks.core.planning.planner import OptionFit, PreprocessPlan, TrainingPlan
-from tasks.core.report.metrics import ClassificationMetrics, RegressionMetrics
 from tasks.core.training.records import Hardware, TrainingRun
 from tasks.plumbing.storage import local_path, stored_path
 

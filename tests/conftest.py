@@ -315,8 +315,8 @@ def completed_attempt(train_spec, train_inputs, tmp_path_factory):
 # built once per session, their readers kept in one worker by `SHARED_RUNS`.
 @pytest.fixture(scope="session")
 def scoring_bundle(tmp_path_factory) -> str:
-    """The batch scoring tests' bundle (tests/unit/serving/test_scoring.py)."""
-    from tests.unit.serving.test_publish import write_test_bundle
+    """The batch scoring tests' bundle (tests/unit/scoring/test_scoring.py)."""
+    from tests.unit.publish.test_publish import write_test_bundle
 
     return write_test_bundle(tmp_path_factory.mktemp("scoring") / "bundle", seed=3)
 
@@ -324,7 +324,7 @@ def scoring_bundle(tmp_path_factory) -> str:
 @pytest.fixture(scope="session")
 def scoring_parts(tmp_path_factory) -> str:
     """The batch scoring tests' folder of a user's parts."""
-    from tests.unit.serving.test_scoring import users_table, write_parts
+    from tests.unit.scoring.test_scoring import users_table, write_parts
 
     return write_parts(tmp_path_factory.mktemp("scoring-parts") / "users.parquet", users_table())
 
@@ -332,8 +332,8 @@ def scoring_parts(tmp_path_factory) -> str:
 @pytest.fixture(scope="session")
 def raw_row_bundles(tmp_path_factory) -> dict[str, str]:
     """A bundle over raw columns of every kind per framework, with its exports (seconds each:
-    tests/unit/serving/test_raw_row_exports.py)."""
-    from tests.unit.serving.test_raw_row_exports import WEIGHTS, prepared_table, train_table, write_raw_bundle
+    tests/unit/bundle/test_raw_row_exports.py)."""
+    from tests.unit.bundle.test_raw_row_exports import WEIGHTS, prepared_table, train_table, write_raw_bundle
 
     root, prepared = tmp_path_factory.mktemp("raw-row-bundles"), prepared_table(train_table())
     return {framework: write_raw_bundle(root / framework, framework, prepared) for framework in WEIGHTS}
@@ -342,8 +342,8 @@ def raw_row_bundles(tmp_path_factory) -> dict[str, str]:
 @pytest.fixture(scope="session")
 def mlflow_bundle(tmp_path_factory) -> str:
     """A torch bundle over raw columns of every kind (writing it exports the ONNX file: seconds), for
-    its MLflow model (tests/unit/serving/test_mlflow_model.py)."""
-    from tests.unit.serving.test_raw_row_exports import prepared_table, train_table, write_raw_bundle
+    its MLflow model (tests/unit/bundle/test_mlflow_model.py)."""
+    from tests.unit.bundle.test_raw_row_exports import prepared_table, train_table, write_raw_bundle
 
     return write_raw_bundle(
         tmp_path_factory.mktemp("mlflow") / "bundle", "pytorch", prepared_table(train_table())
@@ -352,7 +352,7 @@ def mlflow_bundle(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="session")
 def mlflow_model_dir(mlflow_bundle) -> Path:
-    from tasks.core.serving.mlflow_model import write_mlflow_model
+    from tasks.core.bundle.mlflow_model import write_mlflow_model
 
     out = Path(mlflow_bundle) / "mlflow"
     assert write_mlflow_model(mlflow_bundle, str(out)) is None

@@ -15,7 +15,7 @@ from sklearn.metrics import confusion_matrix
 from tasks.core.data.assignment import SPLITS, SplitConfig, assign_splits
 from tasks.core.data.prepare import EMBEDDED_DIGITS_LABEL, write_embedded_digits
 from tests.flyte_package import REPO
-from tests.unit.serving.test_bundle import LOAD_WITHOUT_FLYTE
+from tests.unit.bundle.test_bundle import LOAD_WITHOUT_FLYTE
 
 
 def digits_test_rows(folder: Path) -> pd.DataFrame:

@@ -7,14 +7,14 @@ from typing import NamedTuple
 from flytekit import workflow
 from flytekit.types.directory import FlyteDirectory
 
+from tasks.catalog import DEFAULT_PRICES_PER_HOUR
 from tasks.compare import check_prices, compare
-from tasks.core.report.compare import HardwareComparison
+from tasks.core.evaluation.compare import HardwareComparison
 from tasks.core.training.config import TrainConfig
 from tasks.evaluate import evaluate
-from tasks.hardware import DEFAULT_PRICES_PER_HOUR
 from tasks.right_sizing import prepare_data, train_on_target
 
-# The comparison, and the model bundle each run produced (tasks/core/serving/bundle.py).
+# The comparison, and the model bundle each run produced (tasks/core/bundle/).
 Compared = NamedTuple(  # noqa: UP014 - the functional form keeps the field types real classes for flytekit
     "Compared",
     [("comparison", HardwareComparison), ("gpu_model", FlyteDirectory), ("tpu_model", FlyteDirectory)],

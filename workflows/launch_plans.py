@@ -14,9 +14,9 @@ from datetime import datetime
 from flytekit import CronSchedule, LaunchPlan, workflow
 from flytekit.core.workflow import WorkflowBase
 
-from tasks.core.serving.promotion import PromotionPolicy
+from tasks.catalog import DEFAULT_PRICES_PER_HOUR
+from tasks.core.publish.promotion import PromotionPolicy
 from tasks.core.training.config import TrainConfig
-from tasks.hardware import DEFAULT_PRICES_PER_HOUR
 from tasks.schedule import dataset_partition
 from tasks.score import Scored
 from workflows.comparison import Compared, hardware_comparison

@@ -7,14 +7,14 @@ from typing import NamedTuple
 from flytekit import workflow
 from flytekit.types.directory import FlyteDirectory
 
-from tasks.core.serving.promotion import ALWAYS, PromotionPolicy
+from tasks.core.publish.promotion import ALWAYS, PromotionPolicy
 from tasks.core.training.config import TrainConfig
 from tasks.evaluate import evaluate
 from tasks.publish import publish_model
 from tasks.right_sizing import prepare_data, train_on_target
 from tasks.types import EvaluationReport
 
-# What a run hands back: the report, the model bundle (tasks/core/serving/bundle.py) and, with publish_to, the
+# What a run hands back: the report, the model bundle (tasks/core/bundle/) and, with publish_to, the
 # URI it was published under.
 TrainingOutputs = NamedTuple(  # noqa: UP014 - the functional form keeps the field types real classes for flytekit
     "TrainingOutputs", [("report", EvaluationReport), ("model", FlyteDirectory), ("published", str)]

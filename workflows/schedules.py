@@ -22,14 +22,15 @@ import yaml
 from flytekit import Email, PagerDuty, Slack, WorkflowExecutionPhase
 from flytekit.core.notification import Notification
 
+from tasks.catalog import DEFAULT_PRICES_PER_HOUR
 from tasks.core.data.partition import partition_uri
 from tasks.core.data.target import problem_type_problems
-from tasks.core.serving.promotion import EXAMPLE as PROMOTION_EXAMPLE
-from tasks.core.serving.promotion import PromotionPolicy
+from tasks.core.evaluation.compare import price_problems, unknown_price_key
+from tasks.core.publish.promotion import EXAMPLE as PROMOTION_EXAMPLE
+from tasks.core.publish.promotion import PromotionPolicy
 from tasks.core.strict_json import convert, instantiate, shape_problems, value_problems
 from tasks.core.training.config import EXAMPLES, with_option_lists_joined
-from tasks.core.validation import FORCED_KINDS, price_problems, unknown_price_key
-from tasks.hardware import DEFAULT_PRICES_PER_HOUR
+from tasks.core.validation import FORCED_KINDS
 from tasks.targets import TARGETS
 
 ENV = "MIXEDML_SCHEDULES"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flytekit import workflow
 
-from tasks.core.serving.scoring import PIECE_ROWS
+from tasks.core.scoring.records import PIECE_ROWS
 from tasks.score import Scored, score
 
 

@@ -1,4 +1,5 @@
-"""The part of the project a user reuses without Flyte: data, training, models, planning, serving, report."""
+"""The part of the project a user reuses without Flyte, in layers by pipeline stage: accelerators, data,
+models, planning, training, bundle, evaluation, publish, scoring."""
 
 import os
 

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import difflib
 import json
-import math
 from collections.abc import Collection, Mapping
 from typing import Protocol
 
-from tasks.core.data.assignment import FRACTION_RULE, bad_fractions
 from tasks.core.data.column_kinds import CATEGORICAL, DROP, KINDS
 from tasks.core.data.prepare import EMBEDDED_DIGITS_LABEL
+from tasks.core.data.split_config import FRACTION_RULE, bad_fractions
 from tasks.core.data.target import problem_type_problems
-from tasks.core.serving.prefixes import prefix_problem
-from tasks.core.training.config import TrainConfig, hyperparameter_problems, micro_batch
+from tasks.core.planning.batches import micro_batch
+from tasks.core.publish.prefixes import prefix_problem
+from tasks.core.training.config import TrainConfig, hyperparameter_problems
 
 
 def batch_problems(config: TrainConfig, world_size: int, train_rows: int) -> list[str]:
@@ -112,24 +112,6 @@ def problems(
 def target_problem(target: str, names: Collection[str]) -> str:
     suggestion = (difflib.get_close_matches(target, names, n=1) or list(names))[0]
     return f"input 'target' = {target!r}: not one of {', '.join(names)}; pass e.g. --target {suggestion}"
-
-
-def price_problems(prices: Mapping[str, float], known: Collection[str] = ()) -> list[str]:
-    """A price is USD per accelerator-hour: a finite number >= 0 (a whole number too), under one of the
-    `known` accelerator names where they are given (a misspelt key would otherwise price nothing)."""
-    unknown = [name for name in prices if known and name not in known]
-    return [unknown_price_key(name, known) for name in unknown] + [
-        f"input 'prices[{name!r}]' = {price!r}: must be a finite number >= 0 (USD per accelerator-hour); "
-        f"pass e.g. --prices '{json.dumps({name: 1.5})}'"
-        for name, price in prices.items()
-        if isinstance(price, bool) or not isinstance(price, int | float) or not 0 <= price < math.inf
-    ]
-
-
-def unknown_price_key(name: str, known: Collection[str]) -> str:
-    close = difflib.get_close_matches(name.strip().lower(), list(known), n=1)
-    guess = f"did you mean {close[0]!r}? " if close else ""
-    return f"input 'prices' has the key {name!r}, which prices nothing: {guess}known: {', '.join(known)}"
 
 
 def problem_type_input_problems(problem_type: str) -> list[str]:

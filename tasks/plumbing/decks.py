@@ -10,7 +10,7 @@ import numpy as np
 from flytekit import Deck
 from flytekit.deck import DeckField
 
-from tasks.core.report import plots
+from tasks.core.evaluation import plots
 
 if TYPE_CHECKING:
     from tasks.core.data.prepare import PreparedTable

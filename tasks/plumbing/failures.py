@@ -66,12 +66,12 @@ FAILURES = (
     # Deterministic: another attempt would fail the same way.
     Failure("tasks.core.models.plugins.TrainingDiverged", False, "the training loss became NaN or infinite"),
     Failure(
-        "tasks.core.training.torch_training.SetUpFailed",
+        "tasks.core.training.torch_ddp.SetUpFailed",
         False,
         "a rank failed to read its shard or build the model",
     ),
     Failure(
-        "tasks.core.training.torch_training.OutOfMemoryOnFastPath",
+        "tasks.core.training.torch_step.OutOfMemoryOnFastPath",
         True,
         "a DDP worker ran out of memory on the fast path; the retry replays the step guarded",
     ),
@@ -86,7 +86,7 @@ FAILURES = (
         "a multi-node task ran as one pod: the cluster lacks the pytorch plugin",
     ),
     Failure(
-        "tasks.core.planning.accelerators.AcceleratorUnavailable",
+        "tasks.core.accelerators.rule.AcceleratorUnavailable",
         False,
         "the declared GPU or TPU is not usable in the pod (driver, node pool, image)",
     ),

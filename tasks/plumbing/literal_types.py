@@ -22,9 +22,9 @@ from flytekit.models.literals import Literal
 from flytekit.models.types import LiteralType
 from google.protobuf import json_format
 
+from tasks.core.evaluation.compare import HardwareComparison, RunSummary
 from tasks.core.messages import raise_for
 from tasks.core.planning.planner import PreprocessPlan
-from tasks.core.report.compare import HardwareComparison, RunSummary
 from tasks.core.training.config import TrainConfig, hyperparameter_problems, parse_hyperparameters
 
 # The core dataclasses that cross task boundaries; tasks/types.py adds its own (`register_boundary_types`).

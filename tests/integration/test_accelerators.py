@@ -1,5 +1,5 @@
 """On a cluster a GPU training task trains on its GPUs or fails: the packaged torch task run as a pod on
-a node without CUDA (tests/unit/planning/test_accelerators.py has the checks themselves)."""
+a node without CUDA (tests/unit/accelerators/test_accelerators.py has the checks themselves)."""
 
 from __future__ import annotations
 

@@ -17,7 +17,8 @@ from tasks.core.data.assignment import SplitConfig
 from tasks.core.data.files import DatasetError
 from tasks.core.data.prepare import prepare_dataset
 from tasks.core.models.plugins import ModelSpec
-from tasks.core.training.config import TrainConfig, micro_batch
+from tasks.core.planning.batches import micro_batch
+from tasks.core.training.config import TrainConfig
 from tasks.core.validation import batch_problems, embedded_label_problems, problems, split_problems
 from tasks.targets import TARGETS
 from tests.conftest import blobs_frame

@@ -74,11 +74,19 @@ def test_cache_version_follows_the_code_that_shapes_the_splits_and_no_other():
     assert {"tasks.preprocess", "tasks.core.data.prepare", "tasks.core.data.reading"} <= SPLIT_SHAPING_MODULES
     shaping_less_one = SPLIT_SHAPING_MODULES - {"tasks.core.data.scaling"}
     assert code_version(*shaping_less_one) != PREPROCESS_CODE_VERSION
-    # Editing training, serving or the Flyte plumbing leaves users' cached splits alone.
+    # Editing training, the bundle, publishing, scoring or the Flyte plumbing leaves users' cached splits alone.
     assert not {
         m
         for m in SPLIT_SHAPING_MODULES
-        if m.startswith(("tasks.core.training", "tasks.core.serving", "tasks.plumbing"))
+        if m.startswith(
+            (
+                "tasks.core.training",
+                "tasks.core.bundle",
+                "tasks.core.publish",
+                "tasks.core.scoring",
+                "tasks.plumbing",
+            )
+        )
     }
     tasks = (
         preprocess_module.preprocess,  # one pod, and each step of the pieces

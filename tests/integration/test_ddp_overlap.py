@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tasks.core.models.plugins import mlp_spec
-from tasks.core.training import torch_training
+from tasks.core.training import torch_loop
 from tasks.core.training.config import TrainConfig
 from tests.workers.ddp_workers import launch_local
 
@@ -42,9 +42,9 @@ def recorded(blob_splits) -> dict:
 def test_the_first_steps_are_guarded_then_the_fast_path_runs(recorded):
     for rank in (0, 1):
         paths = [step["fast"] for step in recorded[rank]["steps"]]
-        assert paths[: torch_training.GUARDED_STEPS] == [False] * torch_training.GUARDED_STEPS
-        assert len(paths) > torch_training.GUARDED_STEPS
-        assert all(paths[torch_training.GUARDED_STEPS :])
+        assert paths[: torch_loop.GUARDED_STEPS] == [False] * torch_loop.GUARDED_STEPS
+        assert len(paths) > torch_loop.GUARDED_STEPS
+        assert all(paths[torch_loop.GUARDED_STEPS :])
 
 
 def test_on_the_fast_path_the_first_bucket_is_all_reduced_before_the_backward_ends(recorded):
@@ -87,7 +87,7 @@ def test_an_oom_on_the_fast_path_fails_promptly_and_the_retry_halves_on_the_guar
 
     from tests.workers.overlap_workers import train_with_oom_at_step
 
-    failing_step = torch_training.GUARDED_STEPS + 2  # on the fast path, between two saves
+    failing_step = torch_loop.GUARDED_STEPS + 2  # on the fast path, between two saves
     args = (OOM_CONFIG, blob_splits, str(tmp_path), EVERY_STEPS, FAILING_RANK, failing_step)
     started = time.monotonic()
     with pytest.raises(ChildFailedError) as failed:

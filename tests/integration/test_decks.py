@@ -98,7 +98,7 @@ for task_function in pickle.loads(sys.stdin.buffer.read()):
 loaded = sorted(m for m in ("sklearn", "matplotlib", "tensorflow", "tasks.train_torch", "tasks.plumbing.decks")
                 if m in sys.modules)
 assert not loaded, f"every DDP worker would import {loaded} before its first step"
-from tasks.core.training.torch_startup import tensorboard_without_tensorflow
+from tasks.core.models.torch_startup import tensorboard_without_tensorflow
 from tasks.core.training.torch_training import event_writer
 assert "tensorflow" not in sys.modules, "importing the training loop imported TensorFlow"
 tensorboard_without_tensorflow()

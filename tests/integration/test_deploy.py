@@ -26,21 +26,12 @@ import yaml
 from google.protobuf.json_format import MessageToDict
 from kubernetes.utils import parse_quantity
 
+from tasks.catalog import DEFAULT_OPTIONS, GPU_OPTIONS, TPU_OPTIONS, offered
+from tasks.core.accelerators.cuda_check import DRIVER_FLOOR
 from tasks.core.data.reading import BATCH_ROWS
-from tasks.core.planning.cuda_check import DRIVER_FLOOR
 from tasks.core.planning.machines import MachineType
 from tasks.core.planning.planner import CatalogEntry, plan_preprocessing
-from tasks.hardware import (
-    CPU_NODE,
-    DEFAULT_OPTIONS,
-    GPU_OPTIONS,
-    LAUNCHER_EXIT_MARGIN_S,
-    MACHINE_FOR_GPU,
-    TPU_GENERATIONS,
-    TPU_OPTIONS,
-    Attempts,
-    offered,
-)
+from tasks.hardware import CPU_NODE, LAUNCHER_EXIT_MARGIN_S, MACHINE_FOR_GPU, TPU_GENERATIONS, Attempts
 from tasks.targets import TARGETS
 from tests.dependencies import REPO
 from tests.unit.deploy.test_cluster_config import readme_section
@@ -502,7 +493,7 @@ def test_the_cpu_pool_is_the_node_preprocessing_is_planned_within():
 
 
 def test_single_host_tpu_pools_pass_no_topology_and_gke_labels_it_from_the_machine_type():
-    """GKE refuses --tpu-topology on single-host TPU pools; every slice tasks/hardware.py offers is one."""
+    """GKE refuses --tpu-topology on single-host TPU pools; every slice tasks/catalog.py offers is one."""
     tpu_pools = [pool for pool in node_pools() if pool.tpu]
     assert tpu_pools and not [pool.name for pool in tpu_pools if pool.tpu_topology]
     assert "--tpu-topology" not in POOLS.read_text().split("set -euo pipefail")[1]

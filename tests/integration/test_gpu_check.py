@@ -73,7 +73,7 @@ def test_runs_without_flytekit_pytest_and_nvml_and_without_cuda_skips_every_step
         "tasks.core.models.memory",
         "benchmarks.loop_bench",
         "benchmarks.gpu_scoring",
-        "tasks.core.serving.scoring",
+        "tasks.core.scoring.piece",
     ):
         assert f"'{module}'" in imported
 

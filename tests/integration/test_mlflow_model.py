@@ -1,5 +1,5 @@
 """A bundle's MLflow model answers as the bundle in a process where neither this project nor flytekit
-can be imported (the model's files and loader: tests/unit/serving/test_mlflow_model.py)."""
+can be imported (the model's files and loader: tests/unit/bundle/test_mlflow_model.py)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import sys
 import numpy as np
 import pytest
 
-from tasks.core.serving.bundle import load_bundle
-from tests.unit.serving.test_mlflow_model import as_mlflow_casts
-from tests.unit.serving.test_raw_row_exports import CLASSES, scoring_rows
+from tasks.core.bundle.loading import load_bundle
+from tests.unit.bundle.test_mlflow_model import as_mlflow_casts
+from tests.unit.bundle.test_raw_row_exports import CLASSES, scoring_rows
 
 # The bundle's export is written in seconds, and the answer comes from a process of its own.
 pytestmark = pytest.mark.slow

@@ -61,7 +61,7 @@ def test_a_model_with_nothing_to_train_is_refused_naming_the_reference(builder, 
 def test_a_set_up_error_is_raised_naming_the_rank_with_its_cause_chained():
     import torch
 
-    from tasks.core.training.torch_training import DistributedContext, SetUpFailed, agreed_set_up
+    from tasks.core.training.torch_ddp import DistributedContext, SetUpFailed, agreed_set_up
 
     alone = DistributedContext(rank=0, world_size=1, device=torch.device("cpu"), backend="none")
     assert agreed_set_up(lambda: "ready", alone) == "ready"

@@ -1,5 +1,5 @@
 """A bundle over raw columns answers alike through its ONNX and SavedModel exports in a process where
-flytekit cannot be imported (the exports themselves: tests/unit/serving/test_raw_row_exports.py)."""
+flytekit cannot be imported (the exports themselves: tests/unit/bundle/test_raw_row_exports.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from tasks.core.serving.bundle import load_bundle
+from tasks.core.bundle.loading import load_bundle
 from tests.flyte_package import REPO
-from tests.unit.serving.test_raw_row_exports import assert_same_answers, scoring_rows
+from tests.unit.bundle.test_raw_row_exports import assert_same_answers, scoring_rows
 
 # Each writes or answers through a model export: seconds.
 pytestmark = pytest.mark.slow
@@ -30,8 +30,8 @@ SCORE_WITHOUT_FLYTE = """
 import json, os, sys
 sys.modules["flytekit"] = None  # importing flytekit now fails
 import numpy as np, onnxruntime, pyarrow.parquet as pq, tensorflow as tf
-from tasks.core.serving.bundle import load_bundle
-from tasks.core.serving.raw_inputs import raw_feeds, signature_names
+from tasks.core.bundle.loading import load_bundle
+from tasks.core.bundle.raw_inputs import raw_feeds, signature_names
 rows = pq.read_table(sys.argv[1])
 answers = {}
 for folder in sys.argv[2:]:

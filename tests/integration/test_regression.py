@@ -11,8 +11,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tasks.core.bundle.loading import load_bundle
+from tasks.core.bundle.table_input import BundleError
 from tasks.core.messages import InputError
-from tasks.core.serving.bundle import BundleError, load_bundle
 from tasks.core.training.config import TrainConfig
 from workflows.pipeline import training_pipeline
 

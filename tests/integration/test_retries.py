@@ -22,8 +22,8 @@ import pytest
 import torch
 
 from tasks.core.training.checkpoint import STATE_FILE
+from tasks.core.training.keras_callbacks import STATE_FILE as KERAS_STATE_FILE
 from tasks.core.training.preemption import DEFAULT_GRACE_S, PREEMPTED_EXIT_CODE
-from tasks.core.training.tf_training import STATE_FILE as KERAS_STATE_FILE
 from tasks.train_tf import train_tf_gpu
 from tasks.types import TrainedModel
 from tests.conftest import POD_HYPERPARAMETERS

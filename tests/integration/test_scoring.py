@@ -1,7 +1,7 @@
 """Batch scoring where it runs as a workflow or a process: one real local run of the scheduled scoring
 workflow over a folder of parts with the latest published model, the workflow's checks before any piece
 is scored, the package's scoring launch plan and tasks, and the scorer where flytekit cannot be imported
-(the scorer itself: tests/unit/serving/test_scoring.py)."""
+(the scorer itself: tests/unit/scoring/test_scoring.py)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from datetime import datetime
 import numpy as np
 import pytest
 
-from tasks.core.serving.bundle import load_bundle
-from tasks.core.serving.publish import publish_bundle
+from tasks.core.bundle.loading import load_bundle
+from tasks.core.publish.versions import publish_bundle
 from tests.flyte_package import REPO
-from tests.unit.serving.test_publish import write_test_bundle
-from tests.unit.serving.test_scoring import (
+from tests.unit.publish.test_publish import write_test_bundle
+from tests.unit.scoring.test_scoring import (
     PART_ROWS,
     PROBABILITIES,
     assert_scored_as_the_bundle,
@@ -101,7 +101,7 @@ def test_only_the_gpu_scoring_tasks_ask_for_a_gpu_each_in_its_frameworks_image(f
 SCORE_WITHOUT_FLYTE = """
 import sys
 sys.modules["flytekit"] = None
-from tasks.core.serving.scoring import score_dataset
+from tasks.core.scoring.run import score_dataset
 print(score_dataset(*sys.argv[1:]).rows)
 """
 

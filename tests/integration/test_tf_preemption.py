@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 
 from tasks.core.data.splits import read_split
+from tasks.core.training.keras_callbacks import STATE_FILE
+from tasks.core.training.keras_data import BatchSpec, batches, epoch_permutation
 from tasks.core.training.preemption import PREEMPTED_EXIT_CODE
-from tasks.core.training.tf_training import STATE_FILE, BatchSpec, batches, epoch_permutation
 from tests.workers.keras_preemption_worker import CONFIG, GRACE_S, train_and_record
 
 pytestmark = pytest.mark.slow

@@ -1,4 +1,5 @@
-"""The layout's rules, read from the imports in the source: no import cycle, and tasks/core free of Flyte."""
+"""The layout's rules, read from the imports in the source: no import cycle, tasks/core free of Flyte and in
+layers, and no module too long to hold in one's head."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.plumbing.code_version import project_imports
+from tasks.plumbing.code_version import project_imports, source_path
 
 REPO = Path(__file__).resolve().parents[2]
 MODULES = sorted(
@@ -16,6 +17,42 @@ MODULES = sorted(
     for path in (REPO / folder).rglob("*.py")
 )
 IMPORTS = {module: project_imports(module) - {module} for module in MODULES}
+# tasks/core's packages (and its top-level modules), bottom to top, in the pipeline's order: a module
+# imports only its own layer and those below it. The shared leaves first, the input checks that span
+# every stage last.
+LAYERS = (
+    "tasks.core.messages",
+    "tasks.core.strict_json",
+    "tasks.core.accelerators",
+    "tasks.core.data",
+    "tasks.core.models",
+    "tasks.core.planning",
+    "tasks.core.training",
+    "tasks.core.bundle",
+    "tasks.core.evaluation",
+    "tasks.core.publish",
+    "tasks.core.scoring",
+    "tasks.core.validation",
+)
+MAX_LINES = 450
+
+
+def layer(module: str) -> int:
+    """The index in LAYERS of the layer `module` belongs to; tasks.core's own __init__ is below them all."""
+    if module == "tasks.core":
+        return -1
+    return next((i for i, name in enumerate(LAYERS) if module == name or module.startswith(name + ".")), None)
+
+
+def upward_imports(imports: dict[str, set[str]]) -> list[str]:
+    """Every import of a tasks/core module from one in a lower layer, as "importer -> imported"."""
+    return [
+        f"{module} -> {name}"
+        for module, names in sorted(imports.items())
+        if module.startswith("tasks.core")
+        for name in sorted(names)
+        if name.startswith("tasks.core") and layer(name) > layer(module)
+    ]
 
 
 def test_no_module_imports_itself_back_through_others():
@@ -31,6 +68,37 @@ def test_a_cycle_is_found_where_there_is_one():
         tuple(graphlib.TopologicalSorter({"a": {"b"}, "b": {"c"}, "c": {"a"}}).static_order())
 
 
+def test_every_core_module_is_in_a_layer():
+    """A new package of tasks/core takes its place in LAYERS."""
+    assert all(layer(module) is not None for module in MODULES if module.startswith("tasks.core"))
+
+
+def test_no_package_imports_one_above_it():
+    """Function-level imports count: a lazy import upward ties the lower layer to the higher one all the same."""
+    assert upward_imports(IMPORTS) == []
+
+
+def test_an_upward_import_is_found_where_there_is_one():
+    imports = {
+        "tasks.core.data.reading": {"tasks.core.messages"},
+        "tasks.core.models.plugins": {"tasks.core.training.config"},
+        "tasks.core.scoring.plan": {"tasks.core.bundle.loading", "tasks.core.scoring.records"},
+    }
+    assert upward_imports(imports) == ["tasks.core.models.plugins -> tasks.core.training.config"]
+
+
+def test_the_layers_count_function_level_imports():
+    """`project_imports` reads imports anywhere in a module, a function body's included."""
+    assert "tasks.core.models.keras_models" in project_imports("tasks.core.bundle.loading")
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_no_module_is_over_the_line_limit(module):
+    """A module longer than MAX_LINES holds more than one thing: cut it where its parts divide."""
+    lines = len(source_path(module).read_text().splitlines())
+    assert lines <= MAX_LINES, f"{module} has {lines} lines, over {MAX_LINES}"
+
+
 @pytest.mark.parametrize("module", [m for m in MODULES if m.startswith("tasks.core")])
 def test_the_core_imports_only_the_core(module):
     """tasks/core runs where Flyte is not installed (a GPU machine, a user's notebook)."""
@@ -39,7 +107,8 @@ def test_the_core_imports_only_the_core(module):
 
 
 def test_the_training_config_depends_only_on_leaves():
-    """config crosses every task boundary: it imports the model spec it holds and two helpers, no stage."""
+    """config crosses every task boundary: it imports the model spec it holds, the batch split rule and two
+    helpers, no stage."""
     assert IMPORTS["tasks.core.training.config"] <= {
-        "tasks.core.messages", "tasks.core.strict_json", "tasks.core.models.plugins",
+        "tasks.core.messages", "tasks.core.strict_json", "tasks.core.models.plugins", "tasks.core.planning.batches",
     }  # fmt: skip

@@ -70,7 +70,8 @@ def train_interrupted_and_resumed(
     uninterrupted and the resumed runs' results, and where the checkpoint resumed from was saved."""
     from tasks.core.training import torch_training
     from tasks.core.training.checkpoint import TrainingCheckpoint
-    from tasks.core.training.torch_training import shutdown_distributed, train
+    from tasks.core.training.torch_ddp import shutdown_distributed
+    from tasks.core.training.torch_training import train
 
     real_step = torch_training.LoopState.optimizer_step
     try:

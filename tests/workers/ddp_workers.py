@@ -6,11 +6,12 @@ from typing import Any
 
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from tasks.core.training.torch_startup import rendezvous_events_named_without_stack_walks
+from tasks.core.models.torch_startup import rendezvous_events_named_without_stack_walks
 
 
 def train_and_report(config, splits) -> dict[str, Any]:
-    from tasks.core.training.torch_training import shutdown_distributed, train
+    from tasks.core.training.torch_ddp import shutdown_distributed
+    from tasks.core.training.torch_training import train
 
     try:
         outcome = train(config, splits)
@@ -81,7 +82,7 @@ def train_until_one_rank_is_signalled(
     import os
     import signal
 
-    from tasks.core.training import torch_training
+    from tasks.core.training import torch_ddp, torch_training
     from tasks.core.training.checkpoint import TrainingCheckpoint
     from tasks.core.training.preemption import Preempted, PreemptionNotice
 
@@ -101,7 +102,7 @@ def train_until_one_rank_is_signalled(
     except Preempted as stopped:
         return {"epoch": stopped.epoch, "step": stopped.step, "steps_run": len(calls)}
     finally:
-        torch_training.shutdown_distributed()
+        torch_ddp.shutdown_distributed()
     return {"epoch": None, "step": None, "steps_run": len(calls)}
 
 
@@ -111,7 +112,7 @@ def train_until_one_rank_diverges(config, splits, diverging_rank: int, diverging
     import os
 
     from tasks.core.models.plugins import TrainingDiverged
-    from tasks.core.training import torch_training
+    from tasks.core.training import torch_ddp, torch_training
 
     real_step, calls = torch_training.LoopState.optimizer_step, []
 
@@ -128,7 +129,7 @@ def train_until_one_rank_diverges(config, splits, diverging_rank: int, diverging
     except TrainingDiverged as error:
         return {"error": str(error), "steps_run": len(calls)}
     finally:
-        torch_training.shutdown_distributed()
+        torch_ddp.shutdown_distributed()
     return {"error": None, "steps_run": len(calls)}
 
 

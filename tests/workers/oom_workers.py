@@ -34,7 +34,7 @@ def build_with_oom_in_backward(real_build, number: int | None, backwards: list[i
 def train_with_and_without_oom(config, splits, failing_rank: int, failing_backward: int) -> dict[str, Any]:
     """On each rank: average known gradients, train unfaulted, then train again while `failing_rank`
     runs out of memory in its `failing_backward`-th backward. Returns what each part showed."""
-    from tasks.core.training import torch_training
+    from tasks.core.training import torch_ddp, torch_training
 
     try:
         ctx = torch_training.init_distributed(config.collective_timeout_s)
@@ -42,7 +42,7 @@ def train_with_and_without_oom(config, splits, failing_rank: int, failing_backwa
         unfaulted = train_and_watch(config, splits, None)
         faulted = train_and_watch(config, splits, failing_backward if ctx.rank == failing_rank else None)
     finally:
-        torch_training.shutdown_distributed()
+        torch_ddp.shutdown_distributed()
     return {"rank": ctx.rank, "averaged": averaged, "unfaulted": unfaulted, "faulted": faulted}
 
 

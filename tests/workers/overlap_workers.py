@@ -14,7 +14,7 @@ def train_recording_overlap(config, splits) -> dict[str, Any]:
     gradient of a backward, has been accumulated."""
     import torch
 
-    from tasks.core.training import torch_training
+    from tasks.core.training import torch_loop, torch_training
     from tests.workers.ddp_workers import train_and_report
 
     steps: list[dict[str, Any]] = []
@@ -26,8 +26,8 @@ def train_recording_overlap(config, splits) -> dict[str, Any]:
         record(("bucket", bucket.index()))
         return allreduce_hook(process_group, bucket)
 
-    real_wrap, real_build = torch_training.wrap_in_ddp, torch_training.build
-    real_step, real_average = torch_training.LoopState.optimizer_step, torch_training.average_gradients
+    real_wrap, real_build = torch_loop.wrap_in_ddp, torch_training.build
+    real_step, real_average = torch_training.LoopState.optimizer_step, torch_loop.average_gradients
 
     def wrap(model, device=None):
         ddp = real_wrap(model, device)
@@ -47,8 +47,8 @@ def train_recording_overlap(config, splits) -> dict[str, Any]:
         record("reduce")
         return real_average(*args)
 
-    torch_training.wrap_in_ddp, torch_training.build = wrap, build
-    torch_training.LoopState.optimizer_step, torch_training.average_gradients = step, average
+    torch_loop.wrap_in_ddp, torch_training.build = wrap, build
+    torch_training.LoopState.optimizer_step, torch_loop.average_gradients = step, average
     torch.set_num_threads(1)
     return {**train_and_report(config, splits), "steps": steps}
 
@@ -62,7 +62,7 @@ def train_with_oom_at_step(
     the same run from scratch without a fault or a checkpoint."""
     import os
 
-    from tasks.core.training import torch_training
+    from tasks.core.training import torch_ddp, torch_training
     from tasks.core.training.checkpoint import TrainingCheckpoint
 
     rank, configured = int(os.environ["RANK"]), config.micro_batch_size(int(os.environ["WORLD_SIZE"]))
@@ -88,7 +88,7 @@ def train_with_oom_at_step(
         unfaulted = torch_training.train(config, splits)
     finally:
         torch_training.build, torch_training.LoopState.optimizer_step = real_build, real_step
-        torch_training.shutdown_distributed()
+        torch_ddp.shutdown_distributed()
     return {
         "attempts": attempts,
         "optimizer_steps": outcome.optimizer_steps,

@@ -30,7 +30,14 @@ from tasks.core.data.files import (
     part_files,
     remote_errors,
 )
-from tasks.core.messages import LINE_CHARS, one_line, preview, shorten
+from tasks.core.data.part_types import (
+    check_same_columns,
+    column_kind,
+    is_number,
+    is_number_or_null,
+    unified_type,
+)
+from tasks.core.messages import LINE_CHARS, one_line, shorten
 
 BATCH_ROWS = 65_536
 # Batches decoded ahead of the one in use: bounds memory (pyarrow reads 16 ahead by default).
@@ -68,20 +75,6 @@ def sniff_delimiter(header: str) -> str:
         return csv.Sniffer().sniff(header, delimiters=CSV_DELIMITERS).delimiter
     except csv.Error:  # a single column, or no header at all
         return ","
-
-
-def is_number_or_null(kind: pa.DataType) -> bool:
-    return pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_null(kind)
-
-
-def is_number(kind: pa.DataType) -> bool:
-    """A type a feature may have: decimals are read as float64 (see `batch_features`)."""
-    return (
-        pa.types.is_integer(kind)
-        or pa.types.is_floating(kind)
-        or pa.types.is_boolean(kind)
-        or pa.types.is_decimal(kind)
-    )
 
 
 def first_block(
@@ -343,47 +336,6 @@ def data_errors(dataset: ds.Dataset, file: str, uri: str) -> Iterator[None]:
         if isinstance(dataset.format, ds.CsvFileFormat):
             raise DatasetError(csv_error_message(err, dataset, file, uri)) from err
         raise DatasetError(f"{part_name(uri, file)}: unreadable data: {one_line(err)}") from err
-
-
-def column_kind(kind: pa.DataType) -> str:
-    if is_number(kind):
-        return "number"
-    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
-        return "text"
-    return str(kind)
-
-
-def unified_type(name: str, types: list[tuple[str, pa.DataType]], uri: str) -> pa.DataType:
-    """One type for a column across (file, type) pairs: numbers that differ are read as float64."""
-    typed = [(file, kind) for file, kind in types if not pa.types.is_null(kind)]
-    if not typed:
-        return pa.null()
-    base_file, base_type = typed[0]
-    for file, kind in typed[1:]:
-        if column_kind(kind) != column_kind(base_type):
-            raise DatasetError(
-                f"{uri}: part file {file}: column '{name}' has type {kind}, but it is {base_type} "
-                f"in part file {base_file}"
-            )
-    if all(kind == base_type for _, kind in typed) or column_kind(base_type) != "number":
-        return base_type
-    return pa.float64()
-
-
-def check_same_columns(uri: str, first: tuple[str, list[str]], part: tuple[str, list[str]]) -> None:
-    (first_path, expected), (path, names) = first, part
-    missing = [repr(n) for n in expected if n not in names]
-    extra = [repr(n) for n in names if n not in expected]
-    if missing or extra:
-        differences = [
-            f"{label} {preview(columns)}"
-            for label, columns in (("lacks", missing), ("adds", extra))
-            if columns
-        ]
-        raise DatasetError(
-            f"{uri}: part file {path} has other columns than part file {first_path}: it "
-            + " and ".join(differences)
-        )
 
 
 def consistent_parts(dataset: ds.Dataset, uri: str) -> ds.Dataset:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from tasks.core.data.assignment import SplitConfig
 from tasks.core.data.encoding import FittedEncoding
 from tasks.core.data.scaling import ScalerStats
+from tasks.core.data.split_config import SplitConfig
 from tasks.core.data.splits import SplitPaths
 from tasks.core.data.target import Target
 

@@ -29,7 +29,7 @@ from tasks.core.models.plugins import (
     mlp_options,
     rebuild,
 )
-from tasks.core.training.precision import for_planning
+from tasks.core.models.precision import for_planning
 
 MODEL_TYPE = "keras.Model"
 SPEC_KEY = "spec"

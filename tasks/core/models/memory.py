@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tasks.core.training.precision import FP32 as FULL_PRECISION
-from tasks.core.training.precision import named
+from tasks.core.models.precision import FP32 as FULL_PRECISION
+from tasks.core.models.precision import named
 
 FP32 = FULL_PRECISION.value_bytes  # the features, and the weights the optimizer updates, are float32
 # How close the estimate's tensor bytes come to the allocator's measured peak (over parameters,
@@ -97,7 +97,7 @@ class ModelFootprint:
     trainable_count: int
     activation_bytes_per_row: float  # 0 when they could not be measured
     n_features: int
-    precision: str  # the name in tasks/core/training/precision.py the estimate counts: "fp32" or "bf16"
+    precision: str  # the name in tasks/core/models/precision.py the estimate counts: "fp32" or "bf16"
 
     def estimate(
         self,

@@ -25,8 +25,8 @@ from torch.utils._pytree import tree_leaves
 
 from tasks.core.models.memory import ModelFootprint
 from tasks.core.models.plugins import InputSpec
-from tasks.core.training.precision import named
-from tasks.core.training.torch_startup import EagerDispatchMode
+from tasks.core.models.precision import named
+from tasks.core.models.torch_startup import EagerDispatchMode
 
 PROBE_ROWS = 8
 OPTIMIZER_MOMENTS = {"adamw": 2}
@@ -113,7 +113,7 @@ def activation_bytes_per_row(model: nn.Module, input_spec: InputSpec, precision:
 
 def step_timeline(model: nn.Module, input_spec: InputSpec, rows: int, precision: str) -> AllocationTimeline:
     """The allocations of one forward and backward pass of `rows` random rows, in `precision`
-    (a name of `tasks.core.training.precision.TABLE`)."""
+    (a name of `tasks.core.models.precision.TABLE`)."""
     mixed = named(precision).mixed
     generator = torch.Generator().manual_seed(0)
     features = torch.randn(rows, input_spec.n_features, generator=generator)

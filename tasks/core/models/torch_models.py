@@ -27,8 +27,8 @@ from tasks.core.models.plugins import (
     mlp_options,
     rebuild,
 )
+from tasks.core.models.precision import for_planning
 from tasks.core.models.probe import measure_state, probe_footprint
-from tasks.core.training.precision import for_planning
 
 MODEL_TYPE = "torch.nn.Module"
 # Above this many bytes of parameters, the planner counts the model without building it on CPU.

@@ -1,6 +1,6 @@
 """Choosing hardware for a run: the cheapest catalog option whose memory holds the estimate.
 
-Pure Python; `tasks/hardware.py` holds the catalogs and turns a choice into Flyte resources.
+Pure Python; `tasks/catalog.py` holds the catalogs and `tasks/hardware.py` turns a choice into Flyte resources.
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import math
 from dataclasses import dataclass, field
 
 from tasks.core.models.memory import MemoryEstimate, ModelFootprint
+from tasks.core.planning.batches import MIN_MICRO_BATCH_SIZE, micro_batch
 from tasks.core.planning.machines import MachineType
-from tasks.core.training.config import MIN_MICRO_BATCH_SIZE, micro_batch
 
 # Leave headroom for what the estimate does not see (fragmentation spikes, library workspaces).
 USABLE_MEMORY_FRACTION = 0.9

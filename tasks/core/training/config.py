@@ -10,6 +10,7 @@ import numpy as np
 
 from tasks.core.messages import raise_for
 from tasks.core.models.plugins import ModelSpec, spec_problems
+from tasks.core.planning.batches import MIN_MICRO_BATCH_SIZE, micro_batch
 from tasks.core.strict_json import fits, instantiate, shape_problems
 
 # "auto": bf16 autocast on GPUs that support it, fp16 with a grad scaler on older ones.
@@ -40,8 +41,6 @@ INT_RANGES = {
     "shuffle_buffer_rows": (1, 10**9),
     "patience": (0, 10**6),
 }
-# `TrainConfig.min_micro_batch_size` by default, which the planner's `Workload` also defaults to.
-MIN_MICRO_BATCH_SIZE = 4
 
 
 def range_rule(value: int, low: int, high: int) -> str:
@@ -49,13 +48,6 @@ def range_rule(value: int, low: int, high: int) -> str:
     if value < low:
         return f"must be at least {low}"
     return f"must be at most {high:,}" if value > high else ""
-
-
-def micro_batch(batch_size: int, workers: int, grad_accum_steps: int) -> int | None:
-    """Each worker's micro-batch when the global batch splits evenly over `workers` x `grad_accum_steps`
-    accumulation steps, else None: the training loops give every micro-batch the same number of rows."""
-    per_step = workers * grad_accum_steps
-    return batch_size // per_step if per_step > 0 and batch_size % per_step == 0 else None
 
 
 @dataclass

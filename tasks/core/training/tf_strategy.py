@@ -1,6 +1,6 @@
 """Choosing the `tf.distribute` strategy for the machine a TensorFlow task lands on, and the checks a
 task on a cluster makes before it reads any data: `require_tpu` and `require_gpus` raise
-AcceleratorUnavailable (tasks/core/planning/accelerators.py) rather than let it train on the host CPU.
+AcceleratorUnavailable (tasks/core/accelerators/rule.py) rather than let it train on the host CPU.
 
 Rules, in order (with `requested="auto"`):
   1. a TPU is reachable (TPU_NAME set, or a GKE TPU VM)  -> TPUStrategy
@@ -22,9 +22,9 @@ from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from tasks.core.accelerators.nvidia_driver import DriverLibraries, driver_libraries
+from tasks.core.accelerators.rule import AcceleratorUnavailable
 from tasks.core.messages import raise_for
-from tasks.core.planning.accelerators import AcceleratorUnavailable
-from tasks.core.planning.nvidia_driver import DriverLibraries, driver_libraries
 from tasks.core.training.config import TF_STRATEGIES
 
 log = logging.getLogger(__name__)

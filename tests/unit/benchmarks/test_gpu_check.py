@@ -17,10 +17,10 @@ import torch
 from benchmarks import gpu_check, gpu_scoring
 from benchmarks import gpu_figures as gpu
 from benchmarks.gpu_profile import ProfileSummary
-from tasks.core.serving.scoring import GPU_MODEL_SPEEDUP
+from tasks.core.scoring.records import GPU_MODEL_SPEEDUP
 from tasks.core.training.config import TrainConfig
 from tasks.core.training.records import EpochMetrics, TrainingRun
-from tasks.core.training.torch_training import TrainOutcome
+from tasks.core.training.torch_loop import TrainOutcome
 
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks what happens without CUDA")
 STEP_NAMES = [step.name for step in gpu_check.gpu_steps(gpu.Workspace(Path("unused"), gpu.SMOKE), 1e15)]

@@ -19,7 +19,7 @@ from benchmarks.triton_check import (
     stand_in_config,
     tensor_names,
 )
-from tasks.core.serving.layouts import Tensor, triton_config
+from tasks.core.publish.layouts import Tensor, triton_config
 
 SERVED, UNSERVED = "20261126062338", "20261126062339"
 PUBLISHED = triton_config(

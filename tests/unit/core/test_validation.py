@@ -15,9 +15,9 @@ from flytekit.models.literals import Binary, Literal, Scalar
 from google.protobuf import json_format, struct_pb2
 
 import tasks.types  # noqa: F401 - registers the transformer that decodes TrainConfig strictly
+from tasks.core.evaluation.compare import RunSummary, compare_runs
 from tasks.core.messages import InputError
 from tasks.core.models.plugins import ModelSpec, mlp_options
-from tasks.core.report.compare import RunSummary, compare_runs
 from tasks.core.training.config import INT_RANGES, TrainConfig, hyperparameter_problems, parse_hyperparameters
 from tasks.core.training.records import Hardware, TrainingRun
 from tasks.core.validation import column_kind_problems, split_by_problems
@@ -164,7 +164,7 @@ def test_a_price_that_is_not_finite_and_at_least_0_is_refused_naming_it(case):
     "key, guess", [("CPU", "did you mean 'cpu'?"), ("nvidia-l4 ", "did you mean 'nvidia-l4'?"), ("gpu", "")]
 )
 def test_a_price_under_a_name_that_prices_nothing_is_refused_naming_the_known_ones(key, guess):
-    from tasks.hardware import DEFAULT_PRICES_PER_HOUR
+    from tasks.catalog import DEFAULT_PRICES_PER_HOUR
 
     with pytest.raises(InputError) as error:
         compare_runs([LOCAL_RUN], {key: 1.0}, DEFAULT_PRICES_PER_HOUR)

@@ -12,7 +12,7 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from tasks.core.serving.bundle import arrow_features
+from tasks.core.bundle.table_input import arrow_features
 from tests.conftest import blobs_frame
 from tests.unit.data.tables import FEATURES, prepare_unchanged
 

@@ -21,7 +21,7 @@ from packaging.utils import canonicalize_name
 
 import tasks
 from tasks.compare import compare
-from tasks.core.planning.nvidia_driver import GKE_DRIVER_LIBRARY_DIR
+from tasks.core.accelerators.nvidia_driver import GKE_DRIVER_LIBRARY_DIR
 from tasks.evaluate import evaluate
 from tasks.images import IMAGES
 from tasks.preprocess import preprocess
@@ -353,7 +353,7 @@ def gpu_task_stages() -> set[str]:
 
 
 def finds_the_gke_driver(stage: str) -> None:
-    """GKE mounts the driver at /usr/local/nvidia and sets no variable (tasks/core/planning/nvidia_driver.py):
+    """GKE mounts the driver at /usr/local/nvidia and sets no variable (tasks/core/accelerators/nvidia_driver.py):
     the image puts its libraries on the library path and nvidia-smi on PATH, after the virtualenv."""
     variables = environment(stage)
     assert GKE_DRIVER_LIBRARY_DIR in variables.get("LD_LIBRARY_PATH", "").split(":"), (stage, variables)

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
+from tasks.core.evaluation.metrics import classification_metrics
 from tasks.core.models.plugins import InputSpec
 from tasks.core.models.torch_models import build_mlp, load_torch_artifact, mlp, predict
-from tasks.core.report.metrics import classification_metrics
 
 
 def test_mlp_shape_follows_config():

@@ -15,6 +15,7 @@ from flytekit import workflow
 from flytekit.configuration import ImageConfig, SerializationSettings
 from flytekit.tools.translator import get_serializable
 
+from tasks.catalog import GPU_CATALOG, GPU_OPTIONS, TPU_CATALOG, TPU_OPTIONS, offered
 from tasks.core.models.memory import (
     ESTIMATE_HIGH,
     ESTIMATE_LOW,
@@ -25,14 +26,7 @@ from tasks.core.models.memory import (
 from tasks.core.models.plugins import build, measure_footprint, mlp_spec
 from tasks.core.planning.planner import PlanError, Workload, estimate_for, plan_preprocessing, plan_training
 from tasks.core.training.config import TrainConfig
-from tasks.hardware import (
-    CPU_NODE,
-    GPU_CATALOG,
-    GPU_OPTIONS,
-    TPU_CATALOG,
-    TPU_OPTIONS,
-    offered,
-)
+from tasks.hardware import CPU_NODE
 
 MIB = 2**20
 

@@ -51,7 +51,7 @@ def test_tensorflow_free_switch_is_skipped_once_tensorflow_is_loaded(tmp_path):
     import keras
     import tensorflow as tf
 
-    from tasks.core.training.torch_startup import tensorboard_without_tensorflow
+    from tasks.core.models.torch_startup import tensorboard_without_tensorflow
 
     saved = sys.modules.pop(NOTF, None)
     try:

@@ -20,8 +20,8 @@ from tests.unit.training.test_launch import TASK_INPUTS, fake_elastic_launch
 # Arguments for the classes whose constructor takes more than a message.
 ARGUMENTS = {
     "tasks.core.training.preemption.Preempted": (2, 40, 1.5),
-    "tasks.core.planning.accelerators.AcceleratorUnavailable": ("1 x nvidia-l4 GPU", "no GPU is visible"),
-    "tasks.core.training.torch_training.OutOfMemoryOnFastPath": (12, 64),
+    "tasks.core.accelerators.rule.AcceleratorUnavailable": ("1 x nvidia-l4 GPU", "no GPU is visible"),
+    "tasks.core.training.torch_step.OutOfMemoryOnFastPath": (12, 64),
 }
 
 
@@ -85,7 +85,7 @@ def test_the_tensorflow_task_reports_each_failure_as_the_table_says(row, in_a_po
 def test_a_ddp_worker_raises_a_retried_failure_as_recoverable_for_the_plugin(row, monkeypatch, tmp_path):
     """The kfpytorch plugin marks a worker's failure recoverable only for a FlyteRecoverableException
     (flytekitplugins/kfpytorch/task.py, `spawn_helper`); other errors keep their type."""
-    from tasks.core.training import torch_training
+    from tasks.core.training import torch_ddp, torch_training
     from tasks.ddp_worker import SetUpRefused, train_with_ddp
     from tasks.hardware import TRAIN_GPU
 
@@ -97,7 +97,7 @@ def test_a_ddp_worker_raises_a_retried_failure_as_recoverable_for_the_plugin(row
     monkeypatch.setattr(torch_training, "train", train)
     prepared = SimpleNamespace(splits_in_place=lambda: None)
     with setup_execution(str(tmp_path / "raw")):
-        if isinstance(error, torch_training.SetUpFailed):  # agreed by every rank: the launcher raises it
+        if isinstance(error, torch_ddp.SetUpFailed):  # agreed by every rank: the launcher raises it
             assert train_with_ddp(prepared, TASK_INPUTS["hyperparameters"], TRAIN_GPU) == SetUpRefused(
                 str(error)
             )

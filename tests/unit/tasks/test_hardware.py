@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from tasks.catalog import DEFAULT_PRICES_PER_HOUR, GPU_OPTIONS, TPU_OPTIONS
 from tasks.core.planning.machines import DAEMONSET_ALLOWANCE, MachineType
 from tasks.hardware import (
-    DEFAULT_PRICES_PER_HOUR,
-    GPU_OPTIONS,
     MACHINE_FOR_GPU,
     TORCH_DDP_ENVIRONMENT,
-    TPU_OPTIONS,
     TRAIN_GPU,
     TRAIN_GPU_MULTINODE,
     TRAIN_TPU,
@@ -181,7 +179,8 @@ def test_a_gpu_profile_refuses_a_tpu_option_naming_it():
 
 def test_catalog_prices_come_from_the_one_price_table():
     """A price is stated once: options cost their devices (or their MIG share) at the table's price."""
-    from tasks.hardware import DEFAULT_PRICES_PER_HOUR, GPU_OPTIONS, MIG_COMPUTE_SLICES, TPU_OPTIONS
+    from tasks.catalog import DEFAULT_PRICES_PER_HOUR, GPU_OPTIONS, TPU_OPTIONS
+    from tasks.hardware import MIG_COMPUTE_SLICES
 
     for entry in GPU_OPTIONS + TPU_OPTIONS:
         per_device = DEFAULT_PRICES_PER_HOUR[entry.device]

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
+from tasks.core.evaluation.metrics import classification_metrics
 from tasks.core.models.plugins import mlp_spec
 from tasks.core.models.torch_models import load_torch_artifact
-from tasks.core.report.metrics import classification_metrics
 from tasks.core.training.checkpoint import TrainingCheckpoint
 from tasks.core.training.config import TrainConfig, parse_hyperparameters
 from tasks.core.training.progress import EpochChoice

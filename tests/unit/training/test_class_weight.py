@@ -18,9 +18,9 @@ from tasks.core.data.prepare import prepare_dataset
 from tasks.core.data.splits import read_split
 from tasks.core.messages import InputError
 from tasks.core.models.plugins import mlp_spec
-from tasks.core.training import torch_training
+from tasks.core.training import torch_step, torch_training
 from tasks.core.training.config import TrainConfig, class_weights, describe_class_weights
-from tasks.core.training.torch_training import DistributedContext
+from tasks.core.training.torch_ddp import DistributedContext
 
 pytestmark = pytest.mark.usefixtures("single_process")
 
@@ -88,14 +88,14 @@ def test_the_weighted_loss_divides_by_the_rows_so_micro_batches_add_up():
     generator = torch.Generator().manual_seed(0)
     logits, labels = torch.randn(12, 3, generator=generator), torch.tensor([0] * 8 + [1] * 3 + [2])
     weights = torch.tensor([0.5, 1.3, 4.0])
-    whole = torch_training.mean_loss(logits, labels, weights)
+    whole = torch_step.mean_loss(logits, labels, weights)
     parts = sum(
-        torch_training.mean_loss(logits[i : i + 4], labels[i : i + 4], weights) * 4 / 12 for i in (0, 4, 8)
+        torch_step.mean_loss(logits[i : i + 4], labels[i : i + 4], weights) * 4 / 12 for i in (0, 4, 8)
     )
     torch.testing.assert_close(whole, parts)
     rows = torch.nn.functional.cross_entropy(logits, labels, reduction="none")
     torch.testing.assert_close(whole, (rows * weights[labels]).sum() / 12)
-    torch.testing.assert_close(torch_training.mean_loss(logits, labels, None), rows.mean())
+    torch.testing.assert_close(torch_step.mean_loss(logits, labels, None), rows.mean())
 
 
 def test_torch_weighted_gradient_accumulation_matches_the_full_batch(imbalanced_splits):

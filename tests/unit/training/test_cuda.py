@@ -8,12 +8,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tasks.core.accelerators.cuda_check import require_cuda
+from tasks.core.accelerators.rule import AcceleratorUnavailable
 from tasks.core.models.memory import ESTIMATE_HIGH, ESTIMATE_LOW
 from tasks.core.models.plugins import build, measure_footprint, mlp_spec
-from tasks.core.planning.accelerators import AcceleratorUnavailable
-from tasks.core.planning.cuda_check import require_cuda
 from tasks.core.training.config import TrainConfig
-from tasks.core.training.torch_training import autocast_dtype, build_optimizer, train
+from tasks.core.training.torch_step import autocast_dtype, build_optimizer
+from tasks.core.training.torch_training import train
 from tests.streaming_splits import small_row_groups
 
 pytestmark = [

@@ -8,11 +8,13 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from tasks.core.bundle.loading import load_bundle
+from tasks.core.bundle.manifest import BundleRecord
+from tasks.core.bundle.writing import write_bundle
 from tasks.core.data.assignment import SplitConfig
 from tasks.core.data.prepare import prepare_dataset
 from tasks.core.data.scaling import standardise
-from tasks.core.serving.bundle import BundleRecord, load_bundle, write_bundle
-from tasks.core.serving.scoring import split_metrics
+from tasks.core.evaluation.split_metrics import split_metrics
 from tasks.core.training.config import TrainConfig
 from tasks.core.training.records import Hardware
 from tests.unit.data.tables import messy_frame

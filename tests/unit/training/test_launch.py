@@ -4,6 +4,7 @@ from types import SimpleNamespace
 import pytest
 from flytekit.types.structured import StructuredDataset
 
+from tasks.core.models.torch_startup import rendezvous_events_named_without_stack_walks
 from tasks.core.training.config import TrainConfig
 from tasks.core.training.launch import (
     LOCAL_CPU_WORKERS_VARIABLE,
@@ -11,7 +12,6 @@ from tasks.core.training.launch import (
     local_cpu_workers,
     plan_launch,
 )
-from tasks.core.training.torch_startup import rendezvous_events_named_without_stack_walks
 
 # What the launcher reads of its inputs before any worker starts: the batch against the training rows,
 # and that the local splits' files are there (this folder stands in for them).

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tasks.core.models.plugins import ModelSpec, mlp_spec
-from tasks.core.training import torch_training
+from tasks.core.training import torch_step, torch_training
 from tasks.core.training.config import TrainConfig
 from tests.workers.oom_workers import build_with_oom_in_backward
 
@@ -88,7 +88,7 @@ def test_oom_below_the_minimum_micro_batch_gives_up_clearly(blob_splits, monkeyp
 
 
 def test_a_rank_that_gives_up_for_another_ranks_oom_says_so():
-    micro = torch_training.MicroBatch(size=16, minimum=8)
+    micro = torch_step.MicroBatch(size=16, minimum=8)
     micro.halve(None, step=3, per_step=32)
     assert micro.size == 8
     with pytest.raises(

@@ -14,7 +14,8 @@ from tasks.core.data.prepare import prepare_dataset
 from tasks.core.data.splits import SplitPaths, read_split
 from tasks.core.models.plugins import mlp_spec
 from tasks.core.training.config import TrainConfig
-from tasks.core.training.torch_training import mean_loss, train
+from tasks.core.training.torch_step import mean_loss
+from tasks.core.training.torch_training import train
 
 CONFIG = TrainConfig(epochs=40, batch_size=32, model=mlp_spec([32]), seed=0)
 

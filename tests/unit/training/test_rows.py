@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from tasks.catalog import GPU_CATALOG
 from tasks.core.data.assignment import SplitConfig
 from tasks.core.data.prepare import prepare_dataset
 from tasks.core.data.splits import read_split
@@ -18,7 +19,6 @@ from tasks.core.training.config import TrainConfig
 from tasks.core.training.rank_part import RankPart, rank_part, read_shard
 from tasks.core.training.rows import epoch_order, epoch_windows, streamed_rows
 from tasks.core.training.torch_training import train
-from tasks.hardware import GPU_CATALOG
 from tests.streaming_splits import small_row_groups
 
 LAYOUTS = [[23] * 12 + [4], [100], [7, 1, 30, 2, 50]]

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tasks.core.accelerators.rule import AcceleratorUnavailable
 from tasks.core.messages import InputError
-from tasks.core.planning.accelerators import AcceleratorUnavailable
 from tasks.core.training import tf_strategy
 from tasks.core.training.tf_strategy import (
     PJRT_VARIABLES,

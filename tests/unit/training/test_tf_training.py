@@ -8,14 +8,13 @@ import tensorflow as tf
 from tasks.core.data.splits import read_split
 from tasks.core.models.keras_models import load_keras_artifact, predict_keras
 from tasks.core.models.plugins import ModelSpec, build, mlp_spec
+from tasks.core.models.precision import for_keras
 from tasks.core.training.config import TrainConfig
-from tasks.core.training.precision import for_keras
+from tasks.core.training.keras_data import BatchSpec, batches
 from tasks.core.training.tf_strategy import Environment
 from tasks.core.training.tf_training import (
     TPU_STEPS_PER_EXECUTION,
-    BatchSpec,
     KerasRunOptions,
-    batches,
     dtype_policy,
     learning_rate_schedule,
     step_compiler,

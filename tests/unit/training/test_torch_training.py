@@ -7,14 +7,9 @@ from tasks.core.models.plugins import mlp_spec
 from tasks.core.models.torch_models import load_torch_artifact
 from tasks.core.training import torch_training
 from tasks.core.training.config import TrainConfig
-from tasks.core.training.torch_training import (
-    DistributedContext,
-    Totals,
-    autocast_dtype,
-    build_optimizer,
-    evaluate_shard,
-    train,
-)
+from tasks.core.training.torch_ddp import DistributedContext
+from tasks.core.training.torch_step import Totals, autocast_dtype, build_optimizer, evaluate_shard
+from tasks.core.training.torch_training import train
 
 pytestmark = pytest.mark.usefixtures("single_process")
 

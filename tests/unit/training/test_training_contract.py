@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from tasks.core.models.plugins import mlp_spec
+from tasks.core.models.precision import BF16, FP16, FP32, TABLE, for_keras, for_torch, named
 from tasks.core.training.config import PRECISIONS, TrainConfig
-from tasks.core.training.precision import BF16, FP16, FP32, TABLE, for_keras, for_torch, named
 from tasks.core.training.progress import TrainingProgress, log_epoch
 from tasks.core.training.records import EpochMetrics
 from tasks.core.training.tf_strategy import Environment
@@ -151,7 +151,7 @@ def test_the_torch_loop_reads_what_differs_by_device_from_one_family_record(monk
     import torch
 
     from tasks.core.training.devices import CPU, CUDA, family_of, local_family
-    from tasks.core.training.torch_training import DistributedContext
+    from tasks.core.training.torch_ddp import DistributedContext
 
     assert family_of(torch.device("cuda", 0)) is CUDA and family_of(torch.device("cpu")) is CPU
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.core.serving.promotion import PromotionPolicy
+from tasks.core.publish.promotion import PromotionPolicy
 from workflows.launch_plans import SCHEDULED
 from workflows.schedules import DEFAULT_PATH, ENV, PlanSpec, ScheduleError, load_schedules
 
