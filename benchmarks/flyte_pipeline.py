@@ -47,13 +47,14 @@ def timed_tasks(clock: PhaseClock):
 
 
 def main(data: str, epochs: str, batch: str, placement: str = "auto") -> None:
+    from tasks.core.data.config import DataConfig
     from tasks.core.training.config import TrainConfig
     from workflows.pipeline import training_pipeline
 
     CLOCK.mark("start-up")
     with timed_tasks(CLOCK):
         hyperparameters = TrainConfig(epochs=int(epochs), batch_size=int(batch), data_placement=placement)
-        report = training_pipeline(dataset=data, label_column="label", hyperparameters=hyperparameters).report
+        report = training_pipeline(data=DataConfig(data), hyperparameters=hyperparameters).report
     CLOCK.mark("workflow")
     summary = {"accuracy": report.metrics.accuracy, "samples_per_second": report.training.samples_per_second}
     print(json.dumps({**summary, "phases": CLOCK.seconds}))

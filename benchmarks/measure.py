@@ -27,14 +27,27 @@ class Figure:
     baseline: float
     unit: str
     goal: str = ""
+    # Where rounds were paired (value and baseline measured back to back): each round's ratio. The
+    # figure's ratio is then their median, and the lowest and highest are its spread.
+    ratios: list[float] | None = None
 
     @property
     def ratio(self) -> float:
+        if self.ratios:
+            return statistics.median(self.ratios)
         return self.value / self.baseline if self.baseline else float("nan")
+
+    @property
+    def spread(self) -> str:
+        return f"{min(self.ratios):.3f}-{max(self.ratios):.3f}" if self.ratios else ""
 
     def line(self) -> str:
         goal = f"  goal {self.goal}" if self.goal else ""
-        return f"{self.name}: {self.value:,.3f} {self.unit} vs baseline {self.baseline:,.3f} -> ratio {self.ratio:.3f}{goal}"
+        spread = f" (rounds {self.spread})" if self.ratios else ""
+        return (
+            f"{self.name}: {self.value:,.3f} {self.unit} vs baseline {self.baseline:,.3f} "
+            f"-> ratio {self.ratio:.3f}{spread}{goal}"
+        )
 
 
 def alternate(measure: Callable[[], T], baseline: Callable[[], T], rounds: int) -> tuple[list[T], list[T]]:

@@ -62,7 +62,7 @@ def main(data: str, workdir: str, epochs: str, batch: str) -> None:
 
 
 def plain_record(prepared) -> BundleRecord:
-    run = TrainingRun("pytorch", "cpu", 2, "gloo", "float32", "DDP", [], 0.0, 0.0)
+    run = TrainingRun("pytorch", "cpu", "cpu", 2, "gloo", "float32", "DDP", [], 0.0, 0.0, TrainConfig())
     return BundleRecord.of(prepared.table, run, Hardware("cpu", 2), data_fingerprint="")
 
 

@@ -37,6 +37,7 @@ def write_bundle_for(folder: Path, data: str, hidden_sizes: list[int] = MODEL["h
     from tasks.core.data.scaling import ScalerStats
     from tasks.core.models.plugins import build, input_spec_for, mlp_spec
     from tasks.core.models.torch_models import save_torch_artifact
+    from tasks.core.training.config import TrainConfig
     from tasks.core.training.records import Hardware, TrainingRun
 
     spec = mlp_spec(hidden_sizes)
@@ -54,7 +55,19 @@ def write_bundle_for(folder: Path, data: str, hidden_sizes: list[int] = MODEL["h
         label_column="label",
         source=data,
         data_fingerprint="benchmark",
-        run=TrainingRun("pytorch", "cpu", 1, "gloo", "fp32", "single-process", [], 0.0, 0.0, model=spec),
+        run=TrainingRun(
+            "pytorch",
+            "cpu",
+            "cpu",
+            1,
+            "gloo",
+            "fp32",
+            "single-process",
+            [],
+            0.0,
+            0.0,
+            TrainConfig(model=spec),
+        ),
         billed=Hardware("cpu", 1),
     )
     return write_bundle(str(folder / "bundle"), artifact, record)

@@ -79,6 +79,7 @@ def write_mixed_bundle(folder: Path, table: pa.Table) -> str:
     from tasks.core.data.scaling import ScalerStats
     from tasks.core.models.plugins import build, input_spec_for, mlp_spec
     from tasks.core.models.torch_models import save_torch_artifact
+    from tasks.core.training.config import TrainConfig
     from tasks.core.training.records import Hardware, TrainingRun
 
     raw = table.select(COLUMNS)
@@ -98,7 +99,9 @@ def write_mixed_bundle(folder: Path, table: pa.Table) -> str:
     artifact = str(folder.parent / "model.pt")
     model = build(spec, n_features, len(CLASSES), "pytorch")
     save_torch_artifact(model, spec, input_spec_for(spec, n_features, len(CLASSES)), artifact)
-    run = TrainingRun("pytorch", "cpu", 1, "gloo", "fp32", "single-process", [], 0.0, 0.0, model=spec)
+    run = TrainingRun(
+        "pytorch", "cpu", "cpu", 1, "gloo", "fp32", "single-process", [], 0.0, 0.0, TrainConfig(model=spec)
+    )
     record = BundleRecord.of(prepared, run, Hardware("cpu", 1), data_fingerprint="0" * 32)
     return write_bundle(str(folder), artifact, record)
 

@@ -34,7 +34,8 @@ import pyarrow.parquet as pq
 
 from benchmarks.measure import REPO, Figure
 from tasks.core.data.assignment import SPLITS, SplitConfig
-from tasks.core.data.column_kinds import CATEGORICAL, DATE, MICROS_PER_DAY, MISSING_INSTANT, Place, canonical
+from tasks.core.data.column_kinds import CATEGORICAL, DATE, MICROS_PER_DAY, Place, canonical
+from tasks.core.data.kind_values import MISSING_INSTANT
 from tasks.core.data.prepare import PreparedSplits, RowSplit, prepare_dataset
 from tasks.core.training.config import TrainConfig
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -42,7 +43,10 @@ class SetUpRefused:
 
 
 def train_with_ddp(
-    prepared: PreparedData, config: TrainConfig, profile: GpuTrainingProfile
+    prepared: PreparedData,
+    config: TrainConfig,
+    profile: GpuTrainingProfile,
+    resume_from: FlyteDirectory | None = None,
 ) -> TrainedModel | SetUpRefused:
     """Runs in every DDP worker; rank 0's return value becomes the task output. A failure that Flyte
     retries (tasks/plumbing/failures.py) is raised as `FlyteRecoverableException`: the kfpytorch plugin marks
@@ -64,6 +68,8 @@ def train_with_ddp(
     try:
         with retried_as_recoverable():
             location = flyte_checkpoint()
+            if location and resume_from is not None:
+                seed_checkpoint(location.directory, resume_from)
             every = config.checkpoint_every_steps
             checkpoint = TrainingCheckpoint(location.directory, every, location.on_save) if location else None
             board = workdir / "tensorboard"
@@ -77,12 +83,31 @@ def train_with_ddp(
     run = outcome.run
     log.info(
         "rank %d: trained on %s x%d (%s, %s) at %.0f samples/s",
-        outcome.rank, run.device, run.world_size, run.backend, run.precision, run.samples_per_second,
+        outcome.rank, run.device_name, run.world_size, run.backend, run.precision, run.samples_per_second,
     )  # fmt: skip
-    on_cpu = run.device == "cpu"
+    on_cpu = run.on_cpu
     return TrainedModel(
         artifact=FlyteFile(str(artifact)),
         run=run,
         declared=Hardware("cpu", run.world_size) if on_cpu else profile.declared(run.world_size),
         tensorboard=FlyteDirectory(str(board)) if outcome.rank == 0 else None,
+        checkpoint=handed_back(location, config, outcome.rank),
     )
+
+
+def seed_checkpoint(directory: str, resume_from: FlyteDirectory) -> None:
+    """A run resumed from another run's checkpoint (a promoted tuning trial) starts from it, unless this
+    task's own earlier attempt saved a newer state there."""
+    local = Path(directory)
+    if any(local.iterdir()):
+        log.info("resuming from this task's previous attempt, not from resume_from")
+        return
+    shutil.copytree(resume_from.download(), local, dirs_exist_ok=True)
+    log.info("resuming from the checkpoint passed in (resume_from)")
+
+
+def handed_back(location, config: TrainConfig, rank: int) -> FlyteDirectory | None:
+    """The run's checkpoint, for a run that stops at a rung (`train_until_epoch`) and may be resumed."""
+    if location is None or rank != 0 or not config.train_until_epoch:
+        return None
+    return FlyteDirectory(location.directory)

@@ -42,7 +42,7 @@ def billed_hardware(trained: TrainedModel, plan: ResourcePlan | None) -> tuple[H
     """What the run is billed for, and a note where that is only the declaration. A training task
     reports its declared hardware; where the planner put it on other hardware (a 1-chip TPU slice, a
     MIG slice), the applied plan says what ran. Local runs on CPU are billed as CPU worker processes."""
-    if trained.run.device == "cpu":
+    if trained.run.on_cpu:
         return trained.declared, []
     if plan is None or not plan.applied:
         return trained.declared, ["no resource plan was applied: billed as declared in tasks/hardware.py"]
@@ -113,7 +113,8 @@ def evaluate(
     folder = bundle_folder(prepared.fingerprint)
     record = BundleRecord.of(prepared.table, trained.run, billed, prepared.fingerprint)
     write_bundle(folder, trained.artifact.download(), record, run_provenance(prepared))
-    bundle = load_bundle(folder, trusted_builders=[trained.run.model.builder])  # this run's own builder
+    own_builder = trained.run.config.model.builder
+    bundle = load_bundle(folder, trusted_builders=[own_builder])
     notes.extend(bundle.manifest.export_notes)  # an export left out, and why, in the report too
     test = local_path(prepared.test, "test split")
     points = (

@@ -16,7 +16,7 @@ from flytekit import FlyteContextManager, Resources, current_context, map_task, 
 from flytekit.types.file import FlyteFile
 from flytekit.types.structured import StructuredDataset
 
-from tasks.core.data.assignment import SplitConfig
+from tasks.core.data.config import DataConfig
 from tasks.core.data.encoding import EncodingStats
 from tasks.core.data.pieces import (
     DataPiece,
@@ -30,9 +30,7 @@ from tasks.core.data.pieces import (
 )
 from tasks.core.data.prepare import PreparedTable, prepare_dataset, write_embedded_digits
 from tasks.core.data.scaling import ScalerStats
-from tasks.core.messages import raise_for
 from tasks.core.planning.planner import PreprocessPlan
-from tasks.core.validation import embedded_label_problems
 from tasks.hardware import CPU_IMAGE, CPU_RETRIES, PIECE_RETRIES, PREPROCESS_CPU, SMALL_CPU, guaranteed
 from tasks.plumbing.code_version import code_version, imported_closure
 from tasks.plumbing.decks import DECKS, dataset_profile_deck
@@ -45,12 +43,9 @@ log = logging.getLogger(__name__)
 EMBEDDED_SOURCE = "embedded:sklearn-digits"
 
 
-def resolve_dataset(dataset: str, label_column: str, scratch: Path) -> str:
+def resolve_dataset(dataset: str, scratch: Path) -> str:
     """The user's URI, or the embedded digits dataset when none was given."""
-    if dataset:
-        return dataset
-    raise_for(embedded_label_problems(dataset, label_column))
-    return write_embedded_digits(str(scratch))
+    return dataset or write_embedded_digits(str(scratch))
 
 
 # The code that shapes the splits: this module and what the preparation in tasks/core imports (not
@@ -67,30 +62,14 @@ PIECE_CONCURRENCY = 16  # pods reading the input at once
 
 
 @task(container_image=CPU_IMAGE, **guaranteed(PREPROCESS_CPU), **CACHED, **DECKS, retries=CPU_RETRIES)
-def preprocess(
-    dataset: str,
-    label_column: str,
-    val_fraction: float,
-    test_fraction: float,
-    seed: int,
-    dataset_fingerprint: str = "",
-    column_kinds: dict[str, str] | None = None,
-    split_by: str = "",
-    problem_type: str = "auto",
-) -> PreparedData:
+def preprocess(data: DataConfig, dataset_fingerprint: str = "") -> PreparedData:
+    """`data` split, encoded and standardised in this pod; `data` is checked already (`prepare_data`)."""
     begin_task()
     scratch = Path(current_context().working_directory)
-    uri = resolve_dataset(dataset, label_column, scratch)
-    split = SplitConfig(
-        val_fraction=val_fraction,
-        test_fraction=test_fraction,
-        seed=seed,
-        split_by=split_by,
-        problem_type=problem_type,
-    )
+    uri = resolve_dataset(data.dataset, scratch)
     out_dir = scratch / "prepared"
-    prepared = prepare_dataset(uri, label_column, str(out_dir), split, column_kinds)
-    table = replace(prepared.table, source=dataset or EMBEDDED_SOURCE)
+    prepared = prepare_dataset(uri, data.label_column, str(out_dir), data.split, data.column_kinds)
+    table = replace(prepared.table, source=data.dataset or EMBEDDED_SOURCE)
     report_prepared(table)
     splits = {name: parquet_dataset(str(Path(path).parent)) for name, path in prepared.paths.items()}
     return PreparedData(**splits, table=table, fingerprint=dataset_fingerprint)
@@ -111,33 +90,17 @@ def report_prepared(table: PreparedTable) -> None:
 
 
 @task(container_image=CPU_IMAGE, **guaranteed(PREPROCESS_CPU), **CACHED, retries=CPU_RETRIES)
-def assign_piece_splits(
-    dataset: str,
-    label_column: str,
-    val_fraction: float,
-    test_fraction: float,
-    seed: int,
-    dataset_fingerprint: str,
-    pieces: list[DataPiece],
-    column_kinds: dict[str, str] | None = None,
-    split_by: str = "",
-    problem_type: str = "auto",
-) -> PieceSplits:
+def assign_piece_splits(data: DataConfig, dataset_fingerprint: str, pieces: list[DataPiece]) -> PieceSplits:
     """Every row's class and split, from the label column (and the `split_by` column) alone, and the
     folder the pieces write to."""
     begin_task()
-    split = SplitConfig(
-        val_fraction=val_fraction,
-        test_fraction=test_fraction,
-        seed=seed,
-        split_by=split_by,
-        problem_type=problem_type,
-    )
     assignment = str(Path(current_context().working_directory) / "assignment.npy")
     output = FlyteContextManager.current_context().file_access.get_random_remote_directory()
-    layout = assign_pieces(dataset, label_column, split, pieces, output, assignment, column_kinds)
+    layout = assign_pieces(
+        data.dataset, data.label_column, data.split, pieces, output, assignment, data.column_kinds
+    )
     log.info(
-        "%s: %d rows in %d pieces, written under %s", dataset, layout.first_rows[-1], len(pieces), output
+        "%s: %d rows in %d pieces, written under %s", data.dataset, layout.first_rows[-1], len(pieces), output
     )
     return PieceSplits(layout=layout, assignment=FlyteFile(assignment), fingerprint=dataset_fingerprint)
 
@@ -193,13 +156,16 @@ def collect_piece_splits(
 
 
 def preprocess_in_pieces(
-    inputs: dict, pieces: list[DataPiece], plan: PreprocessPlan, plan_resources: bool
+    data: DataConfig,
+    dataset_fingerprint: str,
+    pieces: list[DataPiece],
+    plan: PreprocessPlan,
+    plan_resources: bool,
 ) -> PreparedData:
-    """`preprocess`'s result from map tasks over `pieces`, for a @dynamic to run: `inputs` are
-    `preprocess`'s. The label scan gets the planned memory; the pieces that of a few batches. The
+    """`preprocess`'s result from map tasks over `pieces`, for a @dynamic to run. The label scan gets the planned memory; the pieces that of a few batches. The
     pieces read the input twice: for the statistics of their train rows, from which the encoding and
     the standardisation are fitted once all are in; and to write their parts."""
-    splits = assign_piece_splits(**inputs, pieces=pieces)
+    splits = assign_piece_splits(data=data, dataset_fingerprint=dataset_fingerprint, pieces=pieces)
     mapped = partial(map_task, concurrency=PIECE_CONCURRENCY)
     stats = mapped(partial(piece_encoding_stats, splits=splits))(piece=pieces)
     encoding = fit_piece_encoding(splits=splits, stats=stats)

@@ -17,6 +17,7 @@ from functools import partial
 from flytekit import Deck, Resources, dynamic
 
 from tasks.core.accelerators.rule import on_flyte_cluster
+from tasks.core.data.config import DataConfig
 from tasks.core.data.fingerprint import dataset_fingerprint, describe_input
 from tasks.core.data.pieces import DataPiece, plan_pieces
 from tasks.core.data.reading import BATCH_ROWS
@@ -34,13 +35,10 @@ from tasks.core.publish.promotion import ALWAYS, PromotionPolicy, promotion_prob
 from tasks.core.training.config import TrainConfig
 from tasks.core.validation import (
     batch_problems,
-    column_kind_problems,
-    embedded_label_problems,
-    problem_type_input_problems,
-    problems,
+    data_problems,
     publish_problems,
     regression_problems,
-    split_by_problems,
+    training_problems,
 )
 from tasks.hardware import CPU_NODE, LAUNCHER_RETRIES, ML_CPU_IMAGE, SMALL_CPU, guaranteed
 from tasks.plumbing.decks import DECKS
@@ -70,35 +68,27 @@ def size_preprocessing(dataset: str, label_column: str) -> tuple[PreprocessPlan,
 
 @dynamic(container_image=ML_CPU_IMAGE, **guaranteed(SMALL_CPU), **DECKS, retries=LAUNCHER_RETRIES)
 def prepare_data(
-    dataset: str,
-    label_column: str,
-    val_fraction: float,
-    test_fraction: float,
+    data: DataConfig,
     target: str,
     hyperparameters: TrainConfig,
     plan_resources: bool,
-    column_kinds: dict[str, str] | None = None,
     publish_to: str = "",
     promotion: PromotionPolicy | None = None,
-    split_by: str = "",
-    problem_type: str = "auto",
 ) -> tuple[PreparedData, PreprocessPlan]:
     """Check every input, size the preprocessing from the input's metadata, then preprocess: in one
     pod, or in pieces for an input past the planner's PIECE_BYTES or PIECE_ROWS.
 
-    Runs first and on CPU, so a bad input fails here, before any accelerator is requested.
+    Runs first and on CPU, so a bad input fails here, before any data is read or any accelerator is
+    requested.
     """
     begin_task()
     raise_for(
-        problems(target, hyperparameters, TARGETS, val_fraction, test_fraction)
-        + embedded_label_problems(dataset, label_column)
-        + column_kind_problems(column_kinds or {})
-        + split_by_problems(split_by, label_column)
-        + problem_type_input_problems(problem_type)
+        training_problems(target, hyperparameters, TARGETS)
+        + data_problems(data)
         + publish_problems(publish_to)
         + promotion_problems(promotion or ALWAYS)
     )
-    plan, pieces = size_preprocessing(dataset, label_column)
+    plan, pieces = size_preprocessing(data.dataset, data.label_column)
     log.info(
         "preprocess plan: %s CPU, %s for %d rows x %d columns, in %d pieces",
         plan.cpu,
@@ -107,21 +97,12 @@ def prepare_data(
         plan.input_columns,
         plan.pieces,
     )
-    # Only what the split depends on: a change of epochs or learning rate reuses the cached splits.
-    inputs = dict(
-        dataset=dataset,
-        label_column=label_column,
-        val_fraction=val_fraction,
-        test_fraction=test_fraction,
-        seed=hyperparameters.seed,
-        dataset_fingerprint=dataset_fingerprint(dataset) if dataset else EMBEDDED_FINGERPRINT,
-        column_kinds=column_kinds or {},
-        split_by=split_by,
-        problem_type=problem_type,
-    )
+    # The cache key: the data input and the data's fingerprint, so a change of epochs or learning rate
+    # reuses the cached splits and a file rewritten in place is prepared again.
+    fingerprint = dataset_fingerprint(data.dataset) if data.dataset else EMBEDDED_FINGERPRINT
     if pieces:
-        return preprocess_in_pieces(inputs, pieces, plan, plan_resources), plan
-    prepared = preprocess(**inputs)
+        return preprocess_in_pieces(data, fingerprint, pieces, plan, plan_resources), plan
+    prepared = preprocess(data=data, dataset_fingerprint=fingerprint)
     if plan_resources:
         sized = Resources(cpu=plan.cpu, mem=plan.mem)
         prepared = prepared.with_overrides(requests=sized, limits=sized)

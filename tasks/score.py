@@ -23,6 +23,7 @@ from tasks.core.scoring.cpu_or_gpu import cheapest_whole_gpu, check_hardware, ch
 from tasks.core.scoring.piece import gpu_bundle, score_piece
 from tasks.core.scoring.plan import plan_scoring
 from tasks.core.scoring.records import (
+    FanOut,
     HardwareChoice,
     PieceResult,
     ScoringJob,
@@ -98,31 +99,36 @@ def collect_scores(plan: ScoringPlan, hardware: HardwareChoice, results: list[Pi
     return Scored(StructuredDataset(uri=plan.job.output, file_format="parquet"), report)
 
 
+@task(container_image=ML_CPU_IMAGE, **guaranteed(SMALL_CPU), retries=CPU_RETRIES)
+def scoring_fan_out(max_parallel: int, hardware: str, rows_per_piece: int) -> FanOut:
+    """The fan-out settings as one input of `score`, checked before any row is read."""
+    begin_task()
+    check_hardware(hardware)
+    if max_parallel < 1:
+        raise ValueError(f"max_parallel={max_parallel} must be at least 1")
+    return FanOut(max_parallel, hardware, rows_per_piece)
+
+
 @dynamic(container_image=ML_CPU_IMAGE, **guaranteed(SMALL_CPU), **DECKS, retries=LAUNCHER_RETRIES)
 def score(
     model: str,
     dataset: str,
     label_column: str,
     output: str,
-    max_parallel: int,
-    hardware: str,
-    rows_per_piece: int,
+    fan_out: FanOut,
     trusted_builders: list[str] | None = None,
 ) -> Scored:
-    """Check every input and plan on CPU, then score the pieces, at most `max_parallel` at a time."""
+    """Plan on CPU, then score the pieces, at most `fan_out.max_parallel` at a time."""
     begin_task()
-    check_hardware(hardware)
-    if max_parallel < 1:
-        raise ValueError(f"max_parallel={max_parallel} must be at least 1")
     output = output or FlyteContextManager.current_context().file_access.get_random_remote_directory()
     plan = plan_scoring(
-        model, dataset, output, label_column, rows_per_piece, trusted_builders=trusted_builders or ()
+        model, dataset, output, label_column, fan_out.rows_per_piece, trusted_builders=trusted_builders or ()
     )
-    choice = choose_hardware(plan, DEFAULT_PRICES_PER_HOUR["cpu"], GPU_CATALOG, hardware)
+    choice = choose_hardware(plan, DEFAULT_PRICES_PER_HOUR["cpu"], GPU_CATALOG, fan_out.hardware)
     log.info("scoring %s with %s: %d pieces on %s (%s)", dataset, plan.job.model, len(plan.pieces),
              choice.device, choice.reason)  # fmt: skip
     scorer = score_piece_cpu if choice.device == "cpu" else GPU_PIECE_TASKS[plan.framework]
-    results = map_task(partial(scorer, job=plan.job), concurrency=max_parallel)(piece=plan.pieces)
+    results = map_task(partial(scorer, job=plan.job), concurrency=fan_out.max_parallel)(piece=plan.pieces)
     if choice.device != "cpu":
         results = results.with_overrides(**gpu_option_overrides(choice.gpu))
     return collect_scores(plan=plan, hardware=choice, results=results)

@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 def declared_hardware(run: TrainingRun, profile: TrainingProfile) -> Hardware:
     """What the task declares: its profile's TPU slice or GPUs, or on a laptop its one CPU process."""
-    return Hardware("cpu", 1) if run.device == "cpu" else profile.declared(run.world_size)
+    return Hardware("cpu", 1) if run.on_cpu else profile.declared(run.world_size)
 
 
 def train_tensorflow(
@@ -58,7 +58,7 @@ def train_tensorflow(
     run = outcome.run
     log.info(
         "trained with tf.distribute '%s' on %s, %d replicas, %s, %.0f samples/s",
-        run.strategy, run.device, run.world_size, run.precision, run.samples_per_second,
+        run.strategy, run.device_name, run.world_size, run.precision, run.samples_per_second,
     )  # fmt: skip
     trained = TrainedModel(
         artifact=FlyteFile(str(artifact)),

@@ -20,6 +20,7 @@ from flytekit import task
 from flytekit.core.base_task import IgnoreOutputs
 from flytekit.core.task import TaskPlugins
 from flytekit.exceptions.user import FlyteUserRuntimeException
+from flytekit.types.directory import FlyteDirectory
 from flytekitplugins.kfpytorch import CleanPodPolicy, Elastic, RunPolicy
 from flytekitplugins.kfpytorch.task import PytorchElasticFunctionTask
 
@@ -289,9 +290,12 @@ def elastic(profile: GpuTrainingProfile) -> MachineFittedElastic:
 
 
 @task(task_config=elastic(TRAIN_GPU), **TRAIN_GPU.task_options(), **DECKS)
-def train_torch(prepared: PreparedData, hyperparameters: TrainConfig) -> TrainedModel:
-    """PyTorch DDP on one GPU node (one pod, one worker per GPU)."""
-    return train_with_ddp(prepared, hyperparameters, TRAIN_GPU)
+def train_torch(
+    prepared: PreparedData, hyperparameters: TrainConfig, resume_from: FlyteDirectory | None = None
+) -> TrainedModel:
+    """PyTorch DDP on one GPU node (one pod, one worker per GPU); with `resume_from`, continuing the
+    run whose checkpoint it is (a promoted tuning trial)."""
+    return train_with_ddp(prepared, hyperparameters, TRAIN_GPU, resume_from)
 
 
 @task(task_config=elastic(TRAIN_GPU_MULTINODE), **TRAIN_GPU_MULTINODE.task_options(), **DECKS)

@@ -62,6 +62,8 @@ class TrainedModel:
     run: TrainingRun
     declared: Hardware  # the report bills the applied plan's hardware where there is one
     tensorboard: FlyteDirectory | None = None  # event files: `tensorboard --logdir` on a download
+    # The training state a later run resumes from (`TrainConfig.train_until_epoch`: a tuning rung).
+    checkpoint: FlyteDirectory | None = None
 
 
 @dataclass
@@ -141,8 +143,8 @@ class EvaluationReport:
         run = self.training
         return [
             f"dataset: {self.dataset}",
-            f"model: {describe_spec(run.model)}",
-            f"trained with {run.framework} ({run.strategy}) on {run.device} x{run.world_size} "
+            f"model: {describe_spec(run.config.model)}",
+            f"trained with {run.framework} ({run.strategy}) on {run.device_name} x{run.world_size} "
             f"({run.samples_per_second:,.0f} samples/s, {run.train_seconds:.1f}s)",
             *([f"kept epoch {run.kept_epoch}: {run.kept_reason}"] if run.kept_epoch else []),
             *([f"class weights: {run.config.class_weight}"] if weighted(run) else []),
@@ -196,4 +198,4 @@ def regression_lines(metrics: RegressionMetrics) -> list[str]:
 
 def weighted(run: TrainingRun) -> bool:
     """Whether the run weighed its classes' losses (`TrainConfig.class_weight`)."""
-    return run.config is not None and run.config.class_weight != "none"
+    return run.config.class_weight != "none"

@@ -131,6 +131,7 @@ HEAVY_MODULES = {
     "integration/test_accelerators.py",  # the torch task as a pod on a node without its GPU
     "integration/test_streaming_ddp.py",  # two DDP ranks streaming against device-resident rows
     "integration/test_checkpoint.py",  # runs killed and resumed, against uninterrupted ones
+    "integration/test_tuning.py",  # a 4-trial study end to end: five training runs, evaluation, bundle
     "integration/test_ddp_overlap.py",  # DDP's overlapped reduction: guarded steps, an OOM and its retry
     "integration/test_collective_oom.py",  # one rank's OOM dropped on every rank
     "integration/test_preemption.py",  # a preemption notice on one DDP rank

@@ -9,6 +9,7 @@ from flytekit.types.directory import FlyteDirectory
 
 from tasks.catalog import DEFAULT_PRICES_PER_HOUR
 from tasks.compare import check_prices, compare
+from tasks.core.data.config import DataConfig
 from tasks.core.evaluation.compare import HardwareComparison
 from tasks.core.training.config import TrainConfig
 from tasks.evaluate import evaluate
@@ -23,37 +24,30 @@ Compared = NamedTuple(  # noqa: UP014 - the functional form keeps the field type
 
 @workflow
 def hardware_comparison(
-    dataset: str = "",
-    label_column: str = "label",
+    data: DataConfig = DataConfig(),  # noqa: B008 - Flyte needs the literal default
     hyperparameters: TrainConfig = TrainConfig(),  # noqa: B008 - Flyte needs the literal default
     plan_resources: bool = True,
     prices: dict[str, float] = DEFAULT_PRICES_PER_HOUR,  # noqa: B006
-    column_kinds: dict[str, str] = {},  # noqa: B006 - Flyte needs the literal default
-    problem_type: str = "auto",
 ) -> Compared:
     """Train the PyTorch model on GPU and the TensorFlow model on TPU from the same prepared data.
 
     Args:
-        dataset: parquet or CSV path/URI; empty means the embedded digits dataset.
-        label_column: column holding the class.
+        data: as training_pipeline's: the table, its label column, column kinds and split, e.g.
+            '{"dataset": "data/iris.csv", "label_column": "species"}'; a regression's runs compare by
+            RMSE and R² (the best by R²).
         hyperparameters: as training_pipeline's, for both runs.
         plan_resources: each run on the cheapest GPU or TPU option that holds the model, as
             training_pipeline plans it; off: the hardware declared in tasks/hardware.py.
         prices: USD per accelerator-hour by accelerator name (GPU, TPU chip, or "cpu" per worker), for
             runs without an applied plan; a planned run is priced at its catalog option's price.
-        column_kinds: as training_pipeline's: a column's kind where its type misleads, or 'drop'.
-        problem_type: as training_pipeline's: auto, classification or regression; regression runs
-            compare by RMSE and R² (the best by R²).
     """
     # The prices first, then the pipeline's front door: every input checked before any accelerator is
     # asked for, and the preprocessing cache keyed on the data's fingerprint, so a file rewritten in
     # place is prepared again.
     prices_checked = check_prices(prices=prices)
     prepared, preprocess_plan = prepare_data(
-        dataset=dataset, label_column=label_column, val_fraction=0.15, test_fraction=0.15, target="gpu",
-        hyperparameters=hyperparameters, plan_resources=plan_resources, column_kinds=column_kinds,
-        problem_type=problem_type,
-    )  # fmt: skip
+        data=data, target="gpu", hyperparameters=hyperparameters, plan_resources=plan_resources
+    )
     prices_checked >> prepared
     runs = dict(prepared=prepared, preprocess_plan=preprocess_plan, hyperparameters=hyperparameters,
                 plan_resources=plan_resources)  # fmt: skip

@@ -15,9 +15,10 @@ from flytekit import CronSchedule, LaunchPlan, workflow
 from flytekit.core.workflow import WorkflowBase
 
 from tasks.catalog import DEFAULT_PRICES_PER_HOUR
+from tasks.core.data.config import DataConfig
 from tasks.core.publish.promotion import PromotionPolicy
 from tasks.core.training.config import TrainConfig
-from tasks.schedule import dataset_partition
+from tasks.schedule import data_partition, dataset_partition
 from tasks.score import Scored
 from workflows.comparison import Compared, hardware_comparison
 from workflows.pipeline import TrainingOutputs, training_pipeline
@@ -29,30 +30,23 @@ from workflows.scoring import batch_predict
 def scheduled_training(
     kickoff_time: datetime,
     dataset_template: str = "",
-    label_column: str = "label",
+    data: DataConfig = DataConfig(),  # noqa: B008 - Flyte needs the literal default
     target: str = "gpu",
     hyperparameters: TrainConfig = TrainConfig(),  # noqa: B008 - Flyte needs the literal default
-    val_fraction: float = 0.15,
-    test_fraction: float = 0.15,
     plan_resources: bool = True,
     publish_to: str = "",
-    column_kinds: dict[str, str] = {},  # noqa: B006 - Flyte needs the literal default
     promotion: PromotionPolicy = PromotionPolicy(),  # noqa: B008 - Flyte needs the literal default
-    split_by: str = "",
     int8_export: bool = False,
-    problem_type: str = "auto",
 ) -> TrainingOutputs:
     """training_pipeline on the partition named by the kickoff time, e.g. s3://bucket/events/dt={yesterday}/;
     with `publish_to`, the bundle is published there and becomes its LATEST, which nightly_scoring reads,
     only where the promotion gate finds it not worse than the current LATEST on the run's test split.
-    Every other input is training_pipeline's, so the file can set each of them (column kinds, a
-    time-ordered split, the problem type ...)."""
-    dataset = dataset_partition(template=dataset_template, kickoff_time=kickoff_time)
+    Every other input is training_pipeline's, so the file can set each of them (the data's label column,
+    column kinds and split, the problem type ...); the data's dataset is the partition."""
+    partition = data_partition(template=dataset_template, data=data, kickoff_time=kickoff_time)
     return training_pipeline(
-        dataset=dataset, label_column=label_column, target=target, hyperparameters=hyperparameters,
-        val_fraction=val_fraction, test_fraction=test_fraction, plan_resources=plan_resources,
-        publish_to=publish_to, column_kinds=column_kinds, promotion=promotion, split_by=split_by,
-        int8_export=int8_export, problem_type=problem_type,
+        data=partition, target=target, hyperparameters=hyperparameters, plan_resources=plan_resources,
+        publish_to=publish_to, promotion=promotion, int8_export=int8_export,
     )  # fmt: skip
 
 
@@ -60,21 +54,18 @@ def scheduled_training(
 def scheduled_comparison(
     kickoff_time: datetime,
     dataset_template: str = "",
-    label_column: str = "label",
+    data: DataConfig = DataConfig(),  # noqa: B008 - Flyte needs the literal default
     hyperparameters: TrainConfig = TrainConfig(),  # noqa: B008 - Flyte needs the literal default
     plan_resources: bool = True,
     prices: dict[str, float] = DEFAULT_PRICES_PER_HOUR,  # noqa: B006
-    column_kinds: dict[str, str] = {},  # noqa: B006 - Flyte needs the literal default
-    problem_type: str = "auto",
 ) -> Compared:
     """hardware_comparison on the partition named by the kickoff time: the GPU and the TPU run on the
     user's current data and model, not on the embedded demo data. Every other input is
     hardware_comparison's."""
-    dataset = dataset_partition(template=dataset_template, kickoff_time=kickoff_time)
+    partition = data_partition(template=dataset_template, data=data, kickoff_time=kickoff_time)
     return hardware_comparison(
-        dataset=dataset, label_column=label_column, hyperparameters=hyperparameters,
-        plan_resources=plan_resources, prices=prices, column_kinds=column_kinds, problem_type=problem_type,
-    )  # fmt: skip
+        data=partition, hyperparameters=hyperparameters, plan_resources=plan_resources, prices=prices
+    )
 
 
 @workflow

@@ -23,14 +23,15 @@ from flytekit import Email, PagerDuty, Slack, WorkflowExecutionPhase
 from flytekit.core.notification import Notification
 
 from tasks.catalog import DEFAULT_PRICES_PER_HOUR
-from tasks.core.data.partition import partition_uri
-from tasks.core.data.target import problem_type_problems
+from tasks.core.data.config import EXAMPLE as DATA_EXAMPLE
+from tasks.core.data.config import DataConfig, json_form, rule_problems
+from tasks.core.data.input_rules import value_at
+from tasks.core.data.schedule_uri import partition_uri
 from tasks.core.evaluation.compare import price_problems, unknown_price_key
 from tasks.core.publish.promotion import EXAMPLE as PROMOTION_EXAMPLE
 from tasks.core.publish.promotion import PromotionPolicy
 from tasks.core.strict_json import convert, instantiate, shape_problems, value_problems
 from tasks.core.training.config import EXAMPLES, with_option_lists_joined
-from tasks.core.validation import FORCED_KINDS
 from tasks.targets import TARGETS
 
 ENV = "MIXEDML_SCHEDULES"
@@ -50,7 +51,7 @@ DEFAULT_PHASES = ["failed", "timed_out"]
 CHANNELS = {"email": Email, "slack": Slack, "pagerduty": PagerDuty}
 EMAIL = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s]+")
 # An object of each dataclass input, for messages about a value of the wrong form.
-DATACLASS_EXAMPLES = {**EXAMPLES, PromotionPolicy: PROMOTION_EXAMPLE}
+DATACLASS_EXAMPLES = {**EXAMPLES, PromotionPolicy: PROMOTION_EXAMPLE, DataConfig: DATA_EXAMPLE}
 
 
 class ScheduleError(ValueError):
@@ -162,6 +163,8 @@ def checked(value: object, hint: object, key: str) -> tuple[object, list[str]]:
     """`value` as the input's Python type, and what is wrong with it."""
     if hint is bool:
         return value, [] if isinstance(value, bool) else [f"'{key}' = {value!r}: expected true or false"]
+    if hint is DataConfig:
+        return checked_data(value, key)
     if dataclasses.is_dataclass(hint):
         value = with_option_lists_joined(value)
         found = [
@@ -184,18 +187,34 @@ def checked(value: object, hint: object, key: str) -> tuple[object, list[str]]:
     return value, [f"'{key}' = {value!r}: {problem}"] if problem else []
 
 
+def checked_data(value: object, key: str) -> tuple[DataConfig | None, list[str]]:
+    """The data input, by the data rules on its JSON form (a split refuses to be built from a bad value).
+    Its dataset is the partition the template names, as the rules read it."""
+    found = [
+        problem.removeprefix("input ")
+        for problem in shape_problems(value, DataConfig, key, DATACLASS_EXAMPLES)
+    ]
+    if found:
+        return None, found
+    if "dataset" in value:
+        return None, [
+            f"'{key}.dataset': filled from dataset_template each time the schedule fires; remove it"
+        ]
+    fields = {**json_form(value), "dataset": "{dataset_template}"}
+    found = [
+        f"'{key}.{name}' = {value_at(fields, name)!r}: {problem}"
+        for name, problem in rule_problems(fields).items()
+    ]
+    return (None if found else instantiate(DataConfig, value)), found
+
+
 def template_rule(template: str) -> str:
-    """What the run would refuse (tasks/core/data/partition.py), without the input's name it puts first."""
+    """What the run would refuse (tasks/core/data/schedule_uri.py), without the input's name it puts first."""
     try:
         partition_uri(template, datetime(2000, 1, 1))
     except ValueError as error:
         return str(error).removeprefix(f"input 'dataset_template' = '{template}' ")
     return ""
-
-
-def column_kinds_rule(column_kinds: Mapping[str, str]) -> str:
-    wrong = [f"{name!r}: {kind!r}" for name, kind in column_kinds.items() if kind not in FORCED_KINDS]
-    return f"{', '.join(wrong)}: a column's kind is one of {', '.join(FORCED_KINDS)}" if wrong else ""
 
 
 def price_rule(prices: Mapping[str, float]) -> str:
@@ -213,10 +232,6 @@ RULES = {
     "target": lambda target: "" if target in TARGETS else f"not one of {', '.join(TARGETS)}",
     "max_parallel": lambda count: "" if count >= 1 else "must be at least 1",
     "prices": price_rule,
-    "column_kinds": column_kinds_rule,
-    "problem_type": lambda problem_type: problem_type_problems(problem_type).removeprefix(
-        f"problem_type={problem_type!r} "
-    ),
 }
 
 

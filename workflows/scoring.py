@@ -5,7 +5,7 @@ from __future__ import annotations
 from flytekit import workflow
 
 from tasks.core.scoring.records import PIECE_ROWS
-from tasks.score import Scored, score
+from tasks.score import Scored, score, scoring_fan_out
 
 
 @workflow
@@ -39,7 +39,8 @@ def batch_predict(
             a bundle naming any other is refused before its code is imported. The built-ins (mlp,
             cnn) are always trusted.
     """
+    fan_out = scoring_fan_out(max_parallel=max_parallel, hardware=hardware, rows_per_piece=rows_per_piece)
     return score(
-        model=model, dataset=dataset, label_column=label_column, output=output, max_parallel=max_parallel,
-        hardware=hardware, rows_per_piece=rows_per_piece, trusted_builders=trusted_builders,
+        model=model, dataset=dataset, label_column=label_column, output=output, fan_out=fan_out,
+        trusted_builders=trusted_builders,
     )  # fmt: skip

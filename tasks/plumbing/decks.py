@@ -49,7 +49,7 @@ def figure(svg: str, name: str) -> str:
 def column_rows(prepared: PreparedTable) -> list[list]:
     """What preprocessing decided for each input column: its kind, the columns the model reads from it,
     its vocabulary, the share of train rows missing it; or why it was left out."""
-    from tasks.core.data.encoding import CategoryEncoding
+    from tasks.core.data.kind_records import RECORDS
 
     if not prepared.encoding:  # prepared before encodings: every feature a number, read as it is
         return [[name, "numeric", 1, "", "0.0%", ""] for name in prepared.feature_names]
@@ -57,7 +57,7 @@ def column_rows(prepared: PreparedTable) -> list[list]:
     rows = []
     for column in encoding.columns:
         encoder = column.encoder
-        vocabulary = len(encoder.vocabulary) if isinstance(encoder, CategoryEncoding) else ""
+        vocabulary = RECORDS[column.kind].deck_vocabulary(encoder)
         missing = f"{column.missing_share:.1%}"
         rows.append([column.name, column.kind, len(encoder.names(column.name)), vocabulary, missing, ""])
     rows += [[name, "left out", 0, "", "", why] for name, why in encoding.left_out.items()]
@@ -98,7 +98,7 @@ def training_deck(trained, samples: list) -> None:
         "Run",
         table(["framework", "strategy", "device", "workers", "precision", "samples/s", "train s", "peak device GiB",
                "declared hardware"],
-              [[run.framework, run.strategy, run.device, run.world_size, run.precision, run.samples_per_second,
+              [[run.framework, run.strategy, run.device_name, run.world_size, run.precision, run.samples_per_second,
                 run.train_seconds, run.peak_device_memory_bytes / 2**30, trained.declared.describe()]]),
     )  # fmt: skip
     Deck("Training", learning_curves(run.history, run.regression) + run_table + utilisation_section(samples))
@@ -181,7 +181,7 @@ def evaluation_deck(report, points=None) -> None:
     content = section(
         "Test metrics",
         table(["accuracy", "macro-F1", "test rows", "trained with", "on"],
-              [[metrics.accuracy, metrics.macro_f1, metrics.n_test, run.framework, run.device]]),
+              [[metrics.accuracy, metrics.macro_f1, metrics.n_test, run.framework, run.device_name]]),
         "".join(f"<p>{html.escape(note)}</p>" for note in report.notes),
     ) + billed_section(report) + section(
         "Confusion matrix",
@@ -205,7 +205,7 @@ def regression_deck(report, points=None) -> None:
         table(["", "RMSE", "MAE", "R²", "test rows"],
               [["model", metrics.rmse, metrics.mae, metrics.r2, metrics.n_test],
                ["train mean", metrics.baseline_rmse, metrics.baseline_mae, metrics.baseline_r2, metrics.n_test]]),
-        table(["trained with", "on"], [[run.framework, run.device]]),
+        table(["trained with", "on"], [[run.framework, run.device_name]]),
         "".join(f"<p>{html.escape(note)}</p>" for note in [report.target.describe(), *report.notes]),
     ) + billed_section(report)  # fmt: skip
     if points is not None:

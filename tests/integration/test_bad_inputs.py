@@ -14,12 +14,13 @@ import numpy as np
 import pytest
 
 from tasks.core.data.assignment import SplitConfig
+from tasks.core.data.config import DataConfig, input_problems, json_form
 from tasks.core.data.files import DatasetError
 from tasks.core.data.prepare import prepare_dataset
 from tasks.core.models.plugins import ModelSpec
 from tasks.core.planning.batches import micro_batch
 from tasks.core.training.config import TrainConfig
-from tasks.core.validation import batch_problems, embedded_label_problems, problems, split_problems
+from tasks.core.validation import batch_problems, data_problems, training_problems
 from tasks.targets import TARGETS
 from tests.conftest import blobs_frame
 
@@ -136,7 +137,7 @@ INPUT_CASES = {
 @pytest.mark.parametrize("case", list(INPUT_CASES))
 def test_bad_inputs_are_named_with_the_fix(case):
     target, hyperparameters, fragments = INPUT_CASES[case]
-    (message,) = problems(target, hyperparameters, TARGETS)
+    (message,) = training_problems(target, hyperparameters, TARGETS)
     for fragment in fragments:
         assert fragment in message, message
 
@@ -170,15 +171,20 @@ WORKFLOW_CASES = {
         ["model 'tests.unit.models.test_builders:wrong_logits' gave logits of shape [4, 0], expected [4, 3]"],
     ),
     "validation: an unknown column kind": (
-        lambda t: write(t, "d.parquet"), {"column_kinds": {"f0": "text"}},
-        ["input 'column_kinds['f0']' = 'text': not one of numeric, categorical, boolean, date, drop"],
+        lambda t: write(t, "d.parquet"), {"data": {"column_kinds": {"f0": "text"}}},
+        ["input 'data.column_kinds' = {'f0': 'text'}: 'f0': 'text': not a kind; a column's kind is one of "
+         "numeric, categorical, boolean, date, drop", """--data '{"column_kinds": {"f0": "categorical"}}'"""],
+    ),
+    "validation: a split by the label column": (
+        lambda t: write(t, "d.parquet"), {"data": {"split": SplitConfig(split_by="species")}},
+        ["input 'data.split.split_by' = 'species': is the label column"],
     ),
     "preprocessing: a kind the column cannot be read as": (
-        lambda t: write(t, "d.parquet"), {"column_kinds": {"f1": "date"}},
+        lambda t: write(t, "d.parquet"), {"data": {"column_kinds": {"f1": "date"}}},
         ["d.parquet", "'f1'", "date"],
     ),
     "preprocessing: a kind for a column the data lacks": (
-        lambda t: write(t, "d.parquet"), {"column_kinds": {"zip": "categorical"}},
+        lambda t: write(t, "d.parquet"), {"data": {"column_kinds": {"zip": "categorical"}}},
         ["column kinds are given for 'zip', which are not feature columns of the data"],
     ),
     "validation: publish_to is a file": (
@@ -213,10 +219,11 @@ def test_the_workflow_fails_before_training_naming_the_input(case, tmp_path, no_
     from workflows.pipeline import training_pipeline
 
     make_dataset, extra, fragments = WORKFLOW_CASES[case]
-    inputs = {"dataset": make_dataset(tmp_path), "label_column": "species",
-              "hyperparameters": TrainConfig(epochs=2), **extra}  # fmt: skip
+    dataset = make_dataset(tmp_path)
+    data = DataConfig(dataset, "species", **extra.get("data", {}))
+    inputs = {"hyperparameters": TrainConfig(epochs=2), **extra, "data": data}
     if inputs.get("publish_to") == "PUBLISH_TO_THE_DATA_FILE":
-        inputs["publish_to"] = inputs["dataset"]
+        inputs["publish_to"] = dataset
     before = files_under(tmp_path)
     with pytest.raises(Exception) as error:
         training_pipeline(**inputs)
@@ -240,28 +247,34 @@ def test_the_batch_split_rule_is_the_same_at_every_check(batch_size, workers, ac
 
 @pytest.mark.parametrize("fraction", [0.0, 0.5, -0.1, float("nan"), 0.2])
 def test_the_split_fractions_are_refused_alike_by_the_inputs_check_and_the_split(fraction):
-    refused = split_problems(0.15, fraction)
+    refused = input_problems(json_form({"split": {"test_fraction": fraction}}))
     try:
         SplitConfig(test_fraction=fraction)
     except DatasetError as error:
         (problem,) = refused
-        assert f"input 'test_fraction' = {fraction!r}: must be between 0 and 0.5 (exclusive)" in problem
-        assert "--test_fraction 0.15" in problem
-        assert "test_fraction" in str(error) and "between 0 and 0.5" in str(error)
+        rule = f"{fraction!r}: must be between 0 and 0.5 (exclusive)"
+        assert f"input 'data.split.test_fraction' = {rule}" in problem
+        assert f"test_fraction = {rule}" in str(error)
+        assert """--data '{"split": {"test_fraction": 0.15}}'""" in problem
     else:
         assert refused == []
 
 
 def test_another_label_column_for_the_embedded_digits_is_refused_naming_both():
-    (problem,) = embedded_label_problems("", "target")
-    assert "input 'label_column' = 'target'" in problem
-    assert "embedded digits dataset has label column 'label'" in problem and "--dataset" in problem
-    assert embedded_label_problems("", "label") == embedded_label_problems("d.parquet", "target") == []
+    (problem,) = data_problems(DataConfig(label_column="target"))
+    assert "input 'data.label_column' = 'target'" in problem
+    assert "embedded digits dataset has label column 'label'; name your own dataset" in problem
+    assert """--data '{"label_column": "label"}'""" in problem
+    assert (
+        data_problems(DataConfig(label_column="label"))
+        == data_problems(DataConfig("d.parquet", "target"))
+        == []
+    )
 
 
 def test_a_strategy_that_leaves_the_tpu_slice_idle_is_refused_before_any_pod():
-    (problem,) = problems("tpu", TrainConfig(tf_strategy="mirrored"), TARGETS)
+    (problem,) = training_problems("tpu", TrainConfig(tf_strategy="mirrored"), TARGETS)
     assert "'hyperparameters.tf_strategy' = 'mirrored': the tpu target trains with TPUStrategy" in problem
     assert "--target gpu-tf" in problem
-    assert problems("tpu", TrainConfig(tf_strategy="tpu"), TARGETS) == []
-    assert problems("gpu-tf", TrainConfig(tf_strategy="mirrored"), TARGETS) == []
+    assert training_problems("tpu", TrainConfig(tf_strategy="tpu"), TARGETS) == []
+    assert training_problems("gpu-tf", TrainConfig(tf_strategy="mirrored"), TARGETS) == []

@@ -13,6 +13,8 @@ import pytest
 from flytekit.types.structured import StructuredDataset
 
 from tasks import preprocess as preprocess_module
+from tasks.core.data.config import DataConfig
+from tasks.core.data.split_config import SplitConfig
 from tasks.core.training.config import TrainConfig
 from tasks.plumbing.storage import dataset_uri, require_local_copies
 from tasks.right_sizing import prepare_data
@@ -35,9 +37,9 @@ def preprocess_calls(monkeypatch) -> list[str]:
     return calls
 
 
-def prepare(path, **hyperparameters):
+def prepare(path, split_seed=0, **hyperparameters):
     prepared, _ = prepare_data(
-        dataset=str(path), label_column="species", val_fraction=0.15, test_fraction=0.15, target="gpu",
+        data=DataConfig(str(path), "species", split=SplitConfig(seed=split_seed)), target="gpu",
         hyperparameters=TrainConfig(**hyperparameters), plan_resources=True,
     )  # fmt: skip
     return prepared
@@ -48,7 +50,7 @@ def test_rerun_hits_the_cache_and_changed_data_recomputes(tmp_path, preprocess_c
     blobs_frame(n_rows=240, seed=1).to_parquet(path, index=False)
 
     first = prepare(path)
-    second = prepare(path, epochs=2, learning_rate=0.01)  # training settings do not key the split
+    second = prepare(path, epochs=2, learning_rate=0.01, seed=1)  # training's settings, its seed too, keep it
     assert preprocess_calls == [str(path)]  # the second preparation reused the cached splits
     assert second.table.rows == first.table.rows and sum(first.table.rows.values()) == 240
 
@@ -62,7 +64,7 @@ def test_a_different_split_is_not_served_from_the_cache(tmp_path, preprocess_cal
     path = tmp_path / "blobs.parquet"
     blobs_frame(n_rows=240, seed=3).to_parquet(path, index=False)
     for seed in (0, 1):
-        prepare(path, seed=seed)
+        prepare(path, split_seed=seed)
     assert len(preprocess_calls) == 2
 
 

@@ -347,7 +347,9 @@ def serves(pool: Pool, demand: Demand) -> bool:
 def fits(pool: Pool, demand: Demand) -> bool:
     size = machine(pool)
     memory_gib = float(demand.amount("memory")) / 2**30
-    return size is not None and size.misfit(float(demand.amount("cpu")), memory_gib) is None
+    if size is None:
+        return False
+    return float(demand.amount("cpu")) <= size.allocatable_cpu and memory_gib <= size.allocatable_memory_gib
 
 
 def unscheduled(demand: Demand, pools: tuple[Pool, ...]) -> str | None:
@@ -643,13 +645,10 @@ def test_the_default_run_of_every_target_is_planned_onto_a_default_pool():
     from workflows.pipeline import training_pipeline
 
     inputs = training_pipeline.python_interface.default_inputs_as_kwargs
-    dataset, label, config = inputs["dataset"], inputs["label_column"], inputs["hyperparameters"]
-    preprocess_plan, _ = size_preprocessing(dataset, label)
-    prepared = preprocess(
-        dataset=dataset, label_column=label, val_fraction=inputs["val_fraction"],
-        test_fraction=inputs["test_fraction"], seed=config.seed,
-        dataset_fingerprint=dataset_fingerprint(dataset) if dataset else EMBEDDED_FINGERPRINT,
-    )  # fmt: skip
+    data, config = inputs["data"], inputs["hyperparameters"]
+    preprocess_plan, _ = size_preprocessing(data.dataset, data.label_column)
+    fingerprint = dataset_fingerprint(data.dataset) if data.dataset else EMBEDDED_FINGERPRINT
+    prepared = preprocess(data=data, dataset_fingerprint=fingerprint)
     problems = []
     for name, target in TARGETS.items():
         report = plan_report(

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from tasks.core.data.config import DataConfig
+from tasks.core.data.split_config import SplitConfig
 from tasks.core.models.plugins import ModelSpec, mlp_spec
 from tasks.core.training.config import TrainConfig
 
@@ -36,9 +38,7 @@ def test_the_training_task_ends_at_once_on_divergence_with_its_message_restartin
     from tasks.preprocess import preprocess
     from tasks.train_torch import train_torch
 
-    prepared = preprocess(
-        dataset=write_table(blobs), label_column="species", val_fraction=0.2, test_fraction=0.2, seed=0
-    )
+    prepared = preprocess(data=DataConfig(write_table(blobs), "species", split=SplitConfig(0.2, 0.2)))
     builds = tmp_path / "builds.txt"
     model = ModelSpec("tests.unit.training.test_divergence:recorded_mlp", options={"builds": str(builds)})
     config = TrainConfig(epochs=2, batch_size=32, learning_rate=3e8, model=model)

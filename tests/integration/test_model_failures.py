@@ -92,15 +92,15 @@ def fails_on_rank_1(spec, options):
 
 @pytest.mark.slow
 def test_the_training_task_fails_once_without_retry_naming_the_rank_that_failed(blobs, write_table, tmp_path):
+    from tasks.core.data.config import DataConfig
+    from tasks.core.data.split_config import SplitConfig
     from tasks.core.training.config import TrainConfig
     from tasks.preprocess import preprocess
     from tasks.train_torch import train_torch
 
     dataset = write_table(blobs)
     original = Path(dataset).read_bytes()
-    prepared = preprocess(
-        dataset=dataset, label_column="species", val_fraction=0.2, test_fraction=0.2, seed=0
-    )
+    prepared = preprocess(data=DataConfig(dataset, "species", split=SplitConfig(0.2, 0.2)))
     builds = tmp_path / "builds.txt"
     model = ModelSpec(
         "tests.integration.test_model_failures:fails_on_rank_1", options={"builds": str(builds)}

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tasks.core.data.config import DataConfig
 from tasks.core.messages import InputError
 from tasks.core.models.plugins import ModelSpec, mlp_spec
 from tasks.core.planning.planner import PlanError
@@ -38,7 +39,7 @@ def test_default_run_on_embedded_digits_reaches_095(default_digits_run):
     assert metrics.n_test == 270 and len(metrics.per_class) == 10
     assert sum(map(sum, metrics.confusion_matrix)) == metrics.n_test
     run = report.training
-    assert (run.framework, run.device, run.world_size) == ("pytorch", "cpu", 2)
+    assert (run.framework, run.device_type, run.device_name, run.world_size) == ("pytorch", "cpu", "cpu", 2)
     assert report.dataset == "embedded:sklearn-digits"
     plan = report.resource_plan
     choice = plan.training.choice
@@ -75,7 +76,7 @@ def test_the_cnn_on_the_multinode_target_is_clamped_to_one_node_beats_the_mlp_an
     assert (report.training.framework, report.training.world_size) == ("pytorch", 2)
     assert report.metrics.accuracy >= 0.98
     assert report.metrics.accuracy > default_digits_run.report.metrics.accuracy
-    assert report.training.model == cnn and "model: cnn 1x8x8" in report.summary()
+    assert report.training.config.model == cnn and "model: cnn 1x8x8" in report.summary()
     manifest = json.loads((Path(outputs.model.path) / "bundle.json").read_text())
     check = manifest["export_checks"]["onnx_int8"]
     assert check["kept"] == ("onnx_int8" in manifest["files"])
@@ -100,7 +101,7 @@ def training_tasks_run(monkeypatch) -> list[str]:
 
 def test_embedded_data_with_another_label_column_is_explained(training_tasks_run):
     with pytest.raises(ValueError, match="embedded digits dataset has label column 'label'"):
-        training_pipeline(label_column="target")
+        training_pipeline(data=DataConfig(label_column="target"))
     assert training_tasks_run == []
 
 
@@ -116,7 +117,9 @@ def test_hardware_comparison_trains_both_from_the_same_data(comparison_run):
     assert names == ["gpu (pytorch)", "tpu (tensorflow)"]
     frameworks = [row.run.training.framework for row in comparison.rows]
     assert frameworks == ["pytorch", "tensorflow"]
-    assert [row.run.training.model for row in comparison.rows] == [COMPARISON_HYPERPARAMETERS.model] * 2
+    assert [row.run.training.config.model for row in comparison.rows] == [
+        COMPARISON_HYPERPARAMETERS.model
+    ] * 2
     for row in comparison.rows:
         assert row.run.accuracy >= 0.9
         assert row.price_per_hour == 0.5
@@ -167,7 +170,7 @@ def scheduled_run_on_a_users_csv(tmp_path_factory):
         outputs = scheduled_training(
             kickoff_time=datetime(2026, 11, 22, 2, 0),
             dataset_template=str(root / "dt={yesterday}" / "data.csv"),
-            label_column="answer",
+            data=DataConfig(label_column="answer"),
             hyperparameters=TrainConfig(epochs=3, batch_size=32),
         )
     return outputs.report, pages, root / "dt=2026-11-21" / "data.csv"

@@ -50,15 +50,15 @@ def tiny(command: str, scratch: Path) -> list[str]:
     words = shlex.split(command)
     words[0] = str(Path(sys.executable).with_name("pyflyte"))
     options = dict(zip(words, words[1:], strict=False))  # each word and the one after it
-    if "--dataset" in options:
+    if "--dataset" in options:  # batch_predict's
         index = words.index("--dataset") + 1
-        frame = blobs_frame(n_rows=150).rename(columns={"species": options.get("--label_column", "label")})
-        table = scratch / f"{options.get('--label_column', 'label')}{Path(words[index]).suffix}"
-        if table.suffix in (".parquet", ".pq"):
-            frame.to_parquet(table)
-        else:
-            frame.to_csv(table, index=False)
-        words[index] = str(table)
+        words[index] = local_table(words[index], options.get("--label_column", "label"), scratch)
+    if "--data" in options:  # the training workflows': JSON whose dataset is replaced
+        index = words.index("--data") + 1
+        data = json.loads(words[index])
+        if data.get("dataset"):
+            data["dataset"] = local_table(data["dataset"], data.get("label_column", "label"), scratch)
+        words[index] = json.dumps(data)
     for name in ("--publish_to", "--model", "--output"):  # one folder the commands share, in order
         if name in options:
             index = words.index(name) + 1
@@ -71,6 +71,17 @@ def tiny(command: str, scratch: Path) -> list[str]:
     else:
         words += ["--hyperparameters", json.dumps({"epochs": 1})]
     return words
+
+
+def local_table(dataset: str, label_column: str, scratch: Path) -> str:
+    """A small local table in the format `dataset` names, with its label column."""
+    frame = blobs_frame(n_rows=150).rename(columns={"species": label_column})
+    table = scratch / f"{label_column}{Path(dataset).suffix}"
+    if table.suffix in (".parquet", ".pq"):
+        frame.to_parquet(table)
+    else:
+        frame.to_csv(table, index=False)
+    return str(table)
 
 
 def text(output: str | bytes | None) -> str:
@@ -126,7 +137,9 @@ def readme_run(request, tmp_path_factory) -> dict:
 
 def test_the_readme_shows_the_local_commands():
     assert any("workflows/comparison.py hardware_comparison" in c for c in COMMANDS)
-    assert any("--dataset" in c for c in COMMANDS) and any("--hyperparameters" in c for c in COMMANDS)
+    assert any('--data \'{"dataset": ' in c for c in COMMANDS) and any(
+        "--hyperparameters" in c for c in COMMANDS
+    )
 
 
 @pytest.mark.xdist_group("readme")

@@ -13,6 +13,8 @@ import pytest
 
 from tasks.core.bundle.loading import load_bundle
 from tasks.core.bundle.table_input import BundleError
+from tasks.core.data.config import DataConfig
+from tasks.core.data.split_config import SplitConfig
 from tasks.core.messages import InputError
 from tasks.core.training.config import TrainConfig
 from workflows.pipeline import training_pipeline
@@ -32,7 +34,7 @@ def diabetes(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def diabetes_run(diabetes):
-    return training_pipeline(dataset=diabetes, label_column="target", hyperparameters=TrainConfig(epochs=60))
+    return training_pipeline(data=DataConfig(diabetes, "target"), hyperparameters=TrainConfig(epochs=60))
 
 
 def test_auto_trains_a_regression_that_beats_the_train_mean(diabetes_run):
@@ -65,10 +67,8 @@ def test_the_bundle_predicts_numbers_in_the_label_s_units_and_refuses_probabilit
 
 def test_the_tensorflow_target_trains_the_regression_asked_for(diabetes):
     outputs = training_pipeline(
-        dataset=diabetes,
-        label_column="target",
+        data=DataConfig(diabetes, "target", split=SplitConfig(problem_type="regression")),
         target="gpu-tf",
-        problem_type="regression",
         hyperparameters=TrainConfig(epochs=40, batch_size=32),
     )
     report = outputs.report
@@ -81,7 +81,6 @@ def test_the_tensorflow_target_trains_the_regression_asked_for(diabetes):
 def test_a_regression_with_val_accuracy_is_refused_before_training(diabetes):
     with pytest.raises(InputError, match="a regression has no accuracy"):
         training_pipeline(
-            dataset=diabetes,
-            label_column="target",
+            data=DataConfig(diabetes, "target"),
             hyperparameters=TrainConfig(selection_metric="val_accuracy"),
         )

@@ -132,11 +132,9 @@ def test_register_with_the_shipped_file_activates_no_schedule(tmp_path):
 @pytest.mark.slow
 def test_the_weekly_comparison_compares_on_the_partition_of_its_kickoff_day(flyte_package):
     nodes = flyte_package.workflows["workflows.launch_plans.scheduled_comparison"].template.nodes
-    (partition,) = [
-        n.id for n in nodes if n.task_node.reference_id.name == "tasks.schedule.dataset_partition"
-    ]
+    (partition,) = [n.id for n in nodes if n.task_node.reference_id.name == "tasks.schedule.data_partition"]
     (comparison,) = [
         n for n in nodes if n.workflow_node.sub_workflow_ref.name.endswith("hardware_comparison")
     ]
-    (dataset,) = [b.binding.promise for b in comparison.inputs if b.var == "dataset"]
-    assert dataset.node_id == partition
+    (data,) = [b.binding.promise for b in comparison.inputs if b.var == "data"]
+    assert data.node_id == partition

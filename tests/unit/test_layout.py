@@ -3,6 +3,7 @@ layers, and no module too long to hold in one's head."""
 
 from __future__ import annotations
 
+import ast
 import graphlib
 from pathlib import Path
 
@@ -28,6 +29,7 @@ LAYERS = (
     "tasks.core.models",
     "tasks.core.planning",
     "tasks.core.training",
+    "tasks.core.tuning",
     "tasks.core.bundle",
     "tasks.core.evaluation",
     "tasks.core.publish",
@@ -35,6 +37,8 @@ LAYERS = (
     "tasks.core.validation",
 )
 MAX_LINES = 450
+MAX_PARAMETERS = 7  # of a function, self and cls not counted: more is a config wanting its dataclass
+MAX_BODY_LINES = 60  # of a function's body, its docstring included
 
 
 def layer(module: str) -> int:
@@ -112,3 +116,56 @@ def test_the_training_config_depends_only_on_leaves():
     assert IMPORTS["tasks.core.training.config"] <= {
         "tasks.core.messages", "tasks.core.strict_json", "tasks.core.models.plugins", "tasks.core.planning.batches",
     }  # fmt: skip
+
+
+def functions(source: str) -> list[tuple[str, int, int]]:
+    """Each function (def or async def, nested ones too) as its name, its parameters but self and cls,
+    and the lines of its body."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            arguments = node.args
+            named = [
+                *arguments.posonlyargs,
+                *arguments.args,
+                *arguments.kwonlyargs,
+                arguments.vararg,
+                arguments.kwarg,
+            ]
+            parameters = [a.arg for a in named if a is not None and a.arg not in ("self", "cls")]
+            found.append((node.name, len(parameters), node.end_lineno - node.body[0].lineno + 1))
+    return found
+
+
+def oversized(source: str, max_parameters: int = MAX_PARAMETERS) -> list[str]:
+    return [
+        f"{name}: {parameters} parameters, {lines} lines"
+        for name, parameters, lines in functions(source)
+        if parameters > max_parameters or lines > MAX_BODY_LINES
+    ]
+
+
+def parameter_limit(module: str) -> int:
+    """A workflow's parameters are its command line, where flat flags for the common inputs are what a
+    user types; every function under tasks/ keeps to MAX_PARAMETERS."""
+    return MAX_PARAMETERS if module.startswith("tasks") else 10**6
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_no_function_takes_too_many_parameters_or_runs_too_long(module):
+    """A function past MAX_PARAMETERS wants its inputs grouped in a config; one past MAX_BODY_LINES
+    holds steps that want names of their own."""
+    assert oversized(source_path(module).read_text(), parameter_limit(module)) == []
+
+
+def test_an_oversized_function_is_found_where_there_is_one():
+    long_body = "\n".join(f"    x{i} = {i}" for i in range(MAX_BODY_LINES + 1))
+    source = (
+        "class C:\n    def ok(self, a, b, c, d, e, f, g):\n        pass\n"
+        "async def wide(a, b, c, d, e, f, g, *rest):\n    pass\n"
+        f"def long():\n{long_body}\n"
+    )
+    assert oversized(source) == [
+        f"wide: {MAX_PARAMETERS + 1} parameters, 1 lines",
+        f"long: 0 parameters, {MAX_BODY_LINES + 1} lines",
+    ]

@@ -107,23 +107,24 @@ def train_until_one_rank_is_signalled(
 
 
 def train_until_one_rank_diverges(config, splits, diverging_rank: int, diverging_step: int) -> dict[str, Any]:
-    """Train; on `diverging_rank` alone the `diverging_step`-th optimizer step's loss reads NaN.
+    """Train; on `diverging_rank` alone the `diverging_step`-th optimizer step's loss is NaN.
     Returns the error each rank stopped with and the optimizer steps it ran."""
     import os
 
     from tasks.core.models.plugins import TrainingDiverged
-    from tasks.core.training import torch_ddp, torch_training
+    from tasks.core.training import torch_ddp, torch_loop, torch_training
 
-    real_step, calls = torch_training.LoopState.optimizer_step, []
+    real_step, real_loss, calls = torch_training.LoopState.optimizer_step, torch_loop.mean_loss, []
 
     def step(*args, **kwargs):
         calls.append(1)
-        totals = real_step(*args, **kwargs)
-        if int(os.environ["RANK"]) == diverging_rank and len(calls) == diverging_step:
-            totals.loss_sum += float("nan")
-        return totals
+        return real_step(*args, **kwargs)
 
-    torch_training.LoopState.optimizer_step = step
+    def loss(*args):
+        diverges = int(os.environ["RANK"]) == diverging_rank and len(calls) == diverging_step
+        return real_loss(*args) + float("nan") if diverges else real_loss(*args)
+
+    torch_training.LoopState.optimizer_step, torch_loop.mean_loss = step, loss
     try:
         torch_training.train(config, splits)
     except TrainingDiverged as error:

@@ -53,9 +53,9 @@ def train_and_watch(config, splits, failing_backward: int | None) -> dict[str, A
     backwards: list[int] = []
     attempts: list[int] = []  # the micro-batch size of every attempt at an optimizer step
 
-    def accumulate(state, batch, micro):
+    def accumulate(state, batch, micro, totals):
         attempts.append(micro)
-        return real_accumulate(state, batch, micro)
+        return real_accumulate(state, batch, micro, totals)
 
     torch_training.build = build_with_oom_in_backward(real_build, failing_backward, backwards)
     torch_training.LoopState.accumulate_gradients = accumulate

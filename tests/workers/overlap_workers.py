@@ -9,30 +9,22 @@ from typing import Any
 
 def train_recording_overlap(config, splits) -> dict[str, Any]:
     """Train, recording per optimizer step its path and, in order, the events of its backward:
-    ("bucket", index) when DDP issues a bucket's all-reduce (a communication hook), "reduce" when
+    ("bucket", index) when DDP issues a bucket's all-reduce (the loop's communication hook), "reduce" when
     the loop's own gradient average starts, "backward end" when the first layer's weight, the last
     gradient of a backward, has been accumulated."""
     import torch
 
-    from tasks.core.training import torch_loop, torch_training
+    from tasks.core.training import torch_loop, torch_training, votes
     from tests.workers.ddp_workers import train_and_report
 
     steps: list[dict[str, Any]] = []
     record = lambda event: steps[-1]["events"].append(event)  # noqa: E731
-
-    def recording_hook(process_group, bucket):
-        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
-        record(("bucket", bucket.index()))
-        return allreduce_hook(process_group, bucket)
-
-    real_wrap, real_build = torch_loop.wrap_in_ddp, torch_training.build
+    real_hook, real_build = votes.StepVotes.hook, torch_training.build
     real_step, real_average = torch_training.LoopState.optimizer_step, torch_loop.average_gradients
 
-    def wrap(model, device=None):
-        ddp = real_wrap(model, device)
-        ddp.register_comm_hook(None, recording_hook)
-        return ddp
+    def recording_hook(self, group, bucket):  # the loop's own communication hook, recorded
+        record(("bucket", bucket.index()))
+        return real_hook(self, group, bucket)
 
     def build(*args):
         model = real_build(*args)
@@ -47,7 +39,7 @@ def train_recording_overlap(config, splits) -> dict[str, Any]:
         record("reduce")
         return real_average(*args)
 
-    torch_loop.wrap_in_ddp, torch_training.build = wrap, build
+    votes.StepVotes.hook, torch_training.build = recording_hook, build
     torch_training.LoopState.optimizer_step, torch_loop.average_gradients = step, average
     torch.set_num_threads(1)
     return {**train_and_report(config, splits), "steps": steps}

@@ -34,7 +34,6 @@ from tasks.core.bundle.digests import content_digest, stored_digest
 from tasks.core.bundle.manifest import (
     MANIFEST,
     MODEL_CARD,
-    NUMBERS,
     PREDICT_BATCH_ROWS,
     Manifest,
     read_manifest,
@@ -47,9 +46,6 @@ from tasks.core.data.api import (
     FittedEncoding,
     Target,
     at_rows,
-    batch_features,
-    check_finite,
-    check_numeric,
     check_standardised,
     filesystem_for,
     is_local,
@@ -230,29 +226,24 @@ class Bundle:
     by name: their order does not matter and columns the model does not read are ignored. `source`
     names the table in errors (a file), and `first_row` numbers its rows from there.
 
-    With an encoding, the raw columns it reads may hold text, booleans, dates and missing values, each
-    read as its kind (`data.column_kinds`). Without one (format 1, or a table prepared before encodings
-    existed), the columns are the numeric features themselves, none missing."""
+    The raw columns its encoding reads may hold text, booleans, dates and missing values, each read as
+    its kind (`data.column_kinds`)."""
 
     def __init__(self, manifest: Manifest, model) -> None:
         self.manifest = manifest
         self.model = model
         self.class_labels = typed_labels(manifest.record.class_labels, manifest.record.label_kind)
         self._label_values = np.asarray(self.class_labels)
-        encoding = manifest.record.encoding
-        self.encoding = FittedEncoding.from_dict(encoding) if encoding else None
+        self.encoding = FittedEncoding.from_dict(manifest.record.encoding)
 
     @property
     def feature_names(self) -> list[str]:
-        """The model's features in order: the encoded ones where the bundle has an encoding."""
+        """The model's features in order, as its encoding gives them."""
         return self.manifest.record.feature_names
 
     @property
     def input_columns(self) -> list[str]:
-        """The columns of a table that the model reads: the raw columns its encoding reads, or the
-        numeric features themselves."""
-        if self.encoding is None:
-            return self.feature_names
+        """The columns of a table that the model reads: the raw columns its encoding reads."""
         return [column.name for column in self.encoding.columns]
 
     @property
@@ -262,13 +253,10 @@ class Bundle:
     def check_columns(self, schema: pa.Schema, source: str = "table") -> None:
         """Every column the model reads present, of a type it reads: what can be checked before
         reading any row."""
-        check_present(schema.names, self.input_columns, source, self.encoding is not None)
+        check_present(schema.names, self.input_columns, source, encoded=True)
         self.check_types(schema, source)
 
     def check_types(self, schema: pa.Schema, source: str) -> None:
-        if self.encoding is None:
-            check_numeric(schema, self.feature_names, source, NUMBERS)
-            return
         for column in self.encoding.columns:
             arrow_type = schema.field(column.name).type
             if not ACCEPTS[column.kind](value_type(arrow_type)):
@@ -279,7 +267,7 @@ class Bundle:
 
     def features(self, table: Table, source: str = "table", first_row: int = 0) -> np.ndarray:
         """The features before standardisation, float64 `[rows, features]` in the manifest's order:
-        the encoded raw columns, or the numeric features. Checked as training checked them: a missing
+        the encoded raw columns. Checked as training checked them: a missing
         column, a type the model does not read, a value that is not of its kind (numbers: a missing or
         non-finite value)."""
         return self.encoded(self.checked(table, source, first_row), source, first_row)
@@ -353,12 +341,9 @@ class Bundle:
         return self._label_values[codes]
 
     def checked(self, table: Table, source: str, first_row: int) -> pa.Table | pa.RecordBatch:
-        """The columns the model reads, of types it reads; numeric features also free of missing and
-        non-finite values (an encoding checks each value as it encodes it)."""
-        columns = arrow_features(table, self.input_columns, source, self.encoding is not None)
+        """The columns the model reads, of types it reads (the encoding checks each value as it encodes it)."""
+        columns = arrow_features(table, self.input_columns, source, encoded=True)
         self.check_types(columns.schema, source)
-        if self.encoding is None:
-            check_finite(columns, self.feature_names, first_row, source)
         return columns
 
     def probabilities(self, columns: pa.Table | pa.RecordBatch, source: str, first_row: int) -> np.ndarray:
@@ -373,8 +358,6 @@ class Bundle:
 
     def encoded(self, columns: pa.Table | pa.RecordBatch, source: str, first_row: int) -> np.ndarray:
         """Checked columns as the features the scaler reads, float64."""
-        if self.encoding is None:
-            return batch_features(columns, self.feature_names, np.float64)
         return self.encoding.transform(columns, first_row, source)
 
     def model_inputs(self, columns: pa.Table | pa.RecordBatch, source: str, first_row: int) -> np.ndarray:

@@ -14,9 +14,9 @@ A bundle is a folder, self-contained and free of pickled code:
     model.int8.onnx  the optional int8 export (tasks/core/bundle/int8.py), listed as "onnx_int8" where kept
     MODEL_CARD.md what the model predicts from what, and how well (tasks/core/bundle/model_card.py)
 
-Format 2 added the raw columns and the encoding. A format 1 bundle, written before encodings existed,
-has neither: its features are the raw numeric columns, read as they are. Format 3 always records the
-digests, the manifest's own among them; formats 1 and 2 load without them.
+Format 2 added the raw columns and the encoding; format 3 always records the digests, the manifest's
+own among them. Older manifests are upgraded as they are read (upgrade.py), so that the rest of the
+code reads one shape; only the digest checks ask which format a manifest was written as.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ import numpy as np
 from tasks.core.bundle.digests import MANIFEST_DIGEST, content_digest, manifest_digest
 from tasks.core.bundle.metric_records import ClassificationMetrics, RegressionMetrics
 from tasks.core.bundle.table_input import BundleError
+from tasks.core.bundle.upgrade import upgrade_manifest
 from tasks.core.data.api import (
     DatasetError,
     FittedEncoding,
@@ -44,6 +45,7 @@ from tasks.core.data.api import (
     Target,
     filesystem_for,
     is_local,
+    numbers_as_read,
     remote_errors,
     typed_labels,
 )
@@ -53,7 +55,6 @@ from tasks.core.training.records import Hardware, TrainingRun
 
 FORMAT_VERSION = 3
 MODEL_CARD = "MODEL_CARD.md"  # written by bundle.model_card once the metrics are in
-# 1: no raw columns nor encoding; the features are numeric columns. 2: raw columns and the encoding.
 # 3: a digest of every file listed and of the manifest itself, required (`check_sealed`).
 READ_VERSIONS = (1, 2, 3)
 SEALED_SINCE = 3
@@ -61,7 +62,6 @@ MANIFEST = "bundle.json"
 # The weights file of each framework, as its training artifact writes it.
 WEIGHTS = {"pytorch": "model.pt", "tensorflow": "model.npz"}
 PREDICT_BATCH_ROWS = 8192
-NUMBERS = "the model was trained on it as numbers"
 # Packages whose versions the manifest records, by the module they provide: a distribution's name
 # differs between builds (tensorflow-cpu, tensorflow-tpu). Those not installed are left out.
 RECORDED_MODULES = ("numpy", "pyarrow", "pandas", "sklearn", "flytekit")
@@ -87,14 +87,18 @@ class BundleRecord:
     billed: Hardware
     metrics: ClassificationMetrics | None = None  # the test split's, once evaluation adds them
     # The input's raw feature columns, and `FittedEncoding.to_dict()`, which turns the ones it reads into
-    # `feature_names`; both empty where the features are the raw numeric columns (format 1, or a table
-    # prepared before encodings existed).
+    # `feature_names`. A record without them (format 1) is upgraded as it is built (`numbers_as_read`).
     columns: list[str] = field(default_factory=list)
     encoding: dict[str, Any] = field(default_factory=dict)
     # What the model predicts: a regression answers target.mean + target.std x its one output, and its
     # test figures are `regression_metrics` (none in `metrics`).
     target: Target = field(default_factory=Target)
     regression_metrics: RegressionMetrics | None = None
+
+    def __post_init__(self) -> None:
+        if not self.columns and not self.encoding:
+            self.columns = list(self.feature_names)
+            self.encoding = numbers_as_read(self.feature_names, self.scaler.mean).to_dict()
 
     @property
     def n_outputs(self) -> int:
@@ -109,7 +113,7 @@ class BundleRecord:
             framework=run.framework, feature_names=table.feature_names, scaler=table.scaler,
             class_labels=table.class_labels, label_kind=table.label_kind, label_column=table.label_column,
             source=table.source, data_fingerprint=data_fingerprint, run=run, billed=billed,
-            columns=table.columns, encoding=json.loads(table.encoding) if table.encoding else {},
+            columns=table.columns, encoding=json.loads(table.encoding),
             target=table.target,
         )  # fmt: skip
 
@@ -258,10 +262,11 @@ def parse_manifest(data: object, where: str) -> Manifest:
             f"{where}: bundle format version {version!r}; this code reads formats "
             f"{', '.join(map(str, READ_VERSIONS[:-1]))} and {READ_VERSIONS[-1]}"
         )
-    record = {name: data[name] for name in RECORD_FIELDS if name in data}
+    upgraded = upgrade_manifest(data)
+    record = {name: upgraded[name] for name in RECORD_FIELDS if name in upgraded}
     if isinstance(record.get("class_labels"), list):
         record["class_labels"] = [str(label) for label in record["class_labels"]]
-    rest = {name: value for name, value in data.items() if name not in RECORD_FIELDS}
+    rest = {name: value for name, value in upgraded.items() if name not in RECORD_FIELDS}
     try:
         manifest = manifest_decoder().decode({**rest, "record": record})
     except (LookupError, ValueError, TypeError) as error:
@@ -377,10 +382,8 @@ def check_scaler(record: BundleRecord, where: str) -> None:
             )
 
 
-def record_encoding(record: BundleRecord, where: str) -> FittedEncoding | None:
-    """The record's encoding, checked against its features and columns; None without one."""
-    if not record.encoding:
-        return None
+def record_encoding(record: BundleRecord, where: str) -> FittedEncoding:
+    """The record's encoding, checked against its features and columns."""
     try:
         encoding = FittedEncoding.from_dict(record.encoding)
     except (LookupError, ValueError, TypeError) as error:

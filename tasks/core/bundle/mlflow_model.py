@@ -6,6 +6,7 @@ installs it), the folder MLflow's model format describes:
 
     MLmodel                    YAML: the python_function flavor, the signature and the input example
     code/mixedml_onnx_pyfunc.py  mlflow_pyfunc.py as it is: the flavor's `loader_module`
+    code/mixedml_kind_values.py  tasks/core/data/kind_values.py as it is: how the loader reads each kind
     model/model.onnx           the bundle's ONNX export, copied
     model/model.json           the raw columns in the export's order with their kinds (and the ONNX input
                                of a column whose name the graph uses), the class labels
@@ -19,8 +20,9 @@ and its `_load_pyfunc(data_path)` called with the `data` path, which returns an 
 https://mlflow.org/docs/latest/python_api/mlflow.pyfunc.html). A column-based signature is a JSON list
 of `{"type", "name", "required"}` under `signature.inputs` and `.outputs`, and an input example is
 named by `saved_input_example_info` (https://mlflow.org/docs/latest/ml/model/signatures). Its types
-here: numbers and booleans "double" (MLflow casts a JSON null to NaN, where a "boolean" column would
-read it as false), categories "string", dates "datetime" (ISO text without a zone offset, taken as UTC).
+here, each kind's in its record (kind_exports.py): numbers and booleans "double" (MLflow casts a JSON
+null to NaN, where a "boolean" column would read it as false), categories "string", dates "datetime"
+(ISO text without a zone offset, taken as UTC).
 
 At serving time the model needs onnxruntime, numpy, pandas and pyarrow, and neither Flyte nor this
 project's code. It serves the ONNX export, so a bundle without one gets no MLflow model: the function
@@ -39,16 +41,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from tasks.core.bundle.kind_exports import EXPORTS
 from tasks.core.bundle.raw_inputs import onnx_input_names, takes_features
-from tasks.core.data.api import BOOLEAN, CATEGORICAL, DATE, NUMERIC, CategoryEncoding, FittedEncoding
+from tasks.core.data.api import NUMERIC, FittedEncoding, kind_values
 
 MLFLOW_FOLDER = "mlflow"  # where a bundle keeps its MLflow model
 LOADER_MODULE = "mixedml_onnx_pyfunc"
 LOADER_SOURCE = Path(__file__).with_name("mlflow_pyfunc.py")
+# Copied beside the loader under the name it imports: the kinds' values, a module with no project imports.
+KIND_VALUES_MODULE, KIND_VALUES_SOURCE = "mixedml_kind_values", Path(kind_values.__file__)
 CODE, DATA = "code", "model"
 ONNX_FILE, DESCRIPTION_FILE = "model.onnx", "model.json"
 INPUT_EXAMPLE, SERVING_EXAMPLE = "input_example.json", "serving_input_example.json"
-INPUT_TYPES = {NUMERIC: "double", BOOLEAN: "double", CATEGORICAL: "string", DATE: "datetime"}
 LABEL_TYPES = {"string": "string", "integer": "long", "float": "double", "boolean": "boolean"}
 # What the loader imports. pyarrow is not pinned: each MLflow release caps the pyarrow it takes.
 REQUIREMENTS = {"onnxruntime": ">=1.20", "numpy": ">=1.26", "pandas": ">=2.2", "pyarrow": ">=16"}
@@ -70,6 +74,7 @@ def write_mlflow_model(bundle_dir: str, out_dir: str, manifest: dict[str, Any] |
     (folder / CODE).mkdir(exist_ok=True)
     shutil.copyfile(Path(bundle_dir) / onnx, folder / DATA / ONNX_FILE)
     shutil.copyfile(LOADER_SOURCE, folder / CODE / f"{LOADER_MODULE}.py")
+    shutil.copyfile(KIND_VALUES_SOURCE, folder / CODE / f"{KIND_VALUES_MODULE}.py")
     description = {"columns": columns, "class_labels": manifest["class_labels"]}
     if problem_type(manifest) == "regression":
         description["problem_type"] = "regression"
@@ -129,7 +134,8 @@ def mlmodel(manifest: dict[str, Any], columns: list[dict[str, str]]) -> dict[str
 def signature(manifest: dict[str, Any], columns: list[dict[str, str]]) -> dict[str, Any]:
     """MLflow's column-based signature: each list a JSON string, as MLflow writes it."""
     inputs = [
-        {"type": INPUT_TYPES[column["kind"]], "name": column["name"], "required": True} for column in columns
+        {"type": EXPORTS[column["kind"]].mlflow_type, "name": column["name"], "required": True}
+        for column in columns
     ]
     if problem_type(manifest) == "regression":
         outputs = [{"type": "double", "name": "prediction", "required": True}]
@@ -150,17 +156,8 @@ def input_example(manifest: dict[str, Any], columns: list[dict[str, str]]) -> di
     encoding = FittedEncoding.from_dict(manifest["encoding"])
     return {
         "columns": [column.name for column in encoding.columns],
-        "data": [[example_value(column.kind, column.encoder) for column in encoding.columns]],
+        "data": [[EXPORTS[column.kind].example(column.encoder) for column in encoding.columns]],
     }
-
-
-def example_value(kind: str, encoder) -> Any:
-    if isinstance(encoder, CategoryEncoding):
-        return encoder.vocabulary[0] if encoder.vocabulary else None
-    if kind == DATE:
-        instant = datetime.fromtimestamp(encoder.fill / 1_000_000, UTC)
-        return instant.replace(tzinfo=None).isoformat(timespec="seconds")
-    return float(round(encoder.fill)) if kind == BOOLEAN else float(encoder.fill)
 
 
 def requirements() -> list[str]:

@@ -2,8 +2,9 @@
 `loader_module` name and calls `_load_pyfunc(data_path)`, whose `predict(frame)` scores a DataFrame.
 
 `mlflow_model.write_mlflow_model` copies this file into the MLflow model's code/ folder, which MLflow
-puts on sys.path. It needs onnxruntime, numpy, pandas and pyarrow, and no code of this project: it
-imports nothing from it, so a server that has only the MLflow model folder runs it.
+puts on sys.path, and beside it tasks/core/data/kind_values.py as `mixedml_kind_values`. It needs
+onnxruntime, numpy, pandas and pyarrow, and no other code of this project, so a server that has only the
+MLflow model folder runs it.
 
 `data_path` is the model's data folder: model.onnx (the bundle's ONNX export) and model.json (the raw
 columns in the order the export reads them, each with its kind and, where the export names it otherwise,
@@ -12,9 +13,8 @@ export's inputs as the bundle reads a table:
 - an export that takes one "features" input (numeric columns): the numbers float32 `[rows, columns]`;
 - an export that takes the raw columns: one `[rows, 1]` input per column, text for categories ('' where
   missing), float64 for numbers and booleans (NaN where missing) and for dates (seconds since 1970 UTC).
-Each value is read as the bundle reads its kind: the functions below are a copy of `canonical` in
-tasks/core/data/column_kinds.py and of `raw_feeds` in tasks/core/bundle/raw_inputs.py, held to them by
-tests/unit/bundle/test_mlflow_model.py.
+Each value is read, and sent to the export, as the bundle reads and sends its kind: by the kind's
+record in kind_values.py, which preprocessing and `raw_inputs.raw_feeds` read too.
 
 It answers a DataFrame: "prediction", the class label as the label column held it, then one
 "probability_<label>" column per class, float32, in the order of the class labels; a regression's
@@ -39,19 +39,17 @@ import numpy as np
 import onnxruntime
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
+
+try:  # in the MLflow model's code folder, beside this file
+    import mixedml_kind_values as kind_values
+except ImportError:  # in this project
+    from tasks.core.data.api import kind_values
 
 ONNX_FILE = "model.onnx"
 DESCRIPTION_FILE = "model.json"
 FEATURES = "features"
 PROBABILITIES = "probabilities"
 PREDICTION = "prediction"  # a regression's one output
-NUMERIC, CATEGORICAL, BOOLEAN, DATE = "numeric", "categorical", "boolean", "date"
-TEXT_BOOLEANS = ("false", "true", "0", "1", "no", "yes")  # a word's index modulo 2 is its truth
-ZONE_SUFFIX = r"(Z|\d\d:\d\d(:\d\d(\.\d*)?)?[+-]\d\d(:?\d\d)?)$"
-MICROS_PER_UNIT = {"s": 1_000_000, "ms": 1_000, "us": 1}
-MICROS_PER_SECOND = 1_000_000
-MISSING_INSTANT = np.iinfo(np.int64).min
 
 
 def _load_pyfunc(data_path: str) -> OnnxModel:
@@ -104,7 +102,7 @@ class OnnxModel:
     def feeds(self, frame) -> dict[str, np.ndarray]:
         table = arrow_columns(frame, [name for name, _ in self.columns])
         if self.takes_features:
-            numbers = [canonical(NUMERIC, table.column(name), name) for name, _ in self.columns]
+            numbers = [read(kind_values.NUMERIC, table.column(name), name) for name, _ in self.columns]
             return {FEATURES: np.column_stack(numbers).astype(np.float32)}
         return {
             input_name: feed(kind, table.column(name), name)
@@ -153,112 +151,22 @@ def converts(values: pd.Series) -> bool:
 
 def feed(kind: str, column: pa.ChunkedArray, name: str) -> np.ndarray:
     """One raw column as the ONNX export's input, `[rows, 1]`."""
-    values = canonical(kind, column, name)
-    if kind == CATEGORICAL:
-        return np.asarray(values.fill_null("").to_pylist(), dtype=object)[:, None]
-    if kind == DATE:
-        return np.where(values == MISSING_INSTANT, np.nan, values / MICROS_PER_SECOND)[:, None]
-    return np.asarray(values, dtype=np.float64)[:, None]
+    return kind_values.VALUES[kind].feed(read(kind, column, name))
 
 
-# ---- each kind's values, as the bundle reads them ---------------------------------------------------
+def read(kind: str, column: pa.ChunkedArray, name: str):
+    return kind_values.read_values(kind, column, Named(name))
 
 
-def canonical(kind: str, column: pa.ChunkedArray | pa.Array, name: str):
-    if pa.types.is_dictionary(column.type):
-        column = pc.cast(column, column.type.value_type)
-    if isinstance(column, pa.ChunkedArray):
-        column = column.combine_chunks()
-    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
-        column = blank_as_null(column)
-    return CONVERTERS[kind](column, name)
+class Named:
+    """A column as the loader's refusals name it (`kind_values.Where`)."""
 
+    def __init__(self, name: str) -> None:
+        self.name = name
 
-def blank_as_null(text: pa.Array) -> pa.Array:
-    text = pc.cast(text, pa.string())
-    return null_where(pc.equal(text, ""), text)
+    def not_a(self, kind: str, values: pa.Array, index: int) -> ValueError:
+        value = values[index].as_py()
+        return ValueError(f"column {self.name!r} is read as {kind} but holds {value!r} at row {index}")
 
-
-def null_where(mask: pa.Array, values: pa.Array) -> pa.Array:
-    return pc.if_else(mask, pa.scalar(None, values.type), values)
-
-
-def refused(name: str, kind: str, values: pa.Array, index: int) -> ValueError:
-    return ValueError(f"column {name!r} is read as {kind} but holds {values[index].as_py()!r} at row {index}")
-
-
-def first_failing(values: pa.Array, parse) -> int:
-    for index in range(len(values)):
-        try:
-            parse(values.slice(index, 1))
-        except pa.ArrowInvalid:
-            return index
-    return 0
-
-
-def as_numbers(column: pa.Array, name: str) -> np.ndarray:
-    if pa.types.is_string(column.type):
-        text = pc.utf8_trim_whitespace(column)
-        try:
-            column = pc.cast(text, pa.float64())
-        except pa.ArrowInvalid:
-            index = first_failing(text, lambda one: pc.cast(one, pa.float64()))
-            raise refused(name, NUMERIC, text, index) from None
-    values = pc.cast(column, pa.float64(), safe=False).to_numpy(zero_copy_only=False)
-    infinite = np.flatnonzero(np.isinf(values))
-    if len(infinite):
-        raise ValueError(f"column {name!r} has an infinite value at row {infinite[0]}")
-    return values
-
-
-def as_categories(column: pa.Array, name: str) -> pa.Array:
-    if pa.types.is_floating(column.type):
-        column = pc.add(column, pa.scalar(0.0, column.type))  # -0.0 as 0.0: the same category
-        column = null_where(pc.is_nan(column), column)
-    return pc.cast(column, pa.string())
-
-
-def as_booleans(column: pa.Array, name: str) -> np.ndarray:
-    if pa.types.is_string(column.type):
-        words = pc.utf8_lower(pc.utf8_trim_whitespace(column))
-        index = pc.index_in(words, value_set=pa.array(TEXT_BOOLEANS))
-        unknown = np.flatnonzero(
-            pc.and_(pc.is_valid(words), pc.is_null(index)).to_numpy(zero_copy_only=False)
-        )
-        if len(unknown):
-            raise refused(name, BOOLEAN, column, int(unknown[0]))
-        return index.to_numpy(zero_copy_only=False) % 2
-    values = pc.cast(column, pa.float64(), safe=False).to_numpy(zero_copy_only=False)
-    other = np.flatnonzero(~np.isnan(values) & (values != 0) & (values != 1))
-    if len(other):
-        raise refused(name, BOOLEAN, column, int(other[0]))
-    return values
-
-
-def as_instants(column: pa.Array, name: str) -> np.ndarray:
-    """int64 microseconds since 1970 UTC: a naive timestamp or a date taken as UTC."""
-    if pa.types.is_string(column.type):
-        try:
-            column = text_instants(column)
-        except pa.ArrowInvalid:
-            raise refused(name, DATE, column, first_failing(column, text_instants)) from None
-    elif pa.types.is_null(column.type):
-        column = pa.nulls(len(column), pa.timestamp("us"))
-    if pa.types.is_date32(column.type):
-        column = pc.cast(column, pa.date64())
-    unit = "ms" if pa.types.is_date64(column.type) else column.type.unit
-    stored = pc.fill_null(pc.cast(column, pa.int64()), 0).to_numpy(zero_copy_only=False)
-    micros = stored // 1_000 if unit == "ns" else stored * MICROS_PER_UNIT[unit]
-    return np.where(pc.is_null(column).to_numpy(zero_copy_only=False), MISSING_INSTANT, micros)
-
-
-def text_instants(text: pa.Array) -> pa.Array:
-    """ISO text as naive timestamps in UTC: zoned values converted, naive ones taken as UTC."""
-    text = pc.utf8_trim_whitespace(text)
-    zoned = pc.match_substring_regex(text, ZONE_SUFFIX)
-    naive = pc.cast(null_where(zoned, text), pa.timestamp("us"))
-    utc = pc.cast(null_where(pc.invert(zoned), text), pa.timestamp("us", tz="UTC"))
-    return pc.coalesce(naive, pc.cast(utc, pa.timestamp("us")))
-
-
-CONVERTERS = {NUMERIC: as_numbers, CATEGORICAL: as_categories, BOOLEAN: as_booleans, DATE: as_instants}
+    def infinite(self, values: np.ndarray, infinite: np.ndarray) -> ValueError:
+        return ValueError(f"column {self.name!r} has an infinite value at row {np.flatnonzero(infinite)[0]}")

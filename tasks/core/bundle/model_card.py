@@ -147,15 +147,13 @@ def training(manifest: Manifest) -> list[str]:
     record = manifest.record
     run = record.run
     lines = [
-        f"- model: {describe_spec(run.model)} ({record.framework})",
-        f"- trained with {run.strategy} on {run.device} x{run.world_size}, {run.precision}, "
+        f"- model: {describe_spec(run.config.model)} ({record.framework})",
+        f"- trained with {run.strategy} on {run.device_name} x{run.world_size}, {run.precision}, "
         f"{len(run.history)} epochs in {run.train_seconds:.1f}s; billed as {record.billed.describe()}",
     ]
     if run.kept_epoch:
         lines.append(f"- kept epoch {run.kept_epoch}: {run.kept_reason}")
     text = "\n".join(lines)
-    if run.config is None:
-        return ["## Training", text, "The run did not record its hyperparameters."]
     config = json.dumps(asdict(run.config), indent=2)
     return ["## Training", text, f"Hyperparameters (`run.config` in bundle.json):\n\n```json\n{config}\n```"]
 

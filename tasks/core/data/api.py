@@ -7,19 +7,21 @@ the list below, not how preprocessing is built:
 - the one error for input that cannot be read as the model needs it, `DatasetError`: a missing or
   unreadable file, a missing column, a value of the wrong type;
 - the fitted preprocessing: the encoding of the raw columns (`FittedEncoding` and its parts), the
-  column kinds it reads them as, the standardisation (`ScalerStats`), the label (`Target`, class labels
-  as the values the input held) and `PreparedTable`, which holds them all.
+  column kinds it reads them as (each kind's reading and exports' input: `VALUES`, in `kind_values`,
+  the module the MLflow model ships), the standardisation (`ScalerStats`), the label (`Target`, class
+  labels as the values the input held) and `PreparedTable`, which holds them all.
 
 It stays light: importing it imports neither the preparing of a dataset (prepare.py) nor any
 training framework.
 """
 
+from tasks.core.data import kind_values
 from tasks.core.data.column_kinds import (
     ACCEPTS,
     BOOLEAN,
     CATEGORICAL,
     DATE,
-    MISSING_INSTANT,
+    KINDS,
     NUMERIC,
     WHAT,
     Place,
@@ -27,7 +29,8 @@ from tasks.core.data.column_kinds import (
     value_type,
 )
 from tasks.core.data.columns import at_rows, check_finite, check_numeric
-from tasks.core.data.encoding import CategoryEncoding, ColumnEncoding, DateEncoding, FittedEncoding
+from tasks.core.data.encoders import CategoryEncoding, DateEncoding, NumberEncoding
+from tasks.core.data.encoding import ColumnEncoding, FittedEncoding
 from tasks.core.data.files import (
     DatasetError,
     detect_format,
@@ -38,6 +41,7 @@ from tasks.core.data.files import (
     remote_errors,
     row_group_fragments,
 )
+from tasks.core.data.kind_values import VALUES
 from tasks.core.data.labels import typed_labels
 from tasks.core.data.reading import (
     VALUE_ADVICE,
@@ -50,7 +54,7 @@ from tasks.core.data.reading import (
 )
 from tasks.core.data.scaling import ScalerStats, check_standardised, standardise
 from tasks.core.data.splits import batch_features
-from tasks.core.data.table import PreparedTable
+from tasks.core.data.table import PreparedTable, numbers_as_read
 from tasks.core.data.target import Target
 from tasks.core.data.unseen import UnseenCategories, merged_unseen
 
@@ -76,8 +80,10 @@ __all__ = [
     "BOOLEAN",
     "CATEGORICAL",
     "DATE",
-    "MISSING_INSTANT",
+    "KINDS",
     "NUMERIC",
+    "VALUES",
+    "kind_values",
     "WHAT",
     "Place",
     "at_rows",
@@ -90,7 +96,9 @@ __all__ = [
     "ColumnEncoding",
     "DateEncoding",
     "FittedEncoding",
+    "NumberEncoding",
     "PreparedTable",
+    "numbers_as_read",
     "ScalerStats",
     "Target",
     "batch_features",

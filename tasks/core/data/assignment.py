@@ -10,8 +10,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from tasks.core.data.column_kinds import (
-    all_iso_instants,
+from tasks.core.data.column_kinds import all_iso_instants
+from tasks.core.data.files import DatasetError
+from tasks.core.data.kind_values import (
     blank_as_null,
     instant_micros,
     is_instant,
@@ -19,7 +20,6 @@ from tasks.core.data.column_kinds import (
     is_text,
     text_instants,
 )
-from tasks.core.data.files import DatasetError
 from tasks.core.data.labels import looks_continuous
 from tasks.core.data.reading import iter_batches
 from tasks.core.data.split_config import SplitConfig

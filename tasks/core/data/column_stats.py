@@ -12,7 +12,8 @@ or the order of the pieces:
 Besides, numbers and dates hold the sum of squared deviations from their mean (`m2`), which merges
 with Chan, Golub and LeVeque's pairwise update, so within float64 rounding: with the counts it gives
 the moments of every encoded feature, and so the standardisation, without another pass over the rows
-(scaling.py). Each takes its kind's values as `column_kinds.canonical` gives them.
+(scaling.py). Each takes its kind's values as `column_kinds.canonical` gives them; which kind
+keeps which: kind_records.py.
 """
 
 from __future__ import annotations
@@ -24,16 +25,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tasks.core.data.column_kinds import (
-    BOOLEAN,
-    CATEGORICAL,
-    DATE,
-    MISSING_INSTANT,
-    NUMERIC,
-    category_indices,
-    month_of,
-    weekday_of,
-)
+from tasks.core.data.column_kinds import month_of, weekday_of
+from tasks.core.data.kind_values import MISSING_INSTANT, category_indices
 
 # float64 is m * 2**e with m a 53-bit integer and e >= -1126 (the least subnormal is 2**-1074), so every
 # value times 2**SUM_SCALE_BITS is an integer.
@@ -283,26 +276,11 @@ def heavy_hitters(counts: dict[str, int], cap: int) -> tuple[dict[str, int], int
 
 
 ColumnStats = NumberStats | BooleanStats | DateStats | CategoryStats
-STATS: dict[str, type] = {
-    NUMERIC: NumberStats,
-    BOOLEAN: BooleanStats,
-    DATE: DateStats,
-    CATEGORICAL: CategoryStats,
-}
-
-
-def stats_of(kind: str, values: np.ndarray | pa.Array, count_cap: int = COUNT_CAP) -> ColumnStats:
-    return CategoryStats.of(values, count_cap) if kind == CATEGORICAL else STATS[kind].of(values)
-
-
-def empty_stats(kind: str, count_cap: int = COUNT_CAP) -> ColumnStats:
-    return CategoryStats(cap=count_cap) if kind == CATEGORICAL else STATS[kind]()
 
 
 def stats_to_dict(stats: ColumnStats) -> dict:
     return stats.to_dict() if hasattr(stats, "to_dict") else asdict(stats)
 
 
-def stats_from_dict(kind: str, saved: dict) -> ColumnStats:
-    cls = STATS[kind]
+def stats_from_dict(cls: type, saved: dict) -> ColumnStats:
     return cls.from_dict(saved) if hasattr(cls, "from_dict") else cls(**saved)

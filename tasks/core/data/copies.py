@@ -14,8 +14,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tasks.core.data.column_kinds import category_indices, is_text
 from tasks.core.data.files import filesystem_for
+from tasks.core.data.kind_values import category_indices, is_text
 from tasks.core.data.splits import SPLITS
 
 # The folder, beside the splits' folders, of each split's row hashes: a file of 64-bit hashes per part.

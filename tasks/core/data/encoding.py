@@ -7,6 +7,8 @@ the same way wherever rows are encoded (training, evaluation, scoring of raw row
 3. `EncodingStats.fit` gives the `FittedEncoding`, whose `transform` turns any batch holding the feature
    columns (in any order, among others) into float64 rows, and `transform_scaled` into the standardised
    float32 features a prepared split holds; `to_dict` stores it in a bundle's manifest.
+Each kind's statistics, encoder (encoders.py) and rules for leaving a column out are its record in
+kind_records.py.
 
 The rules:
 - Numbers: a missing value (null or NaN) takes the train mean, and `name<missing>` (1 where missing)
@@ -43,33 +45,15 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from tasks.core.data.column_kinds import (
-    BOOLEAN,
-    CATEGORICAL,
-    DATE,
-    DROP,
-    MICROS_PER_DAY,
-    MISSING_INSTANT,
-    NUMERIC,
-    ColumnKind,
-    Place,
-    canonical,
-    category_indices,
-    month_of,
-    weekday_of,
-)
-from tasks.core.data.column_stats import (
-    COUNT_CAP,
-    CategoryStats,
-    ColumnStats,
-    empty_stats,
-    stats_from_dict,
-    stats_of,
-    stats_to_dict,
-)
+from tasks.core.data.column_kinds import DROP, ColumnKind, Place, canonical
+from tasks.core.data.column_stats import COUNT_CAP, ColumnStats, stats_from_dict, stats_to_dict
+from tasks.core.data.encoders import CategoryEncoding as CategoryEncoding  # importers name them from here
+from tasks.core.data.encoders import ColumnEncoder
+from tasks.core.data.encoders import DateEncoding as DateEncoding
+from tasks.core.data.encoders import NumberEncoding as NumberEncoding
 from tasks.core.data.files import DatasetError
+from tasks.core.data.kind_records import RECORDS
 from tasks.core.messages import preview
 
 ENCODING_VERSION = 1
@@ -98,7 +82,8 @@ class EncodingStats:
     @classmethod
     def empty(cls, kinds: dict[str, ColumnKind], count_cap: int = COUNT_CAP) -> EncodingStats:
         return cls(
-            kinds, {name: empty_stats(k.kind, count_cap) for name, k in kinds.items() if k.kind != DROP}
+            kinds,
+            {name: RECORDS[k.kind].empty_stats(count_cap) for name, k in kinds.items() if k.kind != DROP},
         )
 
     def merge(self, other: EncodingStats) -> EncodingStats:
@@ -117,7 +102,7 @@ class EncodingStats:
             if reason:
                 left_out[name] = f"column {name!r} is left out of the features: {reason}"
             else:
-                encoder = fitted(kind.kind, stats, vocabulary_cap)
+                encoder = RECORDS[kind.kind].fit(stats, vocabulary_cap)
                 columns.append(ColumnEncoding(name, kind.kind, encoder, missing_share(stats)))
         if not columns:
             raise DatasetError(f"no feature column is left to encode: {'; '.join(left_out.values())}")
@@ -134,7 +119,9 @@ class EncodingStats:
     def from_dict(cls, saved: dict) -> EncodingStats:
         check_version(saved)
         kinds = {name: ColumnKind(**kind) for name, kind in saved["kinds"].items()}
-        columns = {name: stats_from_dict(kinds[name].kind, s) for name, s in saved["columns"].items()}
+        columns = {
+            name: stats_from_dict(RECORDS[kinds[name].kind].stats, s) for name, s in saved["columns"].items()
+        }
         return cls(kinds, columns)
 
 
@@ -156,7 +143,7 @@ def batch_stats(
         values = canonical(kind, batch.column(name), Place(name, first_row, source))
         if keep is not None:
             values = values.filter(pa.array(keep)) if isinstance(values, pa.Array) else values[keep]
-        columns[name] = stats_of(kind, values, count_cap)
+        columns[name] = RECORDS[kind].stats_of(values, count_cap)
     return EncodingStats(kinds, columns)
 
 
@@ -165,162 +152,11 @@ def left_out_reason(kind: ColumnKind, stats: ColumnStats | None, min_identifier_
         return f"it is marked {DROP!r}"
     if not stats.count:
         return "it has no value in the train rows (all missing)"
-    if not stats.missing and stats.constant and kind.kind in (CATEGORICAL, DATE):
-        return "it holds the same value in every train row (constant)"
-    if isinstance(stats, CategoryStats):
-        if stats.overflowed and not stats.counts:
-            return f"it holds more than {stats.cap:,} distinct values, none frequent (like an identifier)"
-        distinct = not (stats.missing or stats.overflowed) and len(stats.counts) == stats.count
-        if distinct and not kind.by_user and stats.count >= min_identifier_rows:
-            return (
-                f"it holds a different value in each of the {stats.count:,} train rows (like an identifier)"
-            )
-    return None
+    return RECORDS[kind.kind].left_out(kind, stats, min_identifier_rows)
 
 
 def missing_share(stats: ColumnStats) -> float:
     return stats.missing / (stats.count + stats.missing)
-
-
-def fitted(kind: str, stats: ColumnStats, vocabulary_cap: int) -> ColumnEncoder:
-    indicator = stats.missing > 0
-    if kind == NUMERIC:
-        return NumberEncoding(stats.mean, indicator)
-    if kind == BOOLEAN:
-        return NumberEncoding(stats.true / stats.count, indicator)
-    if kind == DATE:
-        return DateEncoding(stats.low, stats.low + (stats.high - stats.low) // 2, indicator)
-    return CategoryEncoding(stats.most_frequent(vocabulary_cap), indicator)
-
-
-@dataclass
-class NumberEncoding:
-    """A number or a boolean (as 0/1): missing values imputed, then the missing indicator if any."""
-
-    fill: float
-    indicator: bool
-
-    def names(self, name: str) -> list[str]:
-        return [name, *missing_name(name, self.indicator)]
-
-    def width(self) -> int:
-        return 1 + self.indicator
-
-    def write(self, values: np.ndarray, out: np.ndarray) -> None:
-        missing = np.isnan(values)
-        out[:, 0] = np.where(missing, self.fill, values)
-        write_indicator(out, missing, self.indicator)
-
-    def write_scaled(self, values: np.ndarray, mean: np.ndarray, scale: np.ndarray, out: np.ndarray) -> None:
-        write_scaled_block(self, values, mean, scale, out)
-
-
-@dataclass
-class CategoryEncoding:
-    vocabulary: list[str]
-    indicator: bool
-
-    def names(self, name: str) -> list[str]:
-        return (
-            [f"{name}={value}" for value in self.vocabulary]
-            + [f"{name}=<other>"]
-            + ([f"{name}=<missing>"] if self.indicator else [])
-        )
-
-    def width(self) -> int:
-        return len(self.vocabulary) + 1 + self.indicator
-
-    def codes(self, text: pa.Array) -> np.ndarray:
-        """Each value's one-hot column: its place in the vocabulary, else <other>, or <missing>. Of text,
-        or of a dictionary of distinct texts (`distinct_categories`), looked up once per distinct value."""
-        other = len(self.vocabulary)
-        vocabulary = pa.array(self.vocabulary, pa.string())
-        if pa.types.is_dictionary(text.type):
-            found = pc.fill_null(pc.index_in(text.dictionary, value_set=vocabulary), other)
-            missing = other + 1 if self.indicator else other
-            by_value = np.append(found.to_numpy(zero_copy_only=False), missing).astype(np.intp)
-            return by_value[category_indices(text)]  # -1, missing, is the last
-        found = pc.index_in(text, value_set=vocabulary)
-        codes = pc.fill_null(found, other).to_numpy(zero_copy_only=False).astype(np.intp)
-        if self.indicator:
-            codes[text.is_null().to_numpy(zero_copy_only=False)] = other + 1
-        return codes
-
-    def write(self, text: pa.Array, out: np.ndarray) -> None:
-        """Into `out`, zeros (rows x width()), the ones."""
-        out[np.arange(len(text)), self.codes(text)] = 1.0
-
-    def scaled_values(self, mean: np.ndarray, scale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Each one-hot column's two standardised values, for 0 and for 1 (float32): computed in float64
-        and cast once, as `scaling.standardise` computes them."""
-        zero, one = ((np.array([[0.0], [1.0]]) - mean) / scale).astype(np.float32)
-        return zero, one
-
-    def write_scaled(self, text: pa.Array, mean: np.ndarray, scale: np.ndarray, out: np.ndarray) -> None:
-        """Each one-hot column standardised takes one of two values, computed once for 0 and for 1."""
-        zero, one = self.scaled_values(mean, scale)
-        out[:] = zero[:, None]
-        codes = self.codes(text)
-        out[codes, np.arange(len(text))] = one[codes]
-
-
-@dataclass
-class DateEncoding:
-    origin: int  # microseconds since 1970-01-01 UTC: the earliest train instant
-    fill: int  # what a missing date is taken as: the middle of the train range
-    indicator: bool
-
-    def names(self, name: str) -> list[str]:
-        return [f"{name}:days", f"{name}:month", f"{name}:weekday", *missing_name(name, self.indicator)]
-
-    def width(self) -> int:
-        return 3 + self.indicator
-
-    def write(self, micros: np.ndarray, out: np.ndarray) -> None:
-        missing = micros == MISSING_INSTANT
-        filled = np.where(missing, self.fill, micros)
-        out[:, 0] = (filled - self.origin) / MICROS_PER_DAY
-        out[:, 1] = month_of(filled)
-        out[:, 2] = weekday_of(filled)
-        write_indicator(out, missing, self.indicator)
-
-    def write_scaled(self, micros: np.ndarray, mean: np.ndarray, scale: np.ndarray, out: np.ndarray) -> None:
-        write_scaled_block(self, micros, mean, scale, out)
-
-
-ColumnEncoder = NumberEncoding | CategoryEncoding | DateEncoding
-ENCODERS: dict[str, type] = {
-    NUMERIC: NumberEncoding,
-    BOOLEAN: NumberEncoding,
-    CATEGORICAL: CategoryEncoding,
-    DATE: DateEncoding,
-}
-
-
-def missing_name(name: str, indicator: bool) -> list[str]:
-    return [f"{name}<missing>"] if indicator else []
-
-
-def write_indicator(out: np.ndarray, missing: np.ndarray, indicator: bool) -> None:
-    """The missing indicator, where there is one, in the block's last column."""
-    if indicator:
-        out[:, -1] = missing
-
-
-def write_scaled_block(
-    encoder: NumberEncoding | DateEncoding,
-    values: np.ndarray,
-    mean: np.ndarray,
-    scale: np.ndarray,
-    out: np.ndarray,
-) -> None:
-    """The encoder's few columns in float64, standardised as `scaling.standardise` does, into `out`
-    (width x rows, float32): the assignment casts as its `astype` does."""
-    block = np.zeros((encoder.width(), len(values))).T  # each feature's values side by side: `out`'s layout
-    encoder.write(values, block)
-    block -= mean
-    block /= scale
-    out[:] = block.T
 
 
 @dataclass
@@ -363,7 +199,7 @@ class ColumnEncoding:
     def from_dict(cls, saved: dict) -> ColumnEncoding:
         described = ("name", "kind", "missing_share")
         fields = {key: value for key, value in saved.items() if key not in described}
-        encoder = ENCODERS[saved["kind"]](**fields)
+        encoder = RECORDS[saved["kind"]].encoder(**fields)
         return cls(saved["name"], saved["kind"], encoder, saved.get("missing_share", 0.0))
 
 

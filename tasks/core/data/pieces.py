@@ -48,7 +48,7 @@ from tasks.core.data.prepare import (
 )
 from tasks.core.data.reading import iter_batches, open_dataset
 from tasks.core.data.scaling import ScalerStats, train_scaler
-from tasks.core.data.writing import split_files, write_splits
+from tasks.core.data.writing import SplitFiles, split_files, write_splits
 
 
 @dataclass
@@ -208,7 +208,7 @@ def write_piece(
     rows = layout.rows_of(piece)
     table, paths = replace(layout.table, scaler=scaler), split_files(layout.output, piece.index)
     hashes = hash_files(layout.output, piece.index)
-    write_splits(dataset, layout.uri, table, paths, codes, assignment[rows], hashes, rows.start)
+    write_splits(dataset, layout.uri, table, SplitFiles(paths, hashes), codes, assignment[rows], rows.start)
     return {name: int((assignment[rows] == index).sum()) for index, name in enumerate(SPLITS)}
 
 

@@ -32,7 +32,7 @@ from tasks.core.data.assignment import (
     time_assignment,
 )
 from tasks.core.data.background import ordered_map
-from tasks.core.data.column_kinds import CATEGORICAL, ColumnKind, propose_kinds
+from tasks.core.data.column_kinds import ColumnKind, propose_kinds, read_as_dictionary
 from tasks.core.data.columns import feature_columns, non_feature_columns
 from tasks.core.data.copies import copy_notes, hash_files
 from tasks.core.data.encoding import EncodingStats, FittedEncoding, batch_stats
@@ -56,7 +56,7 @@ from tasks.core.data.target import (
     quantile_bins,
     regression_values,
 )
-from tasks.core.data.writing import split_files, write_splits
+from tasks.core.data.writing import SplitFiles, split_files, write_splits
 
 EMBEDDED_DIGITS_LABEL = "label"
 
@@ -210,7 +210,7 @@ def train_encoding_stats(
     """The encoding statistics of the train rows, merged batch by batch; every row's feature values are
     read as their kinds, and a bad one refused by column and row. `assignment` holds the splits of the
     dataset's rows, the first of which is row `first_row` of the input."""
-    categories = [name for name, kind in kinds.items() if kind.kind == CATEGORICAL]
+    categories = [name for name, kind in kinds.items() if read_as_dictionary(kind.kind)]
 
     def train_stats(numbered: tuple[int, pa.RecordBatch]) -> EncodingStats:
         offset, batch = numbered
@@ -254,7 +254,9 @@ def prepare_dataset(
     table = with_encoding(rows.table(columns, label_column, uri, left_out, split), fit_encoding(stats, uri))
     table = replace(table, scaler=train_scaler(stats, table.fitted_encoding(), uri))
     prepared = PreparedSplits(paths=split_files(out_dir), table=table)
-    write_splits(dataset, uri, table, prepared.paths, rows.codes, rows.assignment, hash_files(out_dir))
+    write_splits(
+        dataset, uri, table, SplitFiles(prepared.paths, hash_files(out_dir)), rows.codes, rows.assignment
+    )
     return with_copy_notes(prepared, out_dir)
 
 

@@ -30,6 +30,7 @@ from tasks.core.data.files import (
     part_files,
     remote_errors,
 )
+from tasks.core.data.kind_values import CATEGORICAL
 from tasks.core.data.part_types import (
     check_same_columns,
     column_kind,
@@ -45,7 +46,6 @@ READAHEAD_BATCHES = 2
 CSV_DELIMITERS = ",;\t|"
 # In a CSV input's schema, where its numbers are written with a decimal comma.
 DECIMAL_POINT_KEY = b"mixedml.csv_decimal_point"
-CATEGORICAL = "categorical"  # column_kinds.CATEGORICAL, which imports this module
 HEADER_BYTES = 1 << 20
 # The CSV text parsed at once: pyarrow cannot read a line longer than this. Column types are
 # guessed from a first block of pyarrow's default size.
@@ -417,7 +417,7 @@ def dictionary_reading(
 ) -> tuple[pa.Schema, ds.ParquetFileFormat | None]:
     """The schema, and the parquet format, that read the text columns among `names` as dictionary
     arrays: each row group's distinct texts are decoded once, and counting, looking up or hashing them
-    is done once per distinct text (column_kinds.distinct_categories). Other inputs read as they are."""
+    is done once per distinct text (kind_values.distinct_categories). Other inputs read as they are."""
     text = [name for name in names if column_kind(dataset.schema.field(name).type) == "text"]
     if not text or not isinstance(dataset.format, ds.ParquetFileFormat):
         return dataset.schema, None

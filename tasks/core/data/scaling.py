@@ -8,17 +8,10 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from tasks.core.data.column_kinds import BOOLEAN, MICROS_PER_DAY, month_of, weekday_of
-from tasks.core.data.column_stats import ColumnStats, DateStats
-from tasks.core.data.encoding import (
-    CategoryEncoding,
-    ColumnEncoding,
-    DateEncoding,
-    EncodingStats,
-    FittedEncoding,
-    check_columns,
-)
+from tasks.core.data.column_stats import ColumnStats
+from tasks.core.data.encoding import ColumnEncoding, EncodingStats, FittedEncoding, check_columns
 from tasks.core.data.files import DatasetError
+from tasks.core.data.kind_records import RECORDS
 from tasks.core.data.moments import FeatureMoments
 from tasks.core.data.split_codes import SplitLayout, code_type, is_coded
 
@@ -112,38 +105,9 @@ def encoded_moments(stats: EncodingStats, encoding: FittedEncoding) -> FeatureMo
 
 def column_moments(column: ColumnEncoding, stats: ColumnStats) -> list[FeatureMoments]:
     """The moments of each of the column's encoded features, from its statistics."""
-    encoder, rows = column.encoder, stats.count + stats.missing
+    encoder = column.encoder
     indicator = [FeatureMoments.of_counts([0, 1], [stats.count, stats.missing])] if encoder.indicator else []
-    if isinstance(encoder, CategoryEncoding):
-        ones = [stats.counts.get(value, 0) for value in encoder.vocabulary]
-        other = rows - sum(ones) - (stats.missing if encoder.indicator else 0)
-        return [FeatureMoments.of_counts([0, 1], [rows - n, n]) for n in [*ones, other]] + indicator
-    if isinstance(encoder, DateEncoding):
-        return [*date_moments(encoder, stats), *indicator]
-    if column.kind == BOOLEAN:
-        values = FeatureMoments.of_counts([0, 1, encoder.fill], [stats.false, stats.true, stats.missing])
-    else:
-        values = FeatureMoments.one(stats.count, stats.mean, stats.m2, stats.low, stats.high)
-        values = values.merge(FeatureMoments.repeated(stats.missing, encoder.fill))
-    return [values, *indicator]
-
-
-def date_moments(encoder: DateEncoding, stats: DateStats) -> list[FeatureMoments]:
-    """The moments of a date's days since the origin, month and weekday; a missing date is the fill."""
-    day = MICROS_PER_DAY
-    # The mean in integers first: the instants' float64 sum would round.
-    mean_days = (stats.total - stats.count * encoder.origin) / (stats.count * day)
-    low, high = ((stats.low - encoder.origin) / day, (stats.high - encoder.origin) / day)
-    days = FeatureMoments.one(stats.count, mean_days, stats.m2 / day**2, low, high)
-    fill = np.array([encoder.fill])
-    months, weekdays = np.array(stats.months), np.array(stats.weekdays)
-    months[month_of(fill)[0] - 1] += stats.missing
-    weekdays[weekday_of(fill)[0]] += stats.missing
-    return [
-        days.merge(FeatureMoments.repeated(stats.missing, (encoder.fill - encoder.origin) / day)),
-        FeatureMoments.of_counts(list(range(1, 13)), months.tolist()),
-        FeatureMoments.of_counts(list(range(7)), weekdays.tolist()),
-    ]
+    return [*RECORDS[column.kind].moments(encoder, stats), *indicator]
 
 
 def train_scaler(stats: EncodingStats, encoding: FittedEncoding, uri: str) -> ScalerStats:

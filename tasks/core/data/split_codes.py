@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from tasks.core.data.encoding import CategoryEncoding, ColumnEncoding, FittedEncoding
+from tasks.core.data.encoding import ColumnEncoding, FittedEncoding
+from tasks.core.data.kind_records import RECORDS
 
 CODES_KEY = b"mixedml.split_codes"
 CODE_COLUMN_SUFFIX = "#code"  # appended to a code column's name while another column has it
@@ -55,7 +56,7 @@ class SplitLayout:
 
 
 def is_coded(column: ColumnEncoding) -> bool:
-    return isinstance(column.encoder, CategoryEncoding)
+    return RECORDS[column.kind].coded
 
 
 def code_type(width: int) -> pa.DataType:

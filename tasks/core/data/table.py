@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from tasks.core.data.encoding import FittedEncoding
+from tasks.core.data.column_kinds import NUMERIC
+from tasks.core.data.encoding import ColumnEncoding, FittedEncoding, NumberEncoding
 from tasks.core.data.scaling import ScalerStats
 from tasks.core.data.split_config import SplitConfig
 from tasks.core.data.splits import SplitPaths
@@ -30,7 +31,7 @@ class PreparedTable:
     # The input's feature columns as read (strings, dates, nulls), in the input's order, and the
     # encoding fitted on the train split that turns them into `feature_names`: the JSON text of
     # `FittedEncoding.to_dict()` (text, so that it crosses task boundaries as one plain literal).
-    # Both empty in a table prepared before encodings existed: its features were numbers, read as they are.
+    # A record without them is upgraded as it is built (`numbers_as_read`).
     columns: list[str] = field(default_factory=list)
     encoding: str = ""
     # What is predicted. A regression has no classes: its train and val splits hold the label
@@ -38,6 +39,11 @@ class PreparedTable:
     target: Target = field(default_factory=Target)
     # How the rows were split, as preprocessing was asked; None in a table prepared before it was kept.
     split: SplitConfig | None = None
+
+    def __post_init__(self) -> None:
+        if not self.columns and self.feature_names:
+            self.columns = list(self.feature_names)
+            self.encoding = json.dumps(numbers_as_read(self.feature_names, self.scaler.mean).to_dict())
 
     def split_paths(self, train: str, val: str) -> SplitPaths:
         """The train and val splits at these paths, as the training loops read them."""
@@ -51,3 +57,14 @@ class PreparedTable:
     @property
     def n_outputs(self) -> int:
         return 1 if self.target.regression else len(self.class_labels)
+
+
+def numbers_as_read(feature_names: list[str], means: list[float]) -> FittedEncoding:
+    """The encoding of a record written before encodings existed, whose features are the input's
+    numeric columns as they are: each a number, a missing value taking its train mean (`means`), as
+    a number column without missing train values is encoded now."""
+    numbers = [
+        ColumnEncoding(name, NUMERIC, NumberEncoding(mean, False))
+        for name, mean in zip(feature_names, means, strict=False)
+    ]
+    return FittedEncoding(numbers, {})

@@ -27,12 +27,6 @@ QUANTILE_BINS = 10
 ROWS_PER_BIN = 10
 
 
-def problem_type_problems(problem_type: str) -> str:
-    if problem_type in PROBLEM_TYPES:
-        return ""
-    return f"problem_type={problem_type!r} is not one of {', '.join(PROBLEM_TYPES)}"
-
-
 @dataclass
 class Target:
     """What the label is to the model. For a regression, the train split's mean and (population)
@@ -59,9 +53,8 @@ class Target:
 
 def decide_problem_type(values: np.ndarray, requested: str, uri: str, label_column: str) -> Target:
     """The problem `requested` (auto, classification, regression) for labels `values` (the labelled
-    rows), with its reason; a regression asked of labels that are not numbers is refused."""
-    if problem_type_problems(requested):
-        raise DatasetError(problem_type_problems(requested))
+    rows), with its reason; a regression asked of labels that are not numbers is refused. `requested` is
+    one of PROBLEM_TYPES: `SplitConfig` holds no other."""
     numeric = values.dtype.kind in "iuf"
     if requested == REGRESSION:
         if not numeric:

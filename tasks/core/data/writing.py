@@ -14,7 +14,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from tasks.core.data.background import WriteBehind, ordered_map
-from tasks.core.data.column_kinds import CATEGORICAL, is_text
+from tasks.core.data.column_kinds import is_text, read_as_dictionary
 from tasks.core.data.copies import hash_writer, row_hashes
 from tasks.core.data.files import filesystem_for, is_local
 from tasks.core.data.reading import iter_batches, with_offsets
@@ -62,26 +62,33 @@ def split_labels(table: PreparedTable, codes: np.ndarray, split: str) -> pa.Arra
     return pa.array(codes if split == RAW_SPLIT else table.target.standardised(codes))
 
 
+@dataclass(frozen=True)
+class SplitFiles:
+    """Where one writer puts each split's rows and their hashes (`row_hashes`), by split; local paths or
+    fsspec URIs."""
+
+    rows: dict[str, str]
+    hashes: dict[str, str]
+
+
 def write_splits(
     dataset: ds.Dataset,
     uri: str,
     table: PreparedTable,
-    paths: dict[str, str],
+    files: SplitFiles,
     codes: np.ndarray,
     assignment: np.ndarray,
-    hash_paths: dict[str, str],
     first_row: int = 0,
 ) -> None:
     """Append each batch's rows to the split they belong to: encoded and standardised, or raw in the raw
-    split; and their hashes to the split's file in `hash_paths` (`row_hashes`). `codes` and `assignment`
-    hold the dataset's rows, the first of which is row `first_row` of the input (a row without a label
-    is in no split); `paths` (by split) and `hash_paths` may be fsspec URIs. Batches are encoded a few at
+    split; and their hashes to the split's hash file. `codes` and `assignment` hold the dataset's rows,
+    the first of which is row `first_row` of the input (a row without a label is in no split). Batches are encoded a few at
     once (`ordered_map`) and written, a thread a split, while the next are encoded (`WriteBehind`)."""
     encoding, layout = table.fitted_encoding(), split_layout_of(table)
     hashed = [name for name in table.columns if name not in encoding.left_out]  # the columns the model reads
-    categories = [column.name for column in encoding.columns if column.kind == CATEGORICAL]
+    categories = [column.name for column in encoding.columns if read_as_dictionary(column.kind)]
     batches = closing(iter_batches(dataset, uri, columns=table.columns, as_dictionary=categories))
-    sinks = SplitSinks.open(table, dataset.schema, paths, hash_paths)
+    sinks = SplitSinks.open(table, dataset.schema, files.rows, files.hashes)
 
     def split_rows(numbered: tuple[int, pa.RecordBatch]) -> BatchRows:
         offset, batch = numbered

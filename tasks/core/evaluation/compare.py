@@ -92,7 +92,7 @@ def pricing_note(row: ComparisonRow) -> str:
     if row.price_per_hour is None:
         return f"no price for '{billed.accelerator}' ({name}); add it to prices to estimate its cost"
     source = f"priced at prices['{billed.accelerator}']"
-    if row.run.training.device == "cpu":  # a local run: any plan was made for the cluster's hardware
+    if row.run.training.on_cpu:  # a local run: any plan was made for the cluster's hardware
         return f"{name}: ran on CPU worker processes here, not on the planned hardware; {source}"
     return f"{name}: no resource plan was applied, billed as declared; {source}"
 

@@ -131,7 +131,3 @@ def load_keras_artifact(path: str) -> tuple[keras.Model, ModelSpec]:
     model, spec = rebuild(record, "tensorflow")
     model.set_weights(weights)
     return model, spec
-
-
-def predict_keras(model: keras.Model, features: np.ndarray, batch_size: int = 8192) -> np.ndarray:
-    return model.predict(features, batch_size=batch_size, verbose=0).argmax(axis=1)

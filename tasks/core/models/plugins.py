@@ -61,7 +61,7 @@ FRAMEWORK_MODULES = {
     "tensorflow": "tasks.core.models.keras_models",
 }
 KERAS_SUFFIX = "_keras"
-# The built-ins' options; the MLP's match TrainConfig's hidden_sizes and dropout defaults.
+# The built-ins' options and their defaults.
 MLP_DEFAULTS = {"hidden_sizes": [256, 128], "dropout": 0.1}
 CNN_DEFAULTS = {"channels": [32, 64], "dropout": 0.25}
 

@@ -29,7 +29,6 @@ from tasks.core.models.precision import named
 from tasks.core.models.torch_startup import EagerDispatchMode
 
 PROBE_ROWS = 8
-OPTIMIZER_MOMENTS = {"adamw": 2}
 
 
 class AllocationTimeline(EagerDispatchMode):
@@ -139,14 +138,6 @@ def step_timeline(model: nn.Module, input_spec: InputSpec, rows: int, precision:
 def autocast(mixed: bool):
     """CPU autocast computes in bfloat16 only; fp16 takes the same two bytes per value."""
     return torch.autocast("cpu", dtype=torch.bfloat16) if mixed else contextlib.nullcontext()
-
-
-def model_state_bytes(model: nn.Module, optimizer: str = "adamw") -> int:
-    """Parameters and buffers, plus gradients and optimizer moments for the trainable parameters."""
-    if optimizer not in OPTIMIZER_MOMENTS:
-        raise ValueError(f"optimizer {optimizer!r} is not one of {', '.join(OPTIMIZER_MOMENTS)}")
-    footprint = measure_state(model)
-    return footprint.state_bytes + (1 + OPTIMIZER_MOMENTS[optimizer]) * footprint.trainable_bytes
 
 
 def measure_state(model: nn.Module) -> ModelFootprint:

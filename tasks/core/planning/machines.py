@@ -51,15 +51,6 @@ class MachineType:
         kept = reserved(self.memory_gib, MEMORY_RESERVED) + EVICTION_THRESHOLD_GIB
         return self.memory_gib - kept - DAEMONSET_ALLOWANCE[1]
 
-    def misfit(self, cpu: float, memory_gib: float) -> str | None:
-        """Why a pod asking for `cpu` and `memory_gib` would not fit on one node; None when it fits."""
-        problems = []
-        if cpu > self.allocatable_cpu:
-            problems.append(f"{cpu:g} CPU > {self.allocatable_cpu:.2f} allocatable")
-        if memory_gib > self.allocatable_memory_gib:
-            problems.append(f"{memory_gib:g} GiB > {self.allocatable_memory_gib:.1f} GiB allocatable")
-        return f"{self.name}: {', '.join(problems)}" if problems else None
-
     def share(self, fraction: float) -> tuple[float, int]:
         """(vCPUs, GiB) of allocatable for a pod that occupies `fraction` of the node, rounded down so
         that 1 / `fraction` such pods fit on one node."""

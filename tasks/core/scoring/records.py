@@ -39,6 +39,16 @@ POD_START_SECONDS = {"cpu": 30.0, "gpu": 300.0}
 
 
 @dataclass
+class FanOut:
+    """How a scoring spreads: pieces of at most `rows_per_piece` rows of a parquet file, at most
+    `max_parallel` of them at a time, on `hardware` (auto, cpu or gpu)."""
+
+    max_parallel: int
+    hardware: str
+    rows_per_piece: int
+
+
+@dataclass
 class ScoringPiece:
     """What one mapped task scores: a file of the input, or some row groups of a parquet file."""
 

@@ -40,6 +40,7 @@ INT_RANGES = {
     "min_micro_batch_size": (1, 10**9),
     "shuffle_buffer_rows": (1, 10**9),
     "patience": (0, 10**6),
+    "train_until_epoch": (0, 10**6),
 }
 
 
@@ -87,6 +88,10 @@ class TrainConfig:
     patience: int = 0
     # CLASS_WEIGHTS: "balanced" weighs a rare class's rows up in the train and validation loss.
     class_weight: str = "none"
+    # Stop after this epoch (0: after `epochs`), checkpointed, with the learning rate still scheduled over
+    # `epochs`: a tuning rung, which a later run resumes from its checkpoint (docs/tuning.md). A torch
+    # run given it hands its checkpoint back beside the model.
+    train_until_epoch: int = 0
 
     @classmethod
     def from_json(cls, text: str) -> TrainConfig:
@@ -111,6 +116,7 @@ class TrainConfig:
             ("selection_metric", self.selection_metric in SELECTION_METRICS,
              f"not one of {', '.join(SELECTION_METRICS)}"),
             ("class_weight", self.class_weight in CLASS_WEIGHTS, f"not one of {', '.join(CLASS_WEIGHTS)}"),
+            ("train_until_epoch", self.train_until_epoch <= self.epochs, f"must be at most epochs ({self.epochs})"),
         ]  # fmt: skip
         found: dict[str, str] = {}
         for name, ok, rule in rules:
@@ -128,14 +134,19 @@ class TrainConfig:
         return f"options {', '.join(bad)} must be finite numbers" if bad else ""
 
     def validate(self) -> None:
-        """For code that builds a config itself; workflow inputs get the fuller message of
-        `tasks.core.validation.validate_run`."""
+        """For code that builds a config itself; workflow inputs get the fuller messages of
+        `tasks.core.validation`."""
         found = self.problems()
         if found:
             raise ValueError(
                 "invalid TrainConfig: "
                 + "; ".join(f"{name}={getattr(self, name)!r} {rule}" for name, rule in found.items())
             )
+
+    @property
+    def last_epoch(self) -> int:
+        """The epoch (from 1) this run stops after: `train_until_epoch`, else `epochs`."""
+        return self.train_until_epoch or self.epochs
 
     def learning_rate_at(self, step: int, total_steps: int) -> float:
         """The rate for optimizer step `step` (from 0) of `total_steps`: a function of the step

@@ -3,8 +3,8 @@
 An elastic PyTorchJob is marked Succeeded as soon as any worker pod succeeds (training-operator
 v1.8.1, pkg/controller.v1/pytorch/pytorchjob_controller.go: `ElasticPolicy != nil && succeeded > 0`).
 The pod without rank 0 has nothing to write (flytekitplugins-kfpytorch raises `IgnoreOutputs`
-there), so it used to exit at once, the job succeeded while rank 0 was still saving the model, and
-propeller then found no outputs. Waiting here until rank 0's pod has written `outputs.pb` (or an
+there); exiting at once would let the job succeed while rank 0 is still saving the model, and
+propeller would find no outputs. Waiting here until rank 0's pod has written `outputs.pb` (or an
 error document) to the task's output prefix, which every pod of the job shares, closes that gap.
 Then it waits a little longer for rank 0's Deck, which flytekit uploads after the outputs
 (flytekit/bin/entrypoint.py, `_dispatch_execute` then `_output_deck`): once this pod exits the job

@@ -112,15 +112,15 @@ class Checkpointing(keras.callbacks.Callback):
     before the resumed run's first epoch end.
     """
 
-    def __init__(self, directory: str | None, every_steps: int, steps_per_epoch: int, epochs: int,
+    def __init__(self, directory: str | None, every_steps: int, steps_per_epoch: int,
                  on_save: Callable[[str], None] | None, preemption: PreemptionNotice | None,
-                 choice: EpochChoice | None = None, regression: bool = False):  # fmt: skip
+                 choice: EpochChoice, regression: bool = False):  # fmt: skip
         super().__init__()
         self.regression = regression
-        self.choice = choice or EpochChoice(keep="last", epochs=epochs)
+        self.choice = choice
         self.best: BestWeights | None = None
         self.directory = Path(directory) if directory else None
-        self.every_steps, self.steps_per_epoch, self.epochs = every_steps, steps_per_epoch, epochs
+        self.every_steps, self.steps_per_epoch = every_steps, steps_per_epoch
         self.on_save, self.preemption = on_save, preemption
         self.progress = TrainingProgress()
         self.first_step = self.saved_step = 0
@@ -171,7 +171,7 @@ class Checkpointing(keras.callbacks.Callback):
         if self.choice.keeps_copy(self.progress.history):
             self.best = BestWeights(metrics.epoch, self.model.get_weights())
         self.save()
-        log_epoch(metrics, self.epochs, self.regression)
+        log_epoch(metrics, self.choice.epochs, self.regression)
 
     def take_kept_weights(self, model: keras.Model) -> None:
         """The best epoch's weights back in `model` where a later epoch ended the run."""

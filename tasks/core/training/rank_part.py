@@ -104,16 +104,3 @@ def rank_part(path: str, rank: int, world_size: int) -> RankPart:
         head = blocks[0]
         blocks.append(Block(head.file, head.row_group, head.start, head.start + 1, head.first_id))
     return RankPart(path, filesystem, blocks)
-
-
-def read_shard(
-    path: str, feature_names: list[str], label_column: str, rank: int, world_size: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """This rank's part of a split (`rank_part`), read from its own row groups alone.
-
-    Returns (features, labels, row ids), padded as `rank_part` says so that every rank holds
-    ceil(n / world_size) rows and DDP ranks run the same number of steps.
-    """
-    part = rank_part(path, rank, world_size)
-    features, labels = part.read(part.blocks, feature_names, label_column)
-    return features, labels, part.row_ids()

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from tasks.core.models.plugins import ModelSpec
 from tasks.core.training.config import TrainConfig
 
 
@@ -23,7 +22,8 @@ class TrainingRun:
     report and the comparison carry it as it is."""
 
     framework: str  # "pytorch" or "tensorflow"
-    device: str  # "cuda", "tpu", "gpu" or "cpu": where the loop ran
+    device_type: str  # the family the loop ran on: "cuda", "gpu", "tpu", or "cpu" for local worker processes
+    device_name: str  # as the device names itself, for reports: "NVIDIA L4", "TPU (v5 lite)", "cpu"
     world_size: int  # DDP ranks or tf.distribute replicas
     backend: str  # torch: process-group backend (nccl, gloo; "none" alone); Keras: "xla" or "default"
     precision: str
@@ -31,17 +31,21 @@ class TrainingRun:
     history: list[EpochMetrics]
     samples_per_second: float
     train_seconds: float
+    # The hyperparameters the loop ran with (the planner's accumulation and row placement applied): the
+    # network trained (`config.model`) and the seed among them.
+    config: TrainConfig
     peak_device_memory_bytes: int = 0  # torch.cuda.max_memory_allocated; 0 on CPU
-    model: ModelSpec = field(default_factory=ModelSpec)  # the network trained
     # The epoch (from 1) whose weights the model holds, and why that one (`EpochChoice.kept`); 0 and ""
     # for a run recorded without them.
     kept_epoch: int = 0
     kept_reason: str = ""
     # Whether the run learnt a number (a regression: its losses are squared errors, it has no accuracy).
     regression: bool = False
-    # The hyperparameters the loop ran with (the planner's accumulation and row placement applied): the
-    # seed among them. None for a run recorded before runs kept them.
-    config: TrainConfig | None = None
+
+    @property
+    def on_cpu(self) -> bool:
+        """A local run on CPU worker processes: what it is billed for is not what a plan chose."""
+        return self.device_type == "cpu"
 
 
 @dataclass

@@ -12,6 +12,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import numpy as np
@@ -57,7 +58,7 @@ class Window:
 def epoch_windows(block_rows: list[int], seed: int, epoch: int, buffer_rows: int) -> Iterator[Window]:
     """The epoch's windows, in order: a pure function of its arguments.
 
-    A part of at most `buffer_rows` rows is one window, fully permuted (as the loop always shuffled).
+    A part of at most `buffer_rows` rows is one window, fully permuted.
     A larger one has its blocks permuted, then cut into windows of `buffer_rows` rows, each permuted.
     """
     generator = torch.Generator().manual_seed(seed * 1_000 + epoch)
@@ -90,6 +91,39 @@ def epoch_order(block_rows: list[int], seed: int, epoch: int, buffer_rows: int) 
         for window in epoch_windows(block_rows, seed, epoch, buffer_rows)
     ]
     return np.concatenate(windows)
+
+
+class EpochOrders:
+    """Each epoch's `epoch_order`, the next epoch's computed on a background thread while the one
+    before it trains: permuting millions of rows on the host takes a tenth of a second, which would
+    otherwise hold up every epoch's first step while the device waits."""
+
+    def __init__(self, block_rows: list[int]):
+        self.block_rows = block_rows
+        self.ahead: tuple[tuple[int, int, int], Future] | None = None
+
+    def order(self, seed: int, epoch: int, buffer_rows: int, epochs: int) -> np.ndarray:
+        key, ahead = (seed, epoch, buffer_rows), self.ahead
+        order = ahead[1].result() if ahead and ahead[0] == key else epoch_order(self.block_rows, *key)
+        self.ahead = None
+        if epoch + 1 < epochs:
+            following = (seed, epoch + 1, buffer_rows)
+            self.ahead = (following, in_background(epoch_order, self.block_rows, *following))
+        return order
+
+
+def in_background(function: Callable, *args) -> Future:
+    """`function(*args)` on a daemon thread; its result, or its error, in the future returned."""
+    future: Future = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(function(*args))
+        except BaseException as error:  # re-raised by `result()` in the caller's thread
+            future.set_exception(error)
+
+    threading.Thread(target=run, name="epoch-order", daemon=True).start()
+    return future
 
 
 def streamed_rows(windows: Iterable[Window], read_block: Callable[[int], Rows], skip: int) -> Iterator[Rows]:
@@ -197,6 +231,7 @@ class TrainingRows:
             device,
         )
         self.block_rows = [block.rows for block in train.blocks]
+        self.orders = EpochOrders(self.block_rows)
         self.held: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         if placement != "stream":
             # Not pinned as a whole: each gathered batch is a new tensor, which `prefetched` pins.
@@ -204,10 +239,6 @@ class TrainingRows:
             for name, part in (("train", train), ("val", val)):
                 x, y = part.read(part.blocks, *columns)
                 self.held[name] = (torch.from_numpy(x).to(where), torch.from_numpy(y).to(where))
-
-    @property
-    def rows(self) -> int:
-        return self.train.rows
 
     def read_block(self, part: RankPart, index: int) -> Rows:
         return part.read_block(part.blocks[index], *self.columns)
@@ -222,7 +253,8 @@ class TrainingRows:
             )
             return prefetched(rebatched(rows, per_step, steps - first_step), self.device)
         x, y = self.held["train"]
-        order = torch.from_numpy(epoch_order(*args)[first_step * per_step : steps * per_step])
+        order = self.orders.order(config.seed, epoch, config.shuffle_buffer_rows, config.epochs)
+        order = torch.from_numpy(order[first_step * per_step : steps * per_step])
         gathered = ((x[rows], y[rows]) for rows in order.to(x.device).split(per_step))
         return gathered if self.placement == "device" else prefetched(gathered, self.device)
 

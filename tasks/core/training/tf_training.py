@@ -51,6 +51,13 @@ def dtype_policy(name: str):
         keras.mixed_precision.set_global_policy(previous)
 
 
+def device_type(strategy_kind: str) -> str:
+    """The family of devices the replicas run on, as `TrainingRun.device_type` records it."""
+    if strategy_kind == "tpu":
+        return "tpu"
+    return "gpu" if tf.config.list_physical_devices("GPU") else "cpu"
+
+
 def describe_device(strategy_kind: str, env: Environment) -> str:
     if strategy_kind == "tpu":
         kind = tf.config.list_logical_devices("TPU")
@@ -144,7 +151,7 @@ def fit_epochs(
     divergence guard before the `tracker`, so a diverged model is never saved).
     (A stream of epochs under `steps_per_epoch` would let an epoch's last multi-step execution on a
     TPU run into the next epoch; Keras's TensorBoard closes its writers after each fit, hence a fresh one.)"""
-    for epoch in range(tracker.progress.epoch, tracker.epochs):
+    for epoch in range(tracker.progress.epoch, tracker.choice.epochs):
         if tracker.choice.stops_early(tracker.progress.history):  # a resumed run too
             return
         train = data.train_epoch(epoch=epoch, skip=tracker.progress.step)
@@ -210,7 +217,7 @@ def train_keras(
     with dtype_policy(policy), dist_strategy.scope():
         model = build_compiled(config, input_spec, kind, env.gpu_count, data.steps)
         notice = notice_to_heed(options.preemption, kind)
-        tracker = Checkpointing(options.checkpoint_dir, config.checkpoint_every_steps, data.steps, config.epochs,
+        tracker = Checkpointing(options.checkpoint_dir, config.checkpoint_every_steps, data.steps,
                                 options.on_checkpoint, notice, EpochChoice.of(config), splits.regression)  # fmt: skip
         resumed_at = batches_done(tracker.restore(model), data.steps)
         start = time.perf_counter()
@@ -228,9 +235,9 @@ def train_keras(
     log.info("kept epoch %d: %s", kept_epoch, kept_reason)
     run = TrainingRun(
         framework="tensorflow",
-        model=config.model,
         config=config,
-        device=describe_device(kind, env),
+        device_type=device_type(kind),
+        device_name=describe_device(kind, env),
         world_size=replicas,
         backend=step_compiler(kind, env.gpu_count),
         precision=policy,

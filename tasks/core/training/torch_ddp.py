@@ -33,8 +33,8 @@ class DistributedContext:
     world_size: int
     device: torch.device
     backend: str
-    # A gloo group of its own for the ranks' small votes (stop, out of memory): CPU tensors, so a
-    # vote never waits on a CUDA stream. None where there is no one to vote with.
+    # A gloo group of its own for the set-up vote (`agreed_set_up`): CPU objects, so it never waits
+    # on a CUDA stream. The steps' flags ride in the gradient all-reduces instead (`votes.StepVotes`).
     vote_group: dist.ProcessGroup | None = None
 
     @property

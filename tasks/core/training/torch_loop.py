@@ -3,25 +3,25 @@ rows, the votes every step takes part in, the guarded and fast paths, checkpoint
 
 # Under DDP a step runs on one of two paths (`LoopState.on_fast_path`). The fast path is DDP's own:
 # the step's last backward is synced, and DDP all-reduces each gradient bucket as soon as its
-# gradients are ready, overlapping the rest of the backward; the optimizer steps; the vote on the
-# previous step's loss is launched asynchronously and read a step later. It cannot drop a step
+# gradients are ready, overlapping the rest of the backward, the step's flags (`StepVotes`) riding in
+# the first bucket; the optimizer steps; the flags are read a step later. It cannot drop a step
 # that ran out of memory on one rank (its peers are inside DDP's all-reduces), so that rank fails
 # the attempt (`OutOfMemoryOnFastPath`). The guarded path, below, runs for the first GUARDED_STEPS
 # steps of every attempt, for GUARDED_STEPS steps after every out-of-memory halving, and, in an
 # attempt resumed from a checkpoint, until its first save: a retry replays guarded the steps in
 # which the last attempt ran out of memory. docs/reliability.md has the reasons and the bounds.
 #
-# One optimizer step on the guarded path, in order (`LoopState.train_epoch`, the votes in
+# One optimizer step on the guarded path, in order (`LoopState.train_epoch`, the flags in
 # `tasks.core.training.votes`):
 #   1. the learning rate of the step, by the schedule;
 #   2. forward and backward over the step's batch in micro-batches, no gradient exchanged yet
 #      (`LoopState.accumulate_gradients`);
-#   3. the ranks' vote (`StepVotes.after_backward`): did any run out of memory in this step, was any
-#      one's last loss not finite? A divergence raises `TrainingDiverged` on every rank; out of memory
+#   3. the gradients averaged over the ranks (`average_gradients`), the step's flags in the first
+#      bucket: did any rank run out of memory in this step, was any one's loss not finite, has any
+#      had a preemption notice? A divergence raises `TrainingDiverged` on every rank; out of memory
 #      drops the step on every rank, which halve the micro-batch and retry it (`LoopState.step`);
-#   4. the gradients averaged over the ranks (`average_gradients`), the optimizer step, gradients zeroed;
-#   5. the step's loss on its way to the host, for the next vote (`StepVotes.record_loss`);
-#   6. the preemption vote (`StepVotes.stop_after_step`), then a checkpoint where one is due.
+#   4. the optimizer step, gradients zeroed;
+#   5. on a preemption notice every rank saves and stops; else a checkpoint where one is due.
 # After each epoch's validation, rank 0 copies the weights aside if the epoch is the best so far, and
 # every rank decides alike whether to stop early (`EpochChoice`); at the end the model takes the best
 # epoch's weights back (`LoopState.take_kept_weights`).
@@ -54,7 +54,7 @@ from tasks.core.training.torch_step import (
     build_optimizer,
     mean_loss,
 )
-from tasks.core.training.votes import Divergence, StepVotes, average_gradients
+from tasks.core.training.votes import Divergence, StepVotes, average_gradients, staging_buffer
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +112,8 @@ class LoopState:
     guarded_until_save: bool = False
     # Each class's loss weight on the device (`config.class_weight`); None: every row weighs alike.
     class_weights: torch.Tensor | None = None
+    where: tuple[int, int] = (0, 0)  # the epoch and step running, as the step's flags record them
+    staging: torch.Tensor | None = None  # the guarded path's gradient buffer (`staging_buffer`)
 
     @property
     def choice(self) -> EpochChoice:
@@ -130,10 +132,13 @@ class LoopState:
             dtype=dtype,
             micro=MicroBatch(micro, minimum=min(micro, config.min_micro_batch_size)),
             training_rows=training_rows,
-            votes=StepVotes(ctx.vote_group, preemption),
+            votes=StepVotes(preemption, ctx.world_size),
             reporter=ProgressReporter(config.epochs, enabled=ctx.rank == 0),
             checkpoint=checkpoint,
         )  # fmt: skip
+        if ctx.is_distributed:
+            ddp_model.register_comm_hook(None, state.votes.hook)
+            state.staging = staging_buffer(model)
         if checkpoint is not None:
             saved = checkpoint.load()
             state.load_state_dict(saved)
@@ -166,19 +171,26 @@ class LoopState:
             for step, batch in enumerate(batches, start=progress.step):
                 for group in self.optimizer.param_groups:
                     group["lr"] = config.learning_rate_at(epoch * steps + step, config.epochs * steps)
-                synced = self.on_fast_path()
-                done = self.step(batch, step)
-                self.raise_if_diverged(self.votes.record_loss(epoch, step, done.loss_sum, per_step, synced))
-                totals.add_totals(done)
+                self.where = (epoch, step)
+                totals.add_totals(self.step(batch, step))
                 progress.step, self.optimizer_steps = step + 1, self.optimizer_steps + 1
                 self.reporter.step(epoch, progress.step, steps, mean_loss)
-                if self.votes.stop_after_step():
-                    self.stop_on_notice(totals)
-                if self.checkpoint is not None and self.checkpoint.due(progress.step):
-                    self.save(totals)
-        self.check_last_loss()  # the epoch's last step, before anything reads or saves its result
+                self.after_step(totals, self.checkpoint is not None and self.checkpoint.due(progress.step))
+        # The epoch's last flags, before anything reads or saves its result.
+        self.after_step(totals, due=False, last=True)
         loss_total, correct_total, seen = totals.all_reduced(steps * per_step, ctx)
         return loss_total / seen, correct_total / seen, seen
+
+    def after_step(self, totals: Totals, due: bool, last: bool = False) -> None:
+        """Between steps: every rank stops on a preemption notice, saving the step just done, or
+        saves where a checkpoint is `due`; the flags still pending are read first where either
+        comes, and at the `last` step of an epoch."""
+        if due or last:
+            self.check_last_loss()
+        if self.votes.stop_agreed:
+            self.stop_on_notice(totals)
+        if due:
+            self.save(totals)
 
     def step(self, batch: tuple[torch.Tensor, torch.Tensor], step: int) -> Totals:
         """The optimizer step, retried with half the micro-batch on every rank while any runs out of memory."""
@@ -199,56 +211,63 @@ class LoopState:
     def synced_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> Totals:
         """The fast path: DDP averages the gradients during the step's last backward, and no vote
         waits before the optimizer steps. An out-of-memory error here fails this rank's attempt."""
+        totals = Totals(self.ctx.device)
         try:
-            totals = self.accumulate_gradients(batch, self.micro.size)
+            self.accumulate_gradients(batch, self.micro.size, totals)
         except torch.OutOfMemoryError as caught:
             error = caught.with_traceback(None)  # its frames hold the attempt's activations
             raise OutOfMemoryOnFastPath(self.optimizer_steps, self.micro.size) from error
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.zero_gradients()
+        self.raise_if_diverged(self.votes.advance())
         return totals
 
     def guarded_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> Totals:
         """The guarded path: the step's gradients summed on each rank with no communication, then
-        the ranks' vote.
+        averaged over the ranks with the step's flags.
 
-        Every rank votes on whether any of them ran out of memory (and, in the same vote, whether the
-        previous step's loss was finite). If one did, every rank drops the step (gradients zeroed) and
-        raises `StepOutOfMemory`, so that all retry it together; otherwise the gradients are averaged
-        over the ranks and the optimizer steps.
+        Every rank learns whether any of them ran out of memory in this step (and, from the same
+        all-reduce, whether any one's loss was not finite). If one did, every rank drops the step
+        (gradients zeroed) and raises `StepOutOfMemory`, so that all retry it together; otherwise the
+        optimizer steps. Alone, a rank drops the step on its own error and reads its flags a step late.
         """
-        error = None
+        totals, error = Totals(self.ctx.device), None
         try:
-            totals = self.accumulate_gradients(batch, self.micro.size)
+            self.accumulate_gradients(batch, self.micro.size, totals)
         except torch.OutOfMemoryError as caught:
             # Kept without its traceback, whose frames hold the failed attempt's activations.
             error = caught.with_traceback(None)
-        out_of_memory, diverged = self.votes.after_backward(error is not None)
+        flagged, flags = self.votes.flags(*self.where, totals.loss_sum, len(batch[1]), error is not None)
+        if self.ctx.is_distributed:
+            summed = average_gradients(self.ddp_model, self.ctx.world_size, flags, self.staging)
+            out_of_memory, diverged = self.votes.decide_now(flagged, summed)
+        else:
+            out_of_memory, diverged = error is not None, self.votes.pend(flagged, flags)
         self.raise_if_diverged(diverged)
         if out_of_memory:
             self.zero_gradients()
             self.ctx.family.release_cached_memory()
             raise StepOutOfMemory(error)
-        if self.ctx.is_distributed:
-            average_gradients(self.ddp_model, self.ctx.world_size)
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.zero_gradients()
         return totals
 
-    def accumulate_gradients(self, batch: tuple[torch.Tensor, torch.Tensor], micro: int) -> Totals:
+    def accumulate_gradients(
+        self, batch: tuple[torch.Tensor, torch.Tensor], micro: int, totals: Totals
+    ) -> None:
         """Forward and backward over `batch` (x, y) in micro-batches of `micro`, gradients summed on
-        this rank.
+        this rank, losses and correct answers added to `totals` (those of the micro-batches done,
+        where one runs out of memory).
 
         Under DDP on the guarded path no backward communicates (`no_sync`): a rank that runs out of
         memory mid-step would leave the bucket all-reduces it had started unmatched on its peers. On
         the fast path the last micro-batch's backward is synced: DDP all-reduces the summed gradients
-        bucket by bucket as the backward produces them.
+        bucket by bucket as the backward produces them, the step's flags armed for the first bucket.
         """
         model, dtype = self.ddp_model, self.dtype
         chunks = list(zip(*(column.split(micro) for column in batch), strict=True))
-        totals = Totals(self.ctx.device)
         # Per-step Python and small-op overhead shows on fast devices: no autocast context or loss
         # rescaling unless they do something.
         autocast = torch.autocast(self.ctx.device.type, dtype=dtype) if dtype is not None else nullcontext()
@@ -261,17 +280,18 @@ class LoopState:
                     logits = model(x)
                     loss = mean_loss(logits.float(), y, self.class_weights)
                 share = loss if len(chunks) == 1 else loss * (len(y) / len(batch[1]))
+                totals.add(loss.detach() * len(y), logits, y)
+                if synced:
+                    self.votes.arm(*self.where, totals.loss_sum, len(batch[1]))
                 self.scaler.scale(share).backward()
-            totals.add(loss.detach() * len(y), logits, y)
-        return totals
 
     def zero_gradients(self) -> None:
         # Under DDP the gradients are views of its buckets: zeroed in place, never freed (`wrap_in_ddp`).
         self.optimizer.zero_grad(set_to_none=not self.ctx.is_distributed)
 
     def check_last_loss(self) -> None:
-        """Collective: the vote on the last recorded loss alone (`raise_if_diverged`)."""
-        self.raise_if_diverged(self.votes.last_loss_vote())
+        """The flags still pending read, alike on every rank (`raise_if_diverged`)."""
+        self.raise_if_diverged(self.votes.settle())
 
     def raise_if_diverged(self, diverged: Divergence | None) -> None:
         """`TrainingDiverged`, raised alike on every rank, where the vote found a loss that was not finite."""
@@ -369,9 +389,9 @@ class LoopState:
         kept_epoch, kept_reason = self.choice.kept(self.progress.history)
         run = TrainingRun(
             framework="pytorch",
-            model=config.model,
             config=config,
-            device=ctx.family.describe(ctx.device),
+            device_type=ctx.family.type,
+            device_name=ctx.family.describe(ctx.device),
             world_size=ctx.world_size,
             backend=ctx.backend,
             precision=str(dtype).removeprefix("torch.") if dtype else "float32",

@@ -64,7 +64,7 @@ def train(
 
     ctx.family.reset_peak_memory(ctx.device)
     samples, training_seconds, start = 0, 0.0, time.perf_counter()
-    for epoch in range(progress.epoch, config.epochs):
+    for epoch in range(progress.epoch, config.last_epoch):
         if state.choice.stops_early(progress.history):  # a resumed run too, saved after its last epoch
             break
         epoch_start = time.perf_counter()

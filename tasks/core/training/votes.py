@@ -1,21 +1,18 @@
-"""What the ranks of the torch loop exchange around each optimizer step: their votes, and the average
+"""What the ranks of the torch loop exchange around each optimizer step: their flags, and the average
 of their gradients.
 
-The votes run on the context's own gloo group (`DistributedContext.vote_group`): CPU tensors, so a
-vote never waits on a CUDA stream. A step on the loop's guarded path takes two, in the same order
-on every rank:
+Every step carries three flags, summed over the ranks (`FLAGS`): did a rank run out of memory in
+this step, was a rank's loss of this step not finite, has a preemption notice reached a rank? They
+ride in the step's own gradient all-reduce, so no step takes a collective of its own for them:
 
-- `StepVotes.after_backward`, synchronous, before the optimizer steps: did any rank run out of
-  memory in this step, and was any rank's last recorded loss not finite? It returns both flags; the
-  loop drops the step or raises.
-- `StepVotes.stop_after_step`, asynchronous and read one step later: did a preemption notice reach
-  any rank?
+- On the guarded path, in the first bucket of `average_gradients`, read on the host before the
+  optimizer steps (`StepVotes.decide_now`): the loop drops the step, raises or steps.
+- On the fast path, in DDP's first gradient bucket (`StepVotes.hook`, a communication hook), copied
+  to the host without waiting for the device and read after the next step (`StepVotes.pend`).
+- Without peers (one process), the flags are this rank's own, read after the next step likewise.
 
-Between the two, `average_gradients` averages the gradients over the ranks, bucket by bucket.
-
-A step on the fast path (DDP's synced backward, which averages the gradients as it goes) takes no
-synchronous vote: `StepVotes.record_loss` launches the vote on the previous step's loss
-asynchronously and reads it one step later (`LossVote`), and the preemption vote is as above.
+A divergence is thus acted on at the latest one step after the step it came from, a preemption
+notice at the latest two, and always before a save (`StepVotes.settle` reads what is pending).
 """
 
 from __future__ import annotations
@@ -31,6 +28,10 @@ from tasks.core.models.memory import GRADIENT_REDUCE_BUCKET_BYTES
 from tasks.core.training.devices import family_of
 from tasks.core.training.preemption import PreemptionNotice
 
+FLAGS = ("out of memory", "loss not finite", "preemption notice")
+OUT_OF_MEMORY, DIVERGED, STOP = range(len(FLAGS))
+CARRY_BYTES = 2**20  # DDP's first bucket is capped at 1 MiB unless one gradient alone is larger
+
 
 @dataclass(frozen=True)
 class Divergence:
@@ -42,168 +43,176 @@ class Divergence:
     loss: float | None
 
 
+@dataclass
+class Flagged:
+    """One step's flags on their way to a decision: where the step was, this rank's own flags and
+    mean loss (device tensors), and the flags summed over the ranks, copied to the host."""
+
+    epoch: int
+    step: int
+    mean_loss: torch.Tensor
+    summed: torch.Tensor | None = None
+    copied: object | None = None  # the device event after which `summed` is on the host
+
+    def divergence(self, values: list[float]) -> Divergence | None:
+        if not values[DIVERGED]:
+            return None
+        loss = self.mean_loss.item()
+        return Divergence(self.epoch, self.step, None if math.isfinite(loss) else loss)
+
+
 class StepVotes:
-    """The votes every step of the loop takes part in (the module's docstring says which, and when).
+    """The flags every step of the loop carries (the module's docstring says where, and when each
+    is read). `notice`, where given, is the preemption notice whose arrival on any rank stops every
+    rank; `stop_agreed` turns True, alike on every rank, after the step at which they stop."""
 
-    `group` is the gloo group to vote on, None where there is no one to vote with; `notice`, where
-    given, is the preemption notice whose arrival on any rank stops every rank."""
+    def __init__(self, notice: PreemptionNotice | None = None, world_size: int = 1):
+        self.notice, self.world_size = notice, world_size
+        self.stop_agreed = False
+        self.armed: tuple[Flagged, torch.Tensor] | None = None  # for the next synced backward
+        self.arrived: Flagged | None = None  # this step's summed flags, from the hook
+        self.pending: Flagged | None = None  # the previous step's, read after this one
 
-    def __init__(self, group: dist.ProcessGroup | None, notice: PreemptionNotice | None = None):
-        self.group = group
-        self.losses = LossWatch()
-        self.loss_vote = LossVote(group)
-        self.stop = StopVote(notice, group) if notice is not None else None
+    def flags(self, epoch: int, step: int, loss_sum: torch.Tensor, rows: int, out_of_memory: bool = False):
+        """This step's flags on the loss's device, with no host sync: (its record, the flags)."""
+        flags = torch.zeros(len(FLAGS), dtype=torch.float32, device=loss_sum.device)
+        flags[OUT_OF_MEMORY] = float(out_of_memory)
+        flags[DIVERGED] = ~torch.isfinite(loss_sum)
+        flags[STOP] = float(self.notice is not None and self.notice.received)
+        return Flagged(epoch, step, loss_sum.detach() / rows), flags
 
-    @property
-    def notice(self) -> PreemptionNotice | None:
-        return self.stop.notice if self.stop is not None else None
+    def arm(self, epoch: int, step: int, loss_sum: torch.Tensor, rows: int) -> None:
+        """The flags the next synced backward's first bucket carries (`hook`)."""
+        self.armed = self.flags(epoch, step, loss_sum, rows)
 
-    def record_loss(
-        self, epoch: int, step: int, loss_sum: torch.Tensor, n_rows: int, synced: bool = False
-    ) -> Divergence | None:
-        """The mean loss of the step just done, checked at the next `after_backward`; or, after a
-        `synced` step (the fast path), the previous step's loss voted on asynchronously, and the
-        result of the vote launched one step earlier returned (`LossVote`)."""
-        checked = self.losses.take() if synced else None
-        self.losses.record(epoch, step, loss_sum, n_rows)
-        return self.loss_vote.launch(*checked) if checked is not None else None
+    def hook(self, group, bucket):  # unannotated: DDP refuses annotations that are strings
+        """DDP's communication hook (a `dist.GradBucket` in, a future of its averaged gradients out):
+        each bucket averaged over the ranks as DDP's default hook does; the first also carries the
+        armed flags, summed, which `advance` reads after the step. A first bucket of up to
+        CARRY_BYTES takes them in its own all-reduce (a copy of the bucket costs less than another
+        collective); a larger one has them all-reduced beside it (the copy would cost more)."""
+        grads = bucket.buffer().div_(self.world_size)
+        if bucket.index() != 0 or self.armed is None:
+            return dist.all_reduce(grads, group=group, async_op=True).get_future().then(first)
+        (flagged, flags), self.armed = self.armed, None
+        flags = flags.to(grads.dtype)
 
-    def after_backward(self, out_of_memory: bool) -> tuple[bool, Divergence | None]:
-        """Every rank's vote on the step it runs (out of memory here?) and on its last recorded loss
-        (finite?): whether any rank ran out of memory, and, where any rank's loss was not finite,
-        where. Every rank gets the same answer. A loss vote still pending from a fast step is read
-        first, and decides alone where it found a divergence."""
-        earlier = self.loss_vote.read()
+        def arrived(summed: torch.Tensor) -> None:
+            flagged.summed = summed.float()
+            self.arrived = copied_to_host(flagged)
+
+        if grads.numel() * grads.element_size() > CARRY_BYTES:
+            beside = dist.all_reduce(flags, group=group, async_op=True).get_future()
+            reduced = dist.all_reduce(grads, group=group, async_op=True).get_future()
+
+            def both_done(_: torch.futures.Future) -> torch.Tensor:
+                arrived(beside.value()[0])
+                return reduced.value()[0]
+
+            return torch.futures.collect_all([beside, reduced]).then(both_done)
+
+        def unpacked(future: torch.futures.Future) -> torch.Tensor:
+            summed = future.value()[0]
+            arrived(summed[-len(FLAGS) :])
+            return grads.copy_(summed[: -len(FLAGS)])
+
+        flat = torch.cat([grads, flags])
+        return dist.all_reduce(flat, group=group, async_op=True).get_future().then(unpacked)
+
+    def decide_now(self, flagged: Flagged, summed: torch.Tensor) -> tuple[bool, Divergence | None]:
+        """The guarded path's decision on its own step: whether any rank ran out of memory, and
+        where any rank's loss was not finite (a flag still pending from a fast step first)."""
+        earlier = self.settle()
         if earlier is not None:
             return False, earlier
-        epoch, step, loss = self.losses.take()
-        diverged_here = loss is not None and not math.isfinite(loss)
-        out_of_memory, diverged = any_rank((out_of_memory, diverged_here), self.group)
-        return out_of_memory, Divergence(epoch, step, loss if diverged_here else None) if diverged else None
+        flagged.summed = summed
+        return self.read(flagged)
 
-    def last_loss_vote(self) -> Divergence | None:
-        """The same vote between steps, where no rank can have run out of memory: only the last
-        recorded loss counts."""
-        _, diverged = self.after_backward(out_of_memory=False)
-        return diverged
+    def pend(self, flagged: Flagged, flags: torch.Tensor) -> Divergence | None:
+        """Without peers: this step's own flags become pending, and the previous step's are read."""
+        flagged.summed = flags
+        self.arrived = copied_to_host(flagged)
+        return self.advance()
 
-    def stop_after_step(self) -> bool:
-        """Whether every rank stops after the step just done; False, with no vote, without a notice."""
-        return self.stop is not None and self.stop.stop_now()
+    def advance(self) -> Divergence | None:
+        """After a step: the previous step's flags read, this step's (`arrived`) left pending."""
+        earlier = self.read(self.pending)[1] if self.pending is not None else None
+        self.pending, self.arrived = self.arrived, None
+        return earlier
 
-    def close(self) -> None:
-        self.loss_vote.read()  # every rank waits for its last vote; the result is the next run's concern
-        if self.stop is not None:
-            self.stop.close()
+    def settle(self) -> Divergence | None:
+        """Every flag not yet read, read now: where a loss was not finite, on any rank (None if none was)."""
+        found = None
+        for flagged in (self.pending, self.arrived):
+            if flagged is not None:
+                found = found or self.read(flagged)[1]
+        self.pending = self.arrived = None
+        return found
 
-
-def any_rank(flags: tuple[bool, ...], group: dist.ProcessGroup | None) -> tuple[bool, ...]:
-    """Whether each flag is set on any rank: one synchronous all-reduce on the CPU vote `group`."""
-    if group is None:
-        return flags
-    vote = torch.tensor([int(flag) for flag in flags], dtype=torch.int32)
-    dist.all_reduce(vote, op=dist.ReduceOp.MAX, group=group)
-    return tuple(bool(flag) for flag in vote.tolist())
-
-
-class LossWatch:
-    """This rank's step losses, each checked at the next vote: the loss is copied to the host without
-    waiting for the device, so the check never stalls a step (on CPU the copy is immediate)."""
-
-    def __init__(self):
-        self.pending: tuple[int, int, torch.Tensor, object | None] | None = None
-
-    def record(self, epoch: int, step: int, loss_sum: torch.Tensor, n_rows: int) -> None:
-        loss = (loss_sum / n_rows).to("cpu", non_blocking=True)
-        event = family_of(loss_sum.device).completion_event()
-        self.pending = (epoch, step, loss, event)
-
-    def take(self) -> tuple[int, int, float | None]:
-        if self.pending is None:
-            return 0, 0, None
-        epoch, step, loss, event = self.pending
-        self.pending = None
-        if event is not None:
-            event.synchronize()
-        return epoch, step, loss.item()
-
-
-class LossVote:
-    """The fast path's vote on the previous step's loss: launched asynchronously after a step and
-    read after the next one, so that no step waits on a CPU collective for it. Every rank launches
-    and reads the same votes after the same steps, so all raise at the same step. A divergence is
-    thus acted on two steps after the step whose loss was not finite, before any save
-    (`StepVotes.after_backward` reads a pending vote first)."""
-
-    def __init__(self, group: dist.ProcessGroup | None):
-        self.group = group
-        self.pending: tuple | None = None
-
-    def launch(self, epoch: int, step: int, loss: float | None) -> Divergence | None:
-        decided = self.read()
-        diverged_here = loss is not None and not math.isfinite(loss)
-        vote = torch.tensor([int(diverged_here)], dtype=torch.int32)
-        work = None
-        if self.group is not None:
-            work = dist.all_reduce(vote, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
-        self.pending = (work, vote, Divergence(epoch, step, loss if diverged_here else None))
-        return decided
-
-    def read(self) -> Divergence | None:
-        """The result of the vote pending, if any: where a loss was not finite, on any rank."""
-        if self.pending is None:
-            return None
-        work, vote, where = self.pending
-        self.pending = None
-        if work is not None:
-            work.wait()
-        return where if vote.item() else None
-
-
-class StopVote:
-    """Whether every rank stops after this step, on the preemption notice of any of them.
-
-    A notice may reach only some ranks (one node of several is reclaimed), so the ranks vote: one
-    4-byte all-reduce per step on the gloo vote group, read one step later so that it overlaps
-    the next step instead of stalling it (and never syncs a CUDA stream). Every rank reads the same
-    result after the same step, so no rank is left waiting in a collective.
-    """
-
-    def __init__(self, notice: PreemptionNotice, group: dist.ProcessGroup | None):
-        self.notice = notice
-        self.group = group
-        self.pending: tuple | None = None
-
-    def stop_now(self) -> bool:
-        if self.group is None:
-            return self.notice.received
-        decided = False
-        if self.pending is not None:
-            work, tally = self.pending
-            work.wait()
-            decided = bool(tally.item())
-        vote = torch.tensor([int(self.notice.received)], dtype=torch.int32)
-        self.pending = (dist.all_reduce(vote, op=dist.ReduceOp.MAX, group=self.group, async_op=True), vote)
-        return decided
+    def read(self, flagged: Flagged) -> tuple[bool, Divergence | None]:
+        if flagged.copied is not None:
+            flagged.copied.synchronize()
+        values = flagged.summed.tolist()
+        self.stop_agreed = self.stop_agreed or bool(values[STOP])
+        return bool(values[OUT_OF_MEMORY]), flagged.divergence(values)
 
     def close(self) -> None:
-        if self.pending is not None:
-            self.pending[0].wait()
-            self.pending = None
+        self.armed = self.pending = self.arrived = None
 
 
-def average_gradients(model: nn.Module, world_size: int) -> None:
+def first(future: torch.futures.Future) -> torch.Tensor:
+    return future.value()[0]
+
+
+def copied_to_host(flagged: Flagged) -> Flagged:
+    """`flagged` with its summed flags on their way to the host, the copy not waited for."""
+    device = flagged.summed.device
+    flagged.summed = flagged.summed.to("cpu", non_blocking=True)
+    flagged.copied = family_of(device).completion_event()
+    return flagged
+
+
+def average_gradients(
+    model: nn.Module, world_size: int, flags: torch.Tensor | None = None, staging: torch.Tensor | None = None
+) -> torch.Tensor | None:
     """Average every gradient over the ranks: one all-reduce per flat bucket of at most
-    GRADIENT_REDUCE_BUCKET_BYTES, so the copies never cost more than one bucket of memory."""
+    GRADIENT_REDUCE_BUCKET_BYTES, so the copies never cost more than one bucket of memory. `flags`
+    ride in the first bucket and come back summed over the ranks; `staging` (`staging_buffer`) holds
+    each bucket in turn, so that a rank that just ran out of memory allocates nothing here."""
     grads = [p.grad for p in model.parameters() if p.grad is not None]
-    for bucket in gradient_buckets(grads, GRADIENT_REDUCE_BUCKET_BYTES):
-        alone = len(bucket) == 1 and bucket[0].is_contiguous()
-        flat = bucket[0] if alone else torch.cat([grad.reshape(-1) for grad in bucket])
+    summed = None
+    for index, bucket in enumerate(gradient_buckets(grads, GRADIENT_REDUCE_BUCKET_BYTES)):
+        carried = [flags.to(bucket[0].dtype)] if flags is not None and index == 0 else []
+        parts = [*bucket, *carried]
+        alone = len(parts) == 1 and parts[0].is_contiguous()
+        flat = parts[0] if alone else flat_copy(parts, staging)
         dist.all_reduce(flat)
+        if carried:
+            summed = flat[-len(carried[0]) :].float()
         flat.div_(world_size)
         if not alone:
-            for grad, reduced in zip(bucket, flat.split([grad.numel() for grad in bucket]), strict=True):
+            sizes = [grad.numel() for grad in bucket]
+            for grad, reduced in zip(bucket, flat[: sum(sizes)].split(sizes), strict=True):
                 grad.copy_(reduced.view_as(grad))
+    return summed
+
+
+def flat_copy(parts: list[torch.Tensor], staging: torch.Tensor | None) -> torch.Tensor:
+    numel = sum(part.numel() for part in parts)
+    fits = staging is not None and staging.dtype == parts[0].dtype and staging.numel() >= numel
+    flat = staging[:numel] if fits else torch.empty(numel, dtype=parts[0].dtype, device=parts[0].device)
+    return torch.cat([part.reshape(-1) for part in parts], out=flat)
+
+
+def staging_buffer(model: nn.Module) -> torch.Tensor | None:
+    """A flat buffer for `average_gradients`' largest bucket and the flags, allocated once, before
+    any step can run out of memory; None for a model without gradients yet."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    buckets = gradient_buckets(grads, GRADIENT_REDUCE_BUCKET_BYTES)
+    if not buckets:
+        return None
+    numel = max(sum(grad.numel() for grad in bucket) for bucket in buckets) + len(FLAGS)
+    return torch.empty(numel, dtype=grads[0].dtype, device=grads[0].device)
 
 
 def gradient_buckets(tensors: list[torch.Tensor], limit: int) -> list[list[torch.Tensor]]:

@@ -114,8 +114,8 @@ def test_an_unexpected_error_in_a_step_fails_it_and_the_next_steps_still_run():
 
 
 def outcome(micro: int, accum: int, steps: int, loss: float = 0.5) -> TrainOutcome:
-    run = TrainingRun("pytorch", "gpu", 1, "none", "bfloat16", "single-process",
-                      [EpochMetrics(1, loss, 0.9, loss, 0.9)], 1.0, 1.0)  # fmt: skip
+    run = TrainingRun("pytorch", "cuda", "gpu", 1, "none", "bfloat16", "single-process",
+                      [EpochMetrics(1, loss, 0.9, loss, 0.9)], 1.0, 1.0, TrainConfig())  # fmt: skip
     return TrainOutcome(run, 0, [], steps, micro, accum)
 
 

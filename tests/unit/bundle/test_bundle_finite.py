@@ -13,6 +13,7 @@ from tasks.core.bundle.table_input import BundleError
 from tasks.core.bundle.writing import write_bundle
 from tasks.core.data.scaling import ScalerStats
 from tasks.core.models.plugins import build, input_spec_for, mlp_spec
+from tasks.core.training.config import TrainConfig
 from tasks.core.training.records import Hardware, TrainingRun
 from tests.conftest import blobs_frame
 from tests.unit.publish.test_publish import CLASSES, FEATURES, no_exports
@@ -39,7 +40,9 @@ def overflowing(tmp_path_factory):
     save_torch_artifact(
         model, spec, input_spec_for(spec, len(FEATURES), len(CLASSES)), str(root / "model.pt")
     )
-    run = TrainingRun("pytorch", "cpu", 1, "gloo", "fp32", "single-process", [], 0.0, 0.0, model=spec)
+    run = TrainingRun(
+        "pytorch", "cpu", "cpu", 1, "gloo", "fp32", "single-process", [], 0.0, 0.0, TrainConfig(model=spec)
+    )
     record = BundleRecord(
         framework="pytorch", feature_names=FEATURES, scaler=ScalerStats([0.0] * 4, [1.0] * 4),
         class_labels=CLASSES, label_kind="string", label_column="species", source="blobs.parquet",

@@ -18,7 +18,13 @@ import yaml
 
 from tasks.core.bundle import mlflow_pyfunc
 from tasks.core.bundle.loading import load_bundle
-from tasks.core.bundle.mlflow_model import LOADER_MODULE, LOADER_SOURCE, write_mlflow_model
+from tasks.core.bundle.mlflow_model import (
+    KIND_VALUES_MODULE,
+    KIND_VALUES_SOURCE,
+    LOADER_MODULE,
+    LOADER_SOURCE,
+    write_mlflow_model,
+)
 from tasks.core.bundle.raw_inputs import raw_feeds
 from tests.unit.bundle.test_raw_row_exports import CLASSES, COLUMNS, scoring_rows
 
@@ -63,6 +69,11 @@ def test_the_mlmodel_holds_what_mlflow_s_pyfunc_flavor_reads(model_dir):
     flavor = mlmodel["flavors"]["python_function"]
     assert flavor["loader_module"] == LOADER_MODULE
     assert (model_dir / flavor["code"] / f"{LOADER_MODULE}.py").read_text() == LOADER_SOURCE.read_text()
+    code = model_dir / flavor["code"]
+    assert (code / f"{KIND_VALUES_MODULE}.py").read_text() == KIND_VALUES_SOURCE.read_text()
+    assert sorted(path.name for path in code.iterdir() if path.suffix == ".py") == sorted(
+        [f"{KIND_VALUES_MODULE}.py", f"{LOADER_MODULE}.py"]
+    )
     assert sorted(os.listdir(model_dir / flavor["data"])) == ["model.json", "model.onnx"]
     assert flavor["python_version"].count(".") == 2
     for environment in flavor["env"].values():
@@ -99,13 +110,30 @@ def test_the_environment_pins_what_the_loader_imports(model_dir):
     ]
     conda = yaml.safe_load((model_dir / "conda.yaml").read_text())
     assert conda["dependencies"][-1] == {"pip": requirements}
-    imported = {
+    assert imported(LOADER_SOURCE) == {
+        "__future__", "json", "os", "numpy", "onnxruntime", "pandas", "pyarrow", KIND_VALUES_MODULE,
+    }  # fmt: skip
+    standard = {"__future__", "collections", "dataclasses", "typing"}
+    assert imported(KIND_VALUES_SOURCE) == {*standard, "numpy", "pyarrow"}  # shipped alone: no project import
+
+
+def imported(source: Path) -> set[str]:
+    """The top-level packages a file imports, but for the fallback of a `try` whose import failed with
+    ImportError (the loader's import of this project, where the MLflow folder's module is absent)."""
+    tree = ast.parse(source.read_text())
+    fallbacks = {
+        id(node)
+        for handler in ast.walk(tree)
+        if isinstance(handler, ast.ExceptHandler) and getattr(handler.type, "id", "") == "ImportError"
+        for node in ast.walk(handler)
+    }
+    return {
         name.split(".")[0]
-        for node in ast.walk(ast.parse(LOADER_SOURCE.read_text()))
+        for node in ast.walk(tree)
+        if id(node) not in fallbacks
         for name in ([alias.name for alias in node.names] if isinstance(node, ast.Import) else
                      [node.module] if isinstance(node, ast.ImportFrom) else [])
     }  # fmt: skip
-    assert imported == {"__future__", "json", "os", "numpy", "onnxruntime", "pandas", "pyarrow"}
 
 
 @pytest.mark.parametrize("form", ["arrow", "pandas", "as_mlflow_casts"])

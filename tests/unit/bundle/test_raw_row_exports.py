@@ -35,6 +35,7 @@ from tasks.core.data.encoding import FittedEncoding, batch_stats
 from tasks.core.data.prepare import PreparedTable
 from tasks.core.data.scaling import ScalerStats
 from tasks.core.models.plugins import build, input_spec_for, mlp_spec
+from tasks.core.training.config import TrainConfig
 from tasks.core.training.records import Hardware, TrainingRun
 
 # Each test here writes a model export (torch.onnx, tf2onnx, a SavedModel): seconds, so not in make test-fast.
@@ -124,7 +125,9 @@ def write_raw_bundle(folder: Path, framework: str, table: PreparedTable, seed: i
 
         keras.utils.set_random_seed(seed)
         save_keras_artifact(build(spec, n_features, len(CLASSES), framework), spec, input_spec, artifact)
-    run = TrainingRun(framework, "cpu", 1, "gloo", "fp32", "single-process", [], 0.0, 0.0, model=spec)
+    run = TrainingRun(
+        framework, "cpu", "cpu", 1, "gloo", "fp32", "single-process", [], 0.0, 0.0, TrainConfig(model=spec)
+    )
     record = BundleRecord.of(table, run, Hardware("cpu", 1), data_fingerprint="0" * 32)
     return write_bundle(str(folder), artifact, record)
 

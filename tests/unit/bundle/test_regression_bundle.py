@@ -18,6 +18,7 @@ from tasks.core.bundle.table_input import BundleError
 from tasks.core.bundle.writing import write_bundle
 from tasks.core.data.target import REGRESSION, Target
 from tasks.core.models.plugins import InputSpec, build, input_spec_for, mlp_spec
+from tasks.core.training.config import TrainConfig
 from tasks.core.training.records import Hardware, TrainingRun
 from tests.floats import FLOAT32_TOLERANCE, assert_float32_close
 from tests.unit.bundle.test_raw_row_exports import (
@@ -62,7 +63,9 @@ def regression_bundle(
 
         keras.utils.set_random_seed(3)
         save_keras_artifact(build(spec, n_features, 1, framework), spec, input_spec, artifact)
-    run = TrainingRun(framework, "cpu", 1, "gloo", "fp32", "single-process", [], 0.0, 0.0, model=spec)
+    run = TrainingRun(
+        framework, "cpu", "cpu", 1, "gloo", "fp32", "single-process", [], 0.0, 0.0, TrainConfig(model=spec)
+    )
     return write_bundle(str(folder), artifact, BundleRecord.of(table, run, Hardware("cpu", 1), "0" * 32))
 
 

@@ -15,12 +15,14 @@ from flytekit.models.literals import Binary, Literal, Scalar
 from google.protobuf import json_format, struct_pb2
 
 import tasks.types  # noqa: F401 - registers the transformer that decodes TrainConfig strictly
+from tasks.core.data.config import DataConfig
+from tasks.core.data.split_config import SplitConfig
 from tasks.core.evaluation.compare import RunSummary, compare_runs
 from tasks.core.messages import InputError
 from tasks.core.models.plugins import ModelSpec, mlp_options
 from tasks.core.training.config import INT_RANGES, TrainConfig, hyperparameter_problems, parse_hyperparameters
 from tasks.core.training.records import Hardware, TrainingRun
-from tasks.core.validation import column_kind_problems, split_by_problems
+from tasks.core.validation import data_problems
 
 INF, NAN = float("inf"), float("nan")
 
@@ -52,7 +54,8 @@ def test_each_integer_field_accepts_the_ends_of_its_range(name):
     low, high = INT_RANGES[name]
     for value in (low, high):
         divides = {"batch_size": value} if name == "grad_accum_steps" else {}  # the batch it splits
-        config = TrainConfig(**{name: value, **divides})
+        within = {"epochs": max(value, 1)} if name == "train_until_epoch" else {}  # at most the epochs
+        config = TrainConfig(**{name: value, **divides, **within})
         assert name not in config.problems(), (name, value)
 
 
@@ -136,7 +139,9 @@ def test_literals_decode_as_before_from_msgpack_and_from_a_json_struct():
 
 
 def summary(name: str, device: str, billed: Hardware) -> RunSummary:
-    training = TrainingRun("pytorch", device, billed.count, "gloo", "fp32", "DDP", [], 100.0, 3600.0)
+    training = TrainingRun(
+        "pytorch", device, device, billed.count, "gloo", "fp32", "DDP", [], 100.0, 3600.0, TrainConfig()
+    )
     return RunSummary(name, training, billed, accuracy=0.9, macro_f1=0.9)
 
 
@@ -236,16 +241,41 @@ def test_on_a_cluster_every_step_of_the_comparison_waits_for_its_prices_check():
     ],
 )
 def test_column_kinds_are_checked_before_the_data_is_read(column_kinds, refused):
-    found = column_kind_problems(column_kinds)
-    assert [problem.split("'")[2] for problem in found] == refused  # input 'column_kinds['NAME']' = ...
-    for problem in found:
-        assert "not one of numeric, categorical, boolean, date, drop" in problem
-        assert "--column_kinds '" in problem
+    found = data_problems(DataConfig("d.csv", column_kinds=column_kinds))
+    assert len(found) == (1 if refused else 0)
+    for problem in found:  # one message, naming every column at fault
+        assert problem.startswith(f"input 'data.column_kinds' = {column_kinds!r}: ")
+        assert all(f"{name!r}: {column_kinds[name]!r}" in problem for name in refused)
+        assert "not a kind; a column's kind is one of numeric, categorical, boolean, date, drop" in problem
+        assert json.dumps({"column_kinds": dict.fromkeys(refused, "categorical")}) in problem
 
 
 def test_the_label_column_is_refused_before_the_data_is_read():
-    assert split_by_problems("", "label") == split_by_problems("day", "label") == []
-    assert split_by_problems("label", "label") == [
-        "input 'split_by' = 'label': is the label column; name a column of dates, times or numbers to "
-        "split by, or leave it empty for a stratified random split"
+    assert data_problems(DataConfig("d.csv", split=SplitConfig(split_by="day"))) == []
+    assert data_problems(DataConfig("d.csv", split=SplitConfig(split_by="label"))) == [
+        "input 'data.split.split_by' = 'label': is the label column; name a column of dates, times or numbers "
+        """to split by, or leave it empty for a stratified random split; pass e.g. --data '{"split": {"split_by": ""}}'"""
     ]
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"split": {"val_fraction": 0.5}}, "input 'data.split.val_fraction' = 0.5: must be between 0 and 0.5"),
+        ({"split": {"seed": -1}}, "input 'data.split.seed' = -1: must be from 0 to 4,294,967,295"),
+        ({"split": {"problem_type": "numbers"}},
+         "input 'data.split.problem_type' = 'numbers': not one of auto, classification, regression"),
+        ({"dataset": "d.csv", "label_column": ""}, "input 'data.label_column' = '': must name the column"),
+        ({"datset": "d.csv"}, "input 'data.datset': unknown field; did you mean 'dataset'?"),
+        ({"split": {"seed": 1.5}}, "input 'data.split.seed' = 1.5: expected a whole number"),
+    ],
+)  # fmt: skip
+def test_the_data_json_is_checked_strictly_by_the_one_table_of_rules(raw, message):
+    """As pyflyte parses `--data`: a split refuses to be built from a bad value, so the rules read the
+    JSON first."""
+    with pytest.raises(InputError) as refused:
+        DataConfig.from_json(json.dumps(raw))
+    assert message in str(refused.value)
+    assert DataConfig.from_json('{"dataset": "d.csv", "split": {"seed": 3}}') == DataConfig(
+        "d.csv", split=SplitConfig(seed=3)
+    )

@@ -11,7 +11,8 @@ import pytest
 
 from tasks.core.data.column_kinds import CATEGORICAL, Place, canonical, propose_kinds
 from tasks.core.data.column_stats import COUNT_CAP, SUM_SCALE_BITS, CategoryStats, exact_sum
-from tasks.core.data.encoding import CategoryEncoding, EncodingStats, batch_stats
+from tasks.core.data.encoders import CategoryEncoding
+from tasks.core.data.encoding import EncodingStats, batch_stats
 
 
 def test_counting_beyond_the_cap_keeps_frequent_values_and_an_exact_total():

@@ -186,6 +186,7 @@ def test_pieces_cut_at_the_same_times_as_one_pod(tmp_path, count, suffix):
 
 
 def test_prepare_data_maps_the_pieces_of_an_input_past_the_threshold(tmp_path, monkeypatch):
+    from tasks.core.data.config import DataConfig
     from tasks.core.planning import planner
     from tasks.core.training.config import TrainConfig
     from tasks.plumbing.storage import dataset_uri
@@ -195,8 +196,8 @@ def test_prepare_data_maps_the_pieces_of_an_input_past_the_threshold(tmp_path, m
     uneven_parts(folder, ".parquet")
     monkeypatch.setattr(planner, "PIECE_ROWS", 60)
     prepared, plan = prepare_data(
-        dataset=str(folder), label_column="species", val_fraction=0.15, test_fraction=0.15, target="gpu",
-        hyperparameters=TrainConfig(seed=2), plan_resources=True,
+        data=DataConfig(str(folder), "species", split=SplitConfig(seed=2)), target="gpu",
+        hyperparameters=TrainConfig(), plan_resources=True,
     )  # fmt: skip
     assert plan.pieces > 1 and plan.piece_mem
     one_pod = prepare_dataset(str(folder), "species", str(tmp_path / "one"), SplitConfig(seed=2))
@@ -209,6 +210,7 @@ def test_prepare_data_maps_the_pieces_of_an_input_past_the_threshold(tmp_path, m
 @pytest.mark.parametrize("suffix", [".parquet", ".csv"])
 def test_the_map_tasks_give_the_one_pod_splits_of_a_messy_table(tmp_path, monkeypatch, suffix):
     """The kinds, the pieces' statistics and the fitted encoding cross the task boundaries unchanged."""
+    from tasks.core.data.config import DataConfig
     from tasks.core.planning import planner
     from tasks.core.training.config import TrainConfig
     from tasks.plumbing.storage import dataset_uri
@@ -217,8 +219,8 @@ def test_the_map_tasks_give_the_one_pod_splits_of_a_messy_table(tmp_path, monkey
     path = write_messy(tmp_path / "parts", suffix)
     monkeypatch.setattr(planner, "PIECE_ROWS", 60)
     prepared, plan = prepare_data(
-        dataset=path, label_column="species", val_fraction=0.15, test_fraction=0.15, target="gpu",
-        hyperparameters=TrainConfig(seed=1), plan_resources=True,
+        data=DataConfig(path, "species", split=SplitConfig(seed=1)), target="gpu",
+        hyperparameters=TrainConfig(), plan_resources=True,
     )  # fmt: skip
     assert plan.pieces > 1
     folders = {name: dataset_uri(getattr(prepared, name)) for name in ("train", "val", "test")}

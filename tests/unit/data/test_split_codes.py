@@ -23,7 +23,7 @@ from tasks.core.data.reading import open_dataset
 from tasks.core.data.split_codes import CODES_KEY, code_type, split_coded, stored_columns
 from tasks.core.data.splits import read_split
 from tasks.core.data.writing import RAW_SPLIT
-from tasks.core.training.rank_part import rank_part, read_shard
+from tasks.core.training.rank_part import rank_part
 from tests.conftest import blobs_frame
 
 LABEL = "label"
@@ -95,8 +95,10 @@ def test_a_ranks_part_reads_its_rows_expanded(mixed, tmp_path, monkeypatch, worl
     rows = len(labels)
     seen = []
     for rank in range(world_size):
-        features, codes, ids = read_shard(splits.train, splits.feature_names, LABEL, rank, world_size)
-        assert len(rank_part(splits.train, rank, world_size).blocks) > 1
+        part = rank_part(splits.train, rank, world_size)
+        features, codes = part.read(part.blocks, splits.feature_names, LABEL)
+        ids = part.row_ids()
+        assert len(part.blocks) > 1
         assert len(ids) == -(-rows // world_size)  # padded to the longest part
         assert_bit_for_bit(features, whole[ids])
         np.testing.assert_array_equal(codes, labels[ids])

@@ -5,15 +5,16 @@ from __future__ import annotations
 import numpy as np
 
 from tasks.core.data.splits import read_split
-from tasks.core.training.rank_part import read_shard
+from tasks.core.training.rank_part import rank_part
 from tests.unit.data.tables import prepare
 
 
-def test_read_shard_splits_rows_between_ranks(blobs, write_table, tmp_path):
+def test_rank_parts_split_rows_between_ranks(blobs, write_table, tmp_path):
     prepared = prepare(write_table(blobs.iloc[:101]), tmp_path, val_fraction=0.2, test_fraction=0.2)
     n = prepared.table.rows["train"]
+    parts = [rank_part(prepared.paths["train"], rank, 2) for rank in (0, 1)]
     shards = [
-        read_shard(prepared.paths["train"], prepared.table.feature_names, "species", r, 2) for r in (0, 1)
+        (*part.read(part.blocks, prepared.table.feature_names, "species"), part.row_ids()) for part in parts
     ]
     assert all(len(ids) == -(-n // 2) for _, _, ids in shards)
     assert set(shards[0][2]) | set(shards[1][2]) == set(range(n))

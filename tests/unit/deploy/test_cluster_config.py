@@ -8,7 +8,7 @@ from datetime import datetime
 import pytest
 from flytekit.configuration import Config
 
-from tasks.core.data.partition import partition_uri
+from tasks.core.data.schedule_uri import partition_uri
 from tests.dependencies import REPO
 from tests.unit.deploy.test_dockerfile import stages
 

@@ -9,6 +9,7 @@ from tasks.catalog import TPU_CATALOG
 from tasks.core.bundle.metric_records import ClassificationMetrics
 from tasks.core.evaluation.compare import compare_runs
 from tasks.core.planning.planner import PreprocessPlan, TrainingPlan
+from tasks.core.training.config import TrainConfig
 from tasks.core.training.records import TrainingRun
 from tasks.evaluate import billed_hardware
 from tasks.hardware import TRAIN_TPU
@@ -19,9 +20,9 @@ def trained_on_tpu() -> TrainedModel:
     """What train_tf_tpu reports: its declared profile, a 2x2 slice of 4 chips."""
     return TrainedModel(
         artifact=FlyteFile("model.keras"),
-        run=TrainingRun(framework="tensorflow", device="TPU (v5 lite)", world_size=1, backend="xla",
-                        precision="mixed_bfloat16", strategy="tpu", history=[], samples_per_second=1.0,
-                        train_seconds=3600.0),
+        run=TrainingRun(framework="tensorflow", device_type="tpu", device_name="TPU (v5 lite)", world_size=1,
+                        backend="xla", precision="mixed_bfloat16", strategy="tpu", history=[],
+                        samples_per_second=1.0, train_seconds=3600.0, config=TrainConfig()),
         declared=TRAIN_TPU.declared(replicas=1),
     )  # fmt: skip
 

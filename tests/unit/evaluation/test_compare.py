@@ -1,11 +1,14 @@
 import pytest
 
 from tasks.core.evaluation.compare import RunSummary, compare_runs
+from tasks.core.training.config import TrainConfig
 from tasks.core.training.records import Hardware, TrainingRun
 
 
 def run(name, accelerator, count, seconds, accuracy):
-    training = TrainingRun("fw", "dev", count, "nccl", "bf16", "s", [], 1000.0, seconds)
+    training = TrainingRun(
+        "fw", "cuda", "dev", count, "nccl", "bf16", "s", [], 1000.0, seconds, TrainConfig()
+    )
     return RunSummary(name, training, Hardware(accelerator, count), accuracy, accuracy)
 
 
@@ -41,7 +44,9 @@ def test_regression_runs_compare_by_their_own_metric(monkeypatch):
     from tasks.plumbing import decks
 
     def regression_run(name, seconds, rmse, r2):
-        training = TrainingRun("fw", "dev", 1, "nccl", "bf16", "s", [], 1000.0, seconds)
+        training = TrainingRun(
+            "fw", "cuda", "dev", 1, "nccl", "bf16", "s", [], 1000.0, seconds, TrainConfig()
+        )
         return RunSummary(name, training, Hardware("cpu", 1), 0.0, 0.0, rmse, r2)
 
     runs = [regression_run("gpu", 60.0, 55.0, 0.45), regression_run("tpu", 30.0, 60.0, 0.38)]

@@ -31,7 +31,7 @@ def report_for(classes: int, rows: int = 4000) -> EvaluationReport:
     truth = rng.integers(0, classes, rows)
     predicted = np.where(rng.random(rows) < 0.7, truth, rng.integers(0, classes, rows))
     labels = [f"class-{i}" for i in range(classes)]
-    run = TrainingRun("pytorch", "cpu", 2, "gloo", "float32", "DDP", [], 1.0, 1.0)
+    run = TrainingRun("pytorch", "cpu", "cpu", 2, "gloo", "float32", "DDP", [], 1.0, 1.0, TrainConfig())
     return EvaluationReport(
         metrics=classification_metrics(truth, predicted, labels), class_labels=labels, training=run,
         billed=Hardware("cpu", 2), dataset="d",

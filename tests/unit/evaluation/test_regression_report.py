@@ -9,6 +9,7 @@ from flytekit.core.type_engine import TypeEngine
 
 from tasks.core.data.target import REGRESSION, Target
 from tasks.core.evaluation.metrics import regression_metrics
+from tasks.core.training.config import TrainConfig
 from tasks.core.training.records import Hardware, TrainingRun
 from tasks.plumbing import decks
 from tasks.types import EvaluationReport
@@ -18,7 +19,7 @@ def regression_report(predicted_noise: float = 0.3) -> EvaluationReport:
     rng = np.random.default_rng(0)
     actual = rng.normal(100.0, 20.0, 500)
     predicted = actual + rng.normal(0.0, 20.0 * predicted_noise, 500)
-    run = TrainingRun("pytorch", "cpu", 2, "gloo", "float32", "DDP", [], 1.0, 1.0)
+    run = TrainingRun("pytorch", "cpu", "cpu", 2, "gloo", "float32", "DDP", [], 1.0, 1.0, TrainConfig())
     return EvaluationReport(
         metrics=None, class_labels=[], training=run, billed=Hardware("cpu", 2), dataset="d",
         regression=regression_metrics(actual, predicted, train_mean=101.0),

@@ -16,6 +16,7 @@ from flytekit.configuration import ImageConfig, SerializationSettings
 from flytekit.tools.translator import get_serializable
 
 from tasks.catalog import GPU_CATALOG, GPU_OPTIONS, TPU_CATALOG, TPU_OPTIONS, offered
+from tasks.core.data.config import DataConfig
 from tasks.core.models.memory import (
     ESTIMATE_HIGH,
     ESTIMATE_LOW,
@@ -215,10 +216,8 @@ def test_planned_overrides_reach_the_serialized_node():
     plan = plan_training(workload([256, 128]), GPU_CATALOG)
 
     @workflow
-    def planned(dataset: str = "") -> None:
-        prepared = preprocess(
-            dataset=dataset, label_column="label", val_fraction=0.15, test_fraction=0.15, seed=0
-        )
+    def planned(data: DataConfig = DataConfig()) -> None:  # noqa: B008 - Flyte needs the literal default
+        prepared = preprocess(data=data)
         hyperparameters = TrainConfig(epochs=1, grad_accum_steps=plan.grad_accum_steps)
         gpu = TARGETS["gpu"]
         gpu.task(prepared=prepared, hyperparameters=hyperparameters).with_overrides(

@@ -19,6 +19,7 @@ OPENS_NO_STORAGE = {
     "tasks.compare.check_prices": "checks a dict",
     "tasks.compare.compare": "compares two reports",
     "tasks.schedule.dataset_partition": "formats a URI template",
+    "tasks.schedule.data_partition": "formats a URI template into the data input",
     "tasks.train_torch.train_torch": "the launcher: each DDP worker begins with begin_task",
     "tasks.train_torch.train_torch_multinode": "the launcher: each DDP worker begins with begin_task",
 }

@@ -34,6 +34,7 @@ from tasks.core.publish.promotion import (
     promotion_of,
 )
 from tasks.core.publish.versions import LATEST, PUBLISHED, publish_bundle, resolve_bundle
+from tasks.core.training.config import TrainConfig
 from tasks.core.training.records import Hardware, TrainingRun
 from tests.conftest import blobs_frame
 from tests.unit.publish.test_publish import (
@@ -211,7 +212,9 @@ def write_regression_bundle(folder: Path, mean: float, label: str = TARGET, feat
     torch.manual_seed(0)
     model = build(spec, len(features), 1, "pytorch")
     save_torch_artifact(model, spec, input_spec_for(spec, len(features), 1), artifact)
-    run = TrainingRun("pytorch", "cpu", 1, "gloo", "fp32", "single-process", [], 0.0, 0.0, model=spec)
+    run = TrainingRun(
+        "pytorch", "cpu", "cpu", 1, "gloo", "fp32", "single-process", [], 0.0, 0.0, TrainConfig(model=spec)
+    )
     record = BundleRecord(
         framework="pytorch", feature_names=list(features),
         scaler=ScalerStats([0.0] * len(features), [1.0] * len(features)), class_labels=[],

@@ -28,6 +28,7 @@ from tasks.core.data.prepare import PreparedTable
 from tasks.core.data.scaling import ScalerStats
 from tasks.core.models.plugins import ModelSpec, build, input_spec_for, mlp_spec
 from tasks.core.publish.versions import LATEST, PUBLISHED, publish_bundle, readable_id, resolve_bundle
+from tasks.core.training.config import TrainConfig
 from tasks.core.training.records import Hardware, TrainingRun
 from tests.conftest import blobs_frame
 
@@ -47,7 +48,9 @@ def write_test_bundle(
     artifact = folder.parent / f"{folder.name}-{WEIGHTS[framework]}"
     save_untrained(spec, n_features, framework, seed, str(artifact))
     backend = "gloo" if framework == "pytorch" else "default"
-    run = TrainingRun(framework, "cpu", 1, backend, "fp32", "single-process", [], 0.0, 0.0, model=spec)
+    run = TrainingRun(
+        framework, "cpu", "cpu", 1, backend, "fp32", "single-process", [], 0.0, 0.0, TrainConfig(model=spec)
+    )
     if table:
         record = BundleRecord.of(table, run, Hardware("cpu", 1), data_fingerprint="0" * 32)
         return write_bundle(str(folder), str(artifact), record)

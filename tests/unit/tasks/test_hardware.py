@@ -35,18 +35,24 @@ def test_gke_allocatable_follows_the_documented_reservations():
     )
 
 
+def fits(machine: MachineType, cpu: float, memory_gib: float) -> bool:
+    """A pod asking for `cpu` and `memory_gib` fits on one node of `machine`."""
+    return cpu <= machine.allocatable_cpu and memory_gib <= machine.allocatable_memory_gib
+
+
 def test_a_request_of_the_whole_machine_does_not_fit():
     four_vcpu_l4 = MachineType("g2-standard-4", 4, 16)
-    assert "4 CPU > 3.42 allocatable" in four_vcpu_l4.misfit(4, 16)
-    assert "16 GiB > 12.3 GiB allocatable" in four_vcpu_l4.misfit(4, 16)
-    assert four_vcpu_l4.misfit(3, 12) is None
+    assert four_vcpu_l4.allocatable_cpu == pytest.approx(3.42)
+    assert round(four_vcpu_l4.allocatable_memory_gib, 1) == 12.3
+    assert not fits(four_vcpu_l4, 4, 12) and not fits(four_vcpu_l4, 3, 16)
+    assert fits(four_vcpu_l4, 3, 12)
 
 
 @pytest.mark.parametrize(
     "profile", [TRAIN_GPU, TRAIN_GPU_MULTINODE, TRAIN_TPU], ids=["gpu", "gpu-multinode", "tpu"]
 )
 def test_each_training_profile_fits_the_machine_it_is_meant_for(profile):
-    assert profile.machine.misfit(quantity(profile.cpu), quantity(profile.mem)) is None
+    assert fits(profile.machine, quantity(profile.cpu), quantity(profile.mem))
 
 
 def planned_pod(entry) -> tuple[float, float]:
@@ -60,7 +66,7 @@ def test_as_many_pods_of_a_gpu_option_fit_on_its_node_as_the_node_has_slices(ent
     """A pod sized for its share leaves the node's other slices (or GPUs) room for their pods."""
     cpu, memory_gib = planned_pod(entry)
     machine, share = MACHINE_FOR_GPU[entry.device], node_share(entry)
-    assert machine.misfit(cpu / share, memory_gib / share) is None
+    assert fits(machine, cpu / share, memory_gib / share)
     assert cpu >= 1 and memory_gib >= 8  # room for the launcher and its worker after rounding down
 
 
@@ -88,7 +94,7 @@ def test_the_cheapest_option_is_the_cheapest_to_run():
 @pytest.mark.parametrize("entry", TPU_OPTIONS, ids=lambda e: e.name)
 def test_every_tpu_option_fits_its_tpu_vm(entry):
     profile = TRAIN_TPU.for_option(entry)
-    assert profile.machine.misfit(quantity(profile.cpu), quantity(profile.mem)) is None
+    assert fits(profile.machine, quantity(profile.cpu), quantity(profile.mem))
     assert profile.chips == entry.devices
 
 
@@ -108,7 +114,7 @@ def test_each_target_dispatches_to_its_frameworks_task_on_an_image_for_its_hardw
     the TPU image exactly the TPU slices; the planner chooses only from the target's own hardware
     family, and a target without a catalog is multi-node, keeping the profile it declares."""
     from tasks.core.training.config import TrainConfig
-    from tasks.core.validation import problems
+    from tasks.core.validation import training_problems
     from tasks.hardware import TpuSliceProfile
 
     task_modules = {"pytorch": "tasks.train_torch.", "tensorflow": "tasks.train_tf."}
@@ -126,7 +132,7 @@ def test_each_target_dispatches_to_its_frameworks_task_on_an_image_for_its_hardw
             assert kinds and kinds <= ({"tpu"} if on_tpu else {"gpu", "mig"}), (name, kinds)
     assert all(len(frameworks) == 1 for frameworks in frameworks_by_image.values()), frameworks_by_image
     assert {"pytorch", "tensorflow"} == {target.framework for target in TARGETS.values()}
-    assert problems("cuda", TrainConfig(), TARGETS) == [
+    assert training_problems("cuda", TrainConfig(), TARGETS) == [
         f"input 'target' = 'cuda': not one of {', '.join(TARGETS)}; pass e.g. --target gpu"
     ]
 

@@ -156,8 +156,8 @@ def test_a_run_resumed_after_its_early_stop_trains_no_further(blob_splits, tmp_p
 
 def test_the_report_says_which_epoch_was_kept_and_why():
     reason = "best val_loss 0.1161 at epoch 9 of 30"
-    run = TrainingRun("pytorch", "cpu", 1, "none", "float32", "single-process", [], 1.0, 1.0,
-                      kept_epoch=9, kept_reason=reason)  # fmt: skip
+    run = TrainingRun("pytorch", "cpu", "cpu", 1, "none", "float32", "single-process", [], 1.0, 1.0,
+                      TrainConfig(), kept_epoch=9, kept_reason=reason)  # fmt: skip
     labels = np.array([0, 1, 1])
     report = EvaluationReport(classification_metrics(labels, labels, ["a", "b"]), ["a", "b"], run,
                               Hardware("cpu", 1), "d")  # fmt: skip

@@ -118,7 +118,7 @@ def test_torch_balanced_weights_raise_the_rare_class_recall(imbalanced_splits):
 
 @pytest.mark.slow  # TensorFlow's start and a Keras fit: seconds
 def test_keras_balanced_weights_raise_the_rare_class_recall(imbalanced_splits):
-    from tasks.core.models.keras_models import predict_keras
+    from tasks.core.bundle.loading import keras_logits
     from tasks.core.training.tf_strategy import Environment
     from tasks.core.training.tf_training import train_keras
 
@@ -126,13 +126,19 @@ def test_keras_balanced_weights_raise_the_rare_class_recall(imbalanced_splits):
     weighted = train_keras(
         TrainConfig(**COMMON, class_weight="balanced"), imbalanced_splits, env=Environment()
     )
-    before = rare_recall(lambda features: predict_keras(plain.model, features), imbalanced_splits)
-    after = rare_recall(lambda features: predict_keras(weighted.model, features), imbalanced_splits)
+    before = rare_recall(
+        lambda features: keras_logits(plain.model, features).argmax(axis=1), imbalanced_splits
+    )
+    after = rare_recall(
+        lambda features: keras_logits(weighted.model, features).argmax(axis=1), imbalanced_splits
+    )
     assert after >= before + 0.3, (before, after)
     # Accuracy stays unweighted (the loss alone takes the sample weights): the share of val rows right.
     features, labels = read_split(imbalanced_splits.val, imbalanced_splits.feature_names, "label")
     kept = weighted.run.history[weighted.run.kept_epoch - 1]
-    assert kept.val_accuracy == pytest.approx((predict_keras(weighted.model, features) == labels).mean())
+    assert kept.val_accuracy == pytest.approx(
+        (keras_logits(weighted.model, features).argmax(axis=1) == labels).mean()
+    )
 
 
 def test_the_weights_read_a_train_split_in_object_storage_through_the_runs_filesystem(imbalanced_splits):

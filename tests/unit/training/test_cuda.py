@@ -61,7 +61,7 @@ def test_the_run_says_it_trained_on_the_gpu_and_measured_its_peak_memory(blob_sp
     # Enough optimizer steps to learn the blobs: two epochs (18 steps) reach about 0.57 on any device.
     outcome = train(TrainConfig(epochs=8, batch_size=32, model=mlp_spec([32])), blob_splits)
     run = outcome.run
-    assert run.device == torch.cuda.get_device_name(0)
+    assert (run.device_type, run.device_name) == ("cuda", torch.cuda.get_device_name(0))
     assert run.precision == str(autocast_dtype(torch.device("cuda"), "auto")).removeprefix("torch.")
     assert run.peak_device_memory_bytes > 0
     assert run.history[-1].val_accuracy >= 0.9
@@ -101,7 +101,7 @@ def test_cuda_placements_pinned_and_copied_a_step_ahead_train_as_the_device_resi
         for placement in ("device", "host", "stream")
     }  # fmt: skip
     device = runs.pop("device")
-    assert device.run.device != "cpu"
+    assert not device.run.on_cpu
     for placement, outcome in runs.items():
         assert outcome.run.history == device.run.history, placement
         for a, b in zip(parameters(outcome), parameters(device), strict=True):

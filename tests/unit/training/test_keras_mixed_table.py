@@ -22,7 +22,7 @@ from tests.unit.data.tables import messy_frame
 
 @pytest.mark.slow
 def test_a_messy_table_trains_under_keras_and_its_bundle_scores_raw_rows_as_the_model_does(tmp_path):
-    from tasks.core.models.keras_models import predict_keras
+    from tasks.core.bundle.loading import keras_logits
     from tasks.core.training.tf_strategy import Environment
     from tasks.core.training.tf_training import train_keras
 
@@ -39,7 +39,7 @@ def test_a_messy_table_trains_under_keras_and_its_bundle_scores_raw_rows_as_the_
     test = pq.read_table(prepared.paths["test"])
     assert "colour" in test.column_names and "string" in str(test.schema.field("colour").type)
     encoded = prepared.table.fitted_encoding().transform(test)
-    expected = predict_keras(outcome.model, standardise(encoded, prepared.table.scaler))
+    expected = keras_logits(outcome.model, standardise(encoded, prepared.table.scaler)).argmax(axis=1)
     labels = np.asarray(prepared.table.class_labels)
     assert np.array_equal(bundle.predict(test), labels[expected])
     metrics = split_metrics(bundle, prepared.paths["test"], "species", prepared.table.class_labels)

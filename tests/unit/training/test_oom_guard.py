@@ -20,13 +20,13 @@ def failing_until(micro_size: int, monkeypatch) -> list[int]:
     real_accumulate = torch_training.LoopState.accumulate_gradients
     attempts: list[int] = []
 
-    def accumulate(state, batch, micro):
+    def accumulate(state, batch, micro, totals):
         attempts.append(micro)
         if micro > micro_size:
             raise torch.cuda.OutOfMemoryError(
                 f"CUDA out of memory. Tried to allocate {micro} rows (simulated)"
             )
-        return real_accumulate(state, batch, micro)
+        return real_accumulate(state, batch, micro, totals)
 
     monkeypatch.setattr(torch_training.LoopState, "accumulate_gradients", accumulate)
     return attempts

@@ -16,7 +16,7 @@ from tasks.core.models.plugins import measure_footprint, mlp_spec
 from tasks.core.planning.planner import CatalogEntry, PlanError, Workload, plan_training
 from tasks.core.training import rows
 from tasks.core.training.config import TrainConfig
-from tasks.core.training.rank_part import RankPart, rank_part, read_shard
+from tasks.core.training.rank_part import RankPart, rank_part
 from tasks.core.training.rows import epoch_order, epoch_windows, streamed_rows
 from tasks.core.training.torch_training import train
 from tests.streaming_splits import small_row_groups
@@ -90,9 +90,9 @@ def test_rank_parts_are_disjoint_equal_and_read_from_their_own_row_groups(row_gr
         assert len(own) >= len(ids[rank]) - 1  # padding repeats one of the rank's own rows at most
         assert np.all(np.diff(ids[rank][: len(own)]) == 1)  # a contiguous range
     features, labels = read_split(row_group_splits.train, row_group_splits.feature_names, "species")
-    x, y, row_ids = read_shard(
-        row_group_splits.train, row_group_splits.feature_names, "species", world_size - 1, world_size
-    )
+    part = rank_part(row_group_splits.train, world_size - 1, world_size)
+    x, y = part.read(part.blocks, row_group_splits.feature_names, "species")
+    row_ids = part.row_ids()
     np.testing.assert_array_equal(x, features[row_ids])
     np.testing.assert_array_equal(y, labels[row_ids])
 
@@ -220,3 +220,21 @@ def test_prepared_splits_have_small_row_groups_so_ranks_decode_little_of_each_ot
         part = rank_part(prepared.paths["train"], rank, 2)
         decoded = sum(sizes[group] for group in {block.row_group for block in part.blocks})
         assert decoded - part.rows <= SPLIT_ROW_GROUP_ROWS  # one straddling group's other rows
+
+
+def test_an_epoch_order_computed_ahead_is_the_one_computed_on_demand():
+    orders = rows.EpochOrders([23] * 12 + [4])
+    first = orders.order(seed=3, epoch=0, buffer_rows=40, epochs=3)
+    assert orders.ahead is not None  # the next epoch's, on its way
+    ahead = orders.order(seed=3, epoch=1, buffer_rows=40, epochs=3)
+    np.testing.assert_array_equal(first, epoch_order([23] * 12 + [4], 3, 0, 40))
+    np.testing.assert_array_equal(ahead, epoch_order([23] * 12 + [4], 3, 1, 40))
+    assert not np.array_equal(first, ahead)
+    orders.order(seed=3, epoch=2, buffer_rows=40, epochs=3)
+    assert orders.ahead is None  # no epoch after the last
+
+
+def test_an_order_asked_for_out_of_turn_is_computed_on_demand():
+    orders = rows.EpochOrders([100])
+    orders.order(seed=1, epoch=0, buffer_rows=10**6, epochs=5)
+    np.testing.assert_array_equal(orders.order(1, 3, 10**6, 5), epoch_order([100], 1, 3, 10**6))

@@ -25,7 +25,7 @@ def test_trains_a_separable_problem_and_writes_the_artifact(blob_splits, tmp_pat
     assert outcome.run.history[-1].val_accuracy >= 0.95
     assert outcome.run.history[-1].train_loss < outcome.run.history[0].train_loss
     assert outcome.run.samples_per_second > 0
-    assert (outcome.run.device, outcome.run.world_size, outcome.run.backend, outcome.run.precision) == (
+    assert (outcome.run.device_name, outcome.run.world_size, outcome.run.backend, outcome.run.precision) == (
         "cpu",
         1,
         "none",

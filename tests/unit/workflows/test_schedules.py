@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tasks.core.data.config import DataConfig
+from tasks.core.data.split_config import SplitConfig
 from tasks.core.publish.promotion import PromotionPolicy
 from workflows.launch_plans import SCHEDULED
 from workflows.schedules import DEFAULT_PATH, ENV, PlanSpec, ScheduleError, load_schedules
@@ -60,10 +62,20 @@ def load_text(tmp_path: Path, text: str):
          "'launch_plans.weekly_hardware_comparison.prices' = {'CPU': 1.0}: the key 'CPU', which prices nothing: did you mean 'cpu'?"),
         ("launch_plans: {weekly_hardware_comparison: {plan_resources: 'yes'}}",
          "'launch_plans.weekly_hardware_comparison.plan_resources' = 'yes': expected true or false"),
-        ("launch_plans: {nightly_retrain: {column_kinds: {zip: cat}}}",
-         "'launch_plans.nightly_retrain.column_kinds' = {'zip': 'cat'}: 'zip': 'cat': a column's kind is one of numeric, categorical, boolean, date, drop"),
-        ("launch_plans: {weekly_hardware_comparison: {problem_type: regresion}}",
-         "'launch_plans.weekly_hardware_comparison.problem_type' = 'regresion': is not one of auto, classification, regression"),
+        ("launch_plans: {nightly_retrain: {data: {column_kinds: {zip: cat}}}}",
+         "'launch_plans.nightly_retrain.data.column_kinds' = {'zip': 'cat'}: 'zip': 'cat': not a kind; a column's kind is one of numeric, categorical, boolean, date, drop"),
+        ("launch_plans: {weekly_hardware_comparison: {data: {split: {problem_type: regresion}}}}",
+         "'launch_plans.weekly_hardware_comparison.data.split.problem_type' = 'regresion': not one of auto, classification, regression"),
+        ("launch_plans: {nightly_retrain: {data: {split: {val_fraction: 0.6}}}}",
+         "'launch_plans.nightly_retrain.data.split.val_fraction' = 0.6: must be between 0 and 0.5 (exclusive)"),
+        ("launch_plans: {nightly_retrain: {data: {label_column: day, split: {split_by: day}}}}",
+         "'launch_plans.nightly_retrain.data.split.split_by' = 'day': is the label column"),
+        ("launch_plans: {nightly_retrain: {data: {dataset: s3://b/x.parquet}}}",
+         "'launch_plans.nightly_retrain.data.dataset': filled from dataset_template each time the schedule fires"),
+        ("launch_plans: {nightly_retrain: {data: {label: churned}}}",
+         "'launch_plans.nightly_retrain.data.label': unknown field; known fields: dataset, label_column,"),
+        ("launch_plans: {nightly_retrain: {label_column: churned}}",
+         "'launch_plans.nightly_retrain.label_column': unknown key; known keys: dataset_template, data,"),
         ("launch_plans: {nightly_retrain: {kickoff_time: 2026-01-01}}",
          "'launch_plans.nightly_retrain.kickoff_time': set by the schedule"),
         ("launch_plans: {nightly_scoring: [model_prefix]}", "'launch_plans.nightly_scoring' = ['model_prefix']: expected a mapping"),
@@ -131,29 +143,32 @@ def test_the_nightly_retraining_gates_promotion_where_a_run_by_hand_promotes_alw
 @pytest.mark.parametrize(
     "plan, scheduled_input", [("nightly_retrain", "training_pipeline"), ("weekly_hardware_comparison", "hardware_comparison")]
 )  # fmt: skip
-def test_a_scheduled_workflow_takes_every_input_of_the_workflow_it_runs_but_the_dataset(
+def test_a_scheduled_workflow_takes_every_input_of_the_workflow_it_runs_and_the_template(
     plan, scheduled_input
 ):
-    """So the file can set anything a run by hand can: the dataset comes from the template and the kickoff."""
+    """So the file can set anything a run by hand can: the data's dataset comes from the template and the
+    kickoff."""
     import workflows.comparison
     import workflows.pipeline
 
     runs = {"training_pipeline": workflows.pipeline.training_pipeline,
             "hardware_comparison": workflows.comparison.hardware_comparison}[scheduled_input]  # fmt: skip
     scheduled = SCHEDULED[plan].workflow.python_interface
-    assert set(scheduled.inputs) - {"kickoff_time", "dataset_template"} == set(
-        runs.python_interface.inputs
-    ) - {"dataset"}
+    assert set(scheduled.inputs) - {"kickoff_time", "dataset_template"} == set(runs.python_interface.inputs)
     for name, default in runs.python_interface.default_inputs_as_kwargs.items():
-        if name not in ("dataset", "promotion"):  # a schedule gates promotion: see the test above
+        if name != "promotion":  # a schedule gates promotion: see the test above
             assert scheduled.default_inputs_as_kwargs[name] == default, name
 
 
 def test_a_file_sets_the_column_kinds_the_split_and_the_problem_type_of_the_nightly_retraining(tmp_path):
     text = (
-        "launch_plans: {nightly_retrain: {column_kinds: {zip: categorical, notes: drop}, split_by: day, "
-        "problem_type: regression, int8_export: true}}"
+        "launch_plans: {nightly_retrain: {data: {label_column: price, column_kinds: {zip: categorical, "
+        "notes: drop}, split: {split_by: day, problem_type: regression}}, int8_export: true}}"
     )
     inputs = load_text(tmp_path, text).plans["nightly_retrain"].inputs
-    assert inputs["column_kinds"] == {"zip": "categorical", "notes": "drop"}
-    assert (inputs["split_by"], inputs["problem_type"], inputs["int8_export"]) == ("day", "regression", True)
+    assert inputs["data"] == DataConfig(
+        label_column="price",
+        column_kinds={"zip": "categorical", "notes": "drop"},
+        split=SplitConfig(split_by="day", problem_type="regression"),
+    )
+    assert inputs["int8_export"] is True

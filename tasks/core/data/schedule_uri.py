@@ -1,4 +1,4 @@
-"""Which data partition a scheduled run trains on, from the time the schedule fired."""
+"""The dataset URI a scheduled run reads: its `dataset_template` filled from the time the schedule fired."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""partition.py: the data partition a scheduled run trains on, filled from the dataset template; a
+"""schedule_uri.py: the data partition a scheduled run trains on, filled from the dataset template; a
 template that cannot be filled is refused naming it and the placeholders."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from datetime import datetime
 
 import pytest
 
-from tasks.core.data.partition import partition_uri
+from tasks.core.data.schedule_uri import partition_uri
 
 # template -> what str.format said, which the message keeps beside the template and the rules
 TEMPLATE_CASES = {

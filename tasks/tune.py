@@ -1,0 +1,190 @@
+"""Tuning: many ordinary training runs. Each round proposes or promotes at most `concurrency` trials,
+plans each onto the cheapest hardware that holds it, and trains it with the target's own training task;
+a promoted trial resumes from its own checkpoint. The search itself is plain Python (tasks/core/tuning/).
+
+The rounds are a chain of `@dynamic`s: each one sees the results of the one before, which the sampler
+and the rung promotions need, and launches at most `concurrency` runs at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field, replace
+
+from flytekit import Cache, dynamic, task
+
+from tasks.core.accelerators.rule import on_flyte_cluster
+from tasks.core.data.config import DataConfig
+from tasks.core.messages import raise_for
+from tasks.core.training.config import TrainConfig
+from tasks.core.tuning.checks import METRICS, default_metric, metric_problems, tuning_problems
+from tasks.core.tuning.rungs import Round, next_round, order_for, rung_budgets
+from tasks.core.tuning.space import apply_params, parse_space
+from tasks.core.tuning.study import Study, TrialRecord, TuningSettings, finish
+from tasks.core.validation import batch_problems
+from tasks.hardware import CPU_RETRIES, LAUNCHER_RETRIES, ML_CPU_IMAGE, SMALL_CPU, guaranteed
+from tasks.plumbing.decks import DECKS
+from tasks.plumbing.process import begin_task
+from tasks.right_sizing import plan_report, planned_hyperparameters, workload
+from tasks.targets import TARGETS
+from tasks.types import PreparedData, PreprocessPlan, ResourcePlan, TrainedModel
+
+log = logging.getLogger(__name__)
+# The targets whose runs stop at a rung and resume from their checkpoint: the single-node torch ones.
+TUNABLE = tuple(name for name, t in TARGETS.items() if t.framework == "pytorch" and t.catalog is not None)
+# A trial's run is cached under this version and its inputs (the data, its config, the checkpoint it
+# resumes): a rerun of a study reuses its finished trials. Change it when training changes its results.
+TRIAL_CACHE = Cache(version="tuning-trial-1")
+
+
+@dataclass
+class TrialModel:
+    """A trial's latest run: its model and checkpoint, and the plan that placed it."""
+
+    number: int
+    trained: TrainedModel
+    plan: ResourcePlan
+
+
+@dataclass
+class TuningState:
+    study: Study
+    models: list[TrialModel] = field(default_factory=list)
+
+    def model(self, number: int) -> TrialModel:
+        return next(model for model in self.models if model.number == number)
+
+
+@task(container_image=ML_CPU_IMAGE, **guaranteed(SMALL_CPU), retries=CPU_RETRIES)
+def check_tuning(
+    settings: TuningSettings, hyperparameters: TrainConfig, target: str, data: DataConfig
+) -> TuningSettings:
+    """Refuses bad tuning inputs before anything runs, naming each."""
+    begin_task()
+    problem_type = data.split.problem_type
+    raise_for(tuning_problems(settings, hyperparameters, target, TUNABLE, problem_type))
+    return settings
+
+
+@task(container_image=ML_CPU_IMAGE, **guaranteed(SMALL_CPU), retries=CPU_RETRIES)
+def start_study(
+    settings: TuningSettings, hyperparameters: TrainConfig, prepared: PreparedData
+) -> TuningState:
+    """The empty study: its metric for the problem the data turned out to be, and its rungs."""
+    begin_task()
+    problem = prepared.table.target.problem_type
+    raise_for(metric_problems(settings.metric, problem))
+    metric = settings.metric or default_metric(prepared.table.target.regression)
+    space = parse_space(settings.search_space, hyperparameters)
+    budgets = rung_budgets(space.min_epochs, space.max_epochs, settings.reduction_factor)
+    return TuningState(Study(settings, metric, METRICS[metric][1], budgets))
+
+
+@dynamic(container_image=ML_CPU_IMAGE, **guaranteed(SMALL_CPU), **DECKS, retries=LAUNCHER_RETRIES)
+def tuning_round(
+    state: TuningState,
+    prepared: PreparedData,
+    preprocess_plan: PreprocessPlan,
+    target: str,
+    hyperparameters: TrainConfig,
+    plan_resources: bool,
+) -> TuningState:
+    """One round of at most `concurrency` runs, then the next round; the study as it ends."""
+    begin_task()
+    work = next_round(state.study)
+    if work is None:
+        return state
+    jobs = round_jobs(state, work, hyperparameters, prepared)
+    trained, plans = [], []
+    for number, config in jobs:
+        report = plan_report(target, workload(prepared, target, config), preprocess_plan, plan_resources)
+        if report.applied:
+            config = planned_hyperparameters(config, report.training, on_flyte_cluster())
+        resume = state.model(number).trained.checkpoint if work.rung else None
+        run = TARGETS[target].task(prepared=prepared, hyperparameters=config, resume_from=resume)
+        overrides = TARGETS[target].profile.overrides_for(report.training.choice) if report.applied else {}
+        trained.append(
+            run.with_overrides(**overrides, cache=TRIAL_CACHE, node_name=f"trial-{number}-rung-{work.rung}")
+        )
+        plans.append(report)
+        describe_trial(state.study.trial(number), report)
+    state = record_round(
+        state=state, numbers=[n for n, _ in jobs], trained=trained, plans=plans, prepared=prepared
+    )
+    return tuning_round(
+        state=state, prepared=prepared, preprocess_plan=preprocess_plan, target=target,
+        hyperparameters=hyperparameters, plan_resources=plan_resources,
+    )  # fmt: skip
+
+
+def round_jobs(
+    state: TuningState, work: Round, base: TrainConfig, prepared: PreparedData
+) -> list[tuple[int, TrainConfig]]:
+    """The round's (trial number, config) pairs; new trials are proposed and added to the study here."""
+    from tasks.core.tuning.sampler import as_params, propose
+
+    study = state.study
+    if work.new:
+        space = parse_space(study.settings.search_space, base)
+        proposals = propose(space, study.trials, study.direction, study.settings.seed, work.new)
+        first = len(study.trials)
+        study.trials += [TrialRecord(first + i, as_params(values)) for i, values in enumerate(proposals)]
+        numbers = list(range(first, first + work.new))
+    else:
+        numbers = work.promoted
+    budget, last = study.budgets[work.rung], study.budgets[-1]
+    jobs = [
+        (n, replace(apply_params(base, study.trial(n).values()), epochs=last, train_until_epoch=budget))
+        for n in numbers
+    ]
+    regression = prepared.table.target.regression
+    for number, config in jobs:
+        raise_for([f"trial {number}: {problem}" for problem in trial_problems(config, prepared, regression)])
+    return jobs
+
+
+def trial_problems(config: TrainConfig, prepared: PreparedData, regression: bool) -> list[str]:
+    from tasks.core.validation import regression_problems
+
+    found = batch_problems(config, 1, prepared.table.rows["train"])
+    return found + (regression_problems(config) if regression else [])
+
+
+def describe_trial(record: TrialRecord, report: ResourcePlan) -> None:
+    plan = report.training
+    record.hardware = plan.choice.name if plan else "declared"
+    record.price_per_hour = plan.choice.price_per_hour if plan else 0.0
+    log.info("trial %d on %s: %s", record.number, record.hardware, record.params)
+
+
+@task(container_image=ML_CPU_IMAGE, **guaranteed(SMALL_CPU), retries=CPU_RETRIES)
+def record_round(
+    state: TuningState,
+    numbers: list[int],
+    trained: list[TrainedModel],
+    plans: list[ResourcePlan],
+    prepared: PreparedData,
+) -> TuningState:
+    """Each run's metric on the validation split into its trial's record; the runs kept for the next rung."""
+    from tasks.core.tuning.scoring import trial_metric
+
+    begin_task()
+    study, splits = state.study, prepared.local_splits()
+    std = prepared.table.target.std
+    for number, run, plan in zip(numbers, trained, plans, strict=True):
+        value = trial_metric(study.metric, run.artifact.download(), splits, run.run, std)
+        losses = [epoch.val_loss for epoch in run.run.history]
+        study.trial(number).add_rung(value, losses, run.run.train_seconds)  # this rung's seconds alone
+        log.info("trial %d: %s %.4f after %d epochs", number, study.metric, value, len(losses))
+        state.models = [m for m in state.models if m.number != number] + [TrialModel(number, run, plan)]
+    return state
+
+
+@task(container_image=ML_CPU_IMAGE, **guaranteed(SMALL_CPU), retries=CPU_RETRIES)
+def best_trial(state: TuningState) -> tuple[TrainedModel, ResourcePlan, Study]:
+    """The study finished: each trial completed or stopped, the totals, and the best trial's run."""
+    begin_task()
+    study = finish(state.study, order_for(state.study))
+    best = state.model(study.best)
+    log.info("%s", study.summary())
+    return best.trained, best.plan, study

@@ -1,0 +1,52 @@
+"""Tuning end to end: a 4-trial, 2-rung study on the embedded digits, and bad input refused first."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tasks.core.messages import InputError
+from tasks.core.models.plugins import ModelSpec
+from tasks.core.training.config import TrainConfig
+from tasks.core.tuning.study import COMPLETED, STOPPED, TuningSettings
+
+pytestmark = pytest.mark.slow
+SPACE = {
+    "learning_rate": {"low": 1e-3, "high": 3e-2, "log": True},
+    "width": {"choices": [16, 32]},
+    "epochs": {"low": 1, "high": 3},
+}
+
+
+@pytest.fixture(scope="module")
+def study_run():
+    from workflows.tuning import tuning_pipeline
+
+    base = TrainConfig(batch_size=64, model=ModelSpec("mlp", options={"hidden_sizes": "32"}))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MIXEDML_LOCAL_CPU_WORKERS", "1")  # one process a trial: the study is small and quick
+        return tuning_pipeline(tuning=TuningSettings(4, 2, json.dumps(SPACE)), hyperparameters=base)
+
+
+def test_a_four_trial_two_rung_study_runs_end_to_end_on_the_digits(study_run):
+    study = study_run.study
+    assert study.budgets == [1, 3] and study.metric == "val_macro_f1" and len(study.trials) == 4
+    assert sorted(t.state for t in study.trials) == [COMPLETED, STOPPED, STOPPED, STOPPED]
+    best = study.trial(study.best)
+    assert best.state == COMPLETED and best.epochs_trained == 3 and len(best.rung_metrics) == 2
+    stopped = [t for t in study.trials if t.state == STOPPED]
+    assert all(t.epochs_trained == 1 and t.rung_metrics[0] <= best.rung_metrics[0] for t in stopped)
+    assert all(t.hardware and t.wall_seconds > 0 and t.cost_usd > 0 for t in study.trials)
+    assert study.cost_usd < study.full_budget_cost_usd
+    # The best trial went through the ordinary evaluation: its report is of its 3 epochs.
+    assert len(study_run.report.training.history) == 3 and study_run.report.metrics.n_test == 270
+    assert study_run.report.training.config.model.options["hidden_sizes"] == best.params["width"]
+
+
+def test_bad_tuning_input_is_refused_before_anything_runs():
+    from workflows.tuning import tuning_pipeline
+
+    with pytest.raises(Exception, match="concurrency") as caught:
+        tuning_pipeline(tuning=TuningSettings(trials=2, concurrency=3))
+    assert isinstance(caught.value, InputError) or "InputError" in str(caught.value)

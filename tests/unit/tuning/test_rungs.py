@@ -1,0 +1,89 @@
+"""Successive halving: the rungs' budgets, who is promoted (ties too) and the rounds of a study."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tasks.core.tuning.rungs import next_round, order_for, promoted, rung_budgets, rung_sizes
+from tasks.core.tuning.study import COMPLETED, STOPPED, Study, TrialRecord, TuningSettings, finish
+
+
+@pytest.mark.parametrize(
+    "low, high, factor, budgets",
+    [
+        (3, 27, 3, [3, 9, 27]),
+        (1, 3, 3, [1, 3]),
+        (3, 20, 3, [3, 9, 20]),
+        (5, 5, 3, [5]),
+        (2, 16, 2, [2, 4, 8, 16]),
+    ],
+)
+def test_budgets_grow_by_the_reduction_factor_up_to_the_most(low, high, factor, budgets):
+    assert rung_budgets(low, high, factor) == budgets
+
+
+def test_each_rung_keeps_a_third_and_at_least_one():
+    assert rung_sizes(16, 3, 3) == [16, 5, 1]
+    assert rung_sizes(2, 3, 3) == [2, 1, 1]  # fewer trials than the reduction factor
+
+
+def study(trials: int, concurrency: int, budgets: list[int], direction: str = "maximize") -> Study:
+    return Study(TuningSettings(trials=trials, concurrency=concurrency), "val_macro_f1", direction, budgets)
+
+
+def with_results(s: Study, rung0: list[float]) -> Study:
+    s.trials = [TrialRecord(n, {}, rung_metrics=[value]) for n, value in enumerate(rung0)]
+    return s
+
+
+def test_rung_zero_fills_in_waves_of_the_concurrency():
+    s = study(5, 2, [1, 3])
+    assert next_round(s).new == 2
+    s.trials = [TrialRecord(n, {}) for n in range(4)]
+    work = next_round(s)
+    assert (work.rung, work.new) == (0, 1)
+
+
+def test_the_best_third_is_promoted_and_ties_go_to_the_earlier_trial():
+    s = with_results(study(6, 6, [1, 3]), [0.5, 0.9, 0.7, 0.9, math.nan, 0.1])
+    assert promoted(s, 1) == [1, 3]
+    s.direction = "minimize"
+    assert promoted(s, 1) == [5, 0]  # a metric that is not a number ranks last either way
+
+
+def test_promotions_run_in_waves_then_the_study_ends():
+    s = with_results(study(9, 2, [1, 3, 9]), [0.1 * n for n in range(9)])
+    work = next_round(s)
+    assert (work.rung, work.promoted) == (1, [8, 7])
+    for number, value in ((8, 0.5), (7, 0.95)):
+        s.trial(number).rung_metrics.append(value)
+    assert next_round(s).promoted == [6]
+    s.trial(6).rung_metrics.append(0.2)
+    assert (next_round(s).rung, next_round(s).promoted) == (2, [7])
+    s.trial(7).rung_metrics.append(0.96)
+    assert next_round(s) is None
+
+
+def test_a_finished_study_marks_states_and_costs_against_the_full_budget():
+    s = with_results(study(3, 3, [1, 3]), [0.2, 0.8, 0.5])
+    for record in s.trials:
+        record.price_per_hour, record.epochs_trained, record.wall_seconds = 3600.0, 1, 1.0
+    s.trial(1).rung_metrics.append(0.85)
+    s.trial(1).epochs_trained, s.trial(1).wall_seconds = 3, 3.0
+    for record in s.trials:
+        record.cost_usd = record.wall_seconds
+    finish(s, order_for(s))
+    assert [t.state for t in s.trials] == [STOPPED, COMPLETED, STOPPED]
+    assert s.best == 1
+    assert s.cost_usd == pytest.approx(5.0)
+    assert s.full_budget_cost_usd == pytest.approx(9.0)  # each trial's 1 s an epoch for 3 epochs
+
+
+def test_a_rung_adds_its_metric_epochs_seconds_and_cost():
+    record = TrialRecord(0, {}, price_per_hour=7.2)
+    record.add_rung(0.5, [1.0], 10.0)
+    record.add_rung(0.7, [1.0, 0.8, 0.6], 20.0)
+    assert record.rung_metrics == [0.5, 0.7] and record.epochs_trained == 3
+    assert record.wall_seconds == 30.0 and record.cost_usd == pytest.approx(0.06)
