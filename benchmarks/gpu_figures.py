@@ -399,7 +399,7 @@ def ddp_finding(run: dict, config: TrainConfig, backend: str = "nccl") -> str:
     expect(fast > 0, f"{run['optimizer_steps']} optimizer steps: the fast path (after the first "
                      f"{torch_loop.GUARDED_STEPS}, guarded) never ran")  # fmt: skip
     return (
-        f"DDP over {backend}, {run['world_size']} rank on {run['device']}: {config.epochs} epochs with "
+        f"DDP over {backend}, {run['world_size']} rank on {run['device_name']}: {config.epochs} epochs with "
         f"{config.grad_accum_steps} accumulation steps, {fast} of {run['optimizer_steps']} optimizer steps "
         f"on DDP's overlapped fast path, validation accuracy {accuracy:.3f}"
     )

@@ -27,6 +27,22 @@ def test_ddp_ranks_stop_together_when_one_ranks_loss_is_not_finite(blob_splits):
     assert "epoch 1, step 3: the training loss is not finite on another rank;" in ranks[0]["error"]
 
 
+def test_on_the_fast_path_the_ranks_stop_together_at_most_one_step_after_the_loss(blob_splits):
+    from tasks.core.training.torch_loop import GUARDED_STEPS
+    from tests.workers.ddp_workers import launch_local, train_until_one_rank_diverges
+
+    config = TrainConfig(epochs=3, batch_size=32, model=mlp_spec([16]), seed=5, collective_timeout_s=60)
+    diverging = GUARDED_STEPS + 3  # its flag rides in DDP's first bucket, read after the next step
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OMP_NUM_THREADS", "1")
+        ranks = launch_local(train_until_one_rank_diverges, config, blob_splits, 1, diverging, nproc=2,
+                             run_id="diverged-fast")  # fmt: skip
+    assert ranks[0]["steps_run"] == ranks[1]["steps_run"]
+    assert diverging <= ranks[0]["steps_run"] <= diverging + 1
+    assert "the training loss is nan;" in ranks[1]["error"]
+    assert "the training loss is not finite on another rank;" in ranks[0]["error"]
+
+
 def test_the_training_task_ends_at_once_on_divergence_with_its_message_restarting_nothing(
     blobs, write_table, tmp_path
 ):
