@@ -271,13 +271,13 @@ POD_HYPERPARAMETERS = TrainConfig(epochs=3, batch_size=16, model=mlp_spec([32]),
 @pytest.fixture(scope="session")
 def prepared_by_a_pod(flyte_package, tmp_path_factory):
     """The literal a preprocessing pod wrote for the embedded digits."""
+    from tasks.core.data.config import DataConfig
     from tasks.preprocess import preprocess
     from tests.pods import literals, run_like_a_pod
 
     outputs = run_like_a_pod(
         flyte_package.tasks["tasks.preprocess.preprocess"],
-        literals(preprocess, {"dataset": "", "label_column": "label", "val_fraction": 0.15,
-                              "test_fraction": 0.15, "seed": 0}),
+        literals(preprocess, {"data": DataConfig()}),  # the embedded digits, the default split
         tmp_path_factory.mktemp("pods") / "preprocess",
     )  # fmt: skip
     return outputs.literals["o0"]

@@ -127,7 +127,7 @@ def test_hardware_comparison_trains_both_from_the_same_data(comparison_run):
         assert row.cost_usd == pytest.approx(row.accelerator_hours * 0.5)
     assert comparison.cheapest in names and comparison.fastest in names
     tensorflow = comparison.rows[1].run.training  # the tpu target, run locally on CPU
-    assert (tensorflow.strategy, tensorflow.device) == ("default", "cpu")
+    assert (tensorflow.strategy, tensorflow.device_type) == ("default", "cpu")
 
 
 def test_the_tensorflow_run_s_bundle_scores_the_users_rows_as_evaluate_did(comparison_run, tmp_path):
