@@ -143,7 +143,7 @@ def ddp_run(backend: str, accuracy: float = 1.0, steps: int = 20) -> dict:
     return {
         "backend": backend,
         "world_size": 1,
-        "device": "H200",
+        "device_name": "H200",
         "history": [epoch],
         "optimizer_steps": steps,
     }
@@ -206,7 +206,6 @@ def test_the_scoring_figures_run_the_whole_scorer_on_each_side(tmp_path, monkeyp
     assert len(figures) == 4
     one_core, all_threads = figures[:2]
     assert 1 < one_core.low < GPU_MODEL_SPEEDUP and f"predicts {one_core.low:.1f}x" in one_core.name
-    assert figures[2].low > one_core.low, "the wide model's rows are more of the model's work"
     assert all_threads.low is None and "MLP 256x128" in all_threads.name
     assert "MLP 512x512" in figures[2].name
     assert all(f.value > 0 and f.baseline > 0 for f in figures)
