@@ -43,16 +43,7 @@ def summarise(
         return summarise_numbers(plan, results, hardware)
     layout = OutputLayout.of(bundle, decode_schema(plan.job.schema))
     labels = [str(label) for label in bundle.class_labels]
-    report = ScoringReport(
-        model=plan.job.model,
-        dataset=plan.job.dataset,
-        output=plan.job.output,
-        rows=sum(r.rows for r in results),
-        pieces=len(results),
-        probability_columns=dict(zip(labels, layout.probabilities, strict=True)),
-        hardware=hardware,
-        non_finite_rows=sum(r.non_finite for r in results),
-    )
+    report = empty_report(plan, results, hardware, dict(zip(labels, layout.probabilities, strict=True)))
     if layout.suffixed:
         report.notes.append(
             f"the input already has columns named as this scoring's probabilities; these are in "
@@ -66,20 +57,27 @@ def summarise(
     return report
 
 
-def summarise_numbers(
-    plan: ScoringPlan, results: list[PieceResult], hardware: HardwareChoice | None
+def empty_report(
+    plan: ScoringPlan, results: list[PieceResult], hardware: HardwareChoice | None, probability_columns: dict
 ) -> ScoringReport:
-    """A regression's report: its pieces' error sums merged into RMSE, MAE and R², with the train mean's."""
-    report = ScoringReport(
+    """The report's counts, before its notes and metrics."""
+    return ScoringReport(
         model=plan.job.model,
         dataset=plan.job.dataset,
         output=plan.job.output,
         rows=sum(r.rows for r in results),
         pieces=len(results),
-        probability_columns={},
+        probability_columns=probability_columns,
         hardware=hardware,
         non_finite_rows=sum(r.non_finite for r in results),
     )
+
+
+def summarise_numbers(
+    plan: ScoringPlan, results: list[PieceResult], hardware: HardwareChoice | None
+) -> ScoringReport:
+    """A regression's report: its pieces' error sums merged into RMSE, MAE and R², with the train mean's."""
+    report = empty_report(plan, results, hardware, {})
     add_non_finite_note(report, results)
     report.notes += merged_unseen(r.unseen for r in results).notes()
     label_column = plan.job.label_column
