@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-EXTRAS ?= torch,tf-cpu,gpu,serving,dev
+EXTRAS ?= torch,tf-cpu,gpu,serving,bench,dev
 
 # Images: the demo cluster (`flytectl demo start`) serves a registry on localhost:30000.
 REGISTRY ?= localhost:30000
