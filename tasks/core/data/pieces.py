@@ -22,7 +22,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from itertools import groupby
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -234,25 +233,3 @@ def collected(layout: PieceLayout, scaler: ScalerStats, written: list[dict[str, 
         )
     paths = {name: f"{layout.output.rstrip('/')}/{name}" for name in SPLITS}
     return with_copy_notes(PreparedSplits(paths, replace(layout.table, scaler=scaler)), layout.output)
-
-
-def prepare_in_pieces(
-    uri: str,
-    label_column: str,
-    out_dir: str,
-    split: SplitConfig,
-    count: int,
-    column_kinds: Mapping[str, str] | None = None,
-) -> PreparedSplits:
-    """`prepare_dataset` in at most `count` pieces, one after another: what the map tasks run
-    (tasks/preprocess.py), in one process. Each split is a folder of parts under `out_dir`."""
-    pieces = plan_pieces(uri, label_column, count)
-    Path(out_dir).mkdir(parents=True, exist_ok=True)
-    assignment_file = f"{out_dir}/assignment.npy"
-    layout = assign_pieces(uri, label_column, split, pieces, out_dir, assignment_file, column_kinds)
-    assignment = np.load(assignment_file, mmap_mode="r")
-    stats = [piece_stats(layout, piece, assignment) for piece in pieces]
-    layout = encoded(layout, merged_encoding(layout, stats))
-    scaler = merged_scaler(layout, stats)
-    written = [write_piece(layout, piece, assignment, scaler) for piece in pieces]
-    return collected(layout, scaler, written)

@@ -32,7 +32,6 @@ from tasks.core.bundle.model_card import USER_SECTIONS, render_card, write_model
 from tasks.core.bundle.table_input import BundleError
 from tasks.core.bundle.writing import add_metrics, write_bundle
 from tasks.core.data.assignment import SplitConfig
-from tasks.core.data.pieces import prepare_in_pieces
 from tasks.core.data.prepare import prepare_dataset
 from tasks.core.models.plugins import mlp_spec
 from tasks.core.publish.versions import publish_bundle
@@ -41,6 +40,7 @@ from tasks.core.training.records import Hardware, TrainingRun
 from tasks.plumbing.code_version import git_checkout, source_tree_hash
 from tests.conftest import blobs_frame
 from tests.unit.bundle.test_bundle_integrity import some_metrics
+from tests.unit.data.tables import prepare_in_pieces
 from tests.unit.publish.test_publish import messy_prepared, messy_table, save_untrained
 
 SPEC = mlp_spec([16])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,16 @@ from tasks.core.data.assignment import SPLITS, SplitConfig
 from tasks.core.data.column_kinds import propose_kinds
 from tasks.core.data.encoding import batch_stats
 from tasks.core.data.files import DatasetError
-from tasks.core.data.pieces import assign_pieces, plan_pieces, prepare_in_pieces
+from tasks.core.data.pieces import (
+    assign_pieces,
+    collected,
+    encoded,
+    merged_encoding,
+    merged_scaler,
+    piece_stats,
+    plan_pieces,
+    write_piece,
+)
 from tasks.core.data.prepare import PreparedSplits, prepare_dataset
 from tasks.core.data.splits import batch_features
 from tasks.core.data.writing import RAW_SPLIT
@@ -234,3 +244,29 @@ def fit(table, overrides=None, **fit_args):
 
 def encoded_columns(fitted, table, **transform_args):
     return dict(zip(fitted.encoded_names(), fitted.transform(table, **transform_args).T, strict=True))
+
+
+# --- preparing in pieces, in one process ---------------------------------------------------------
+
+
+def prepare_in_pieces(
+    uri: str,
+    label_column: str,
+    out_dir: str,
+    split: SplitConfig,
+    count: int,
+    column_kinds: Mapping[str, str] | None = None,
+) -> PreparedSplits:
+    """`prepare_dataset` in at most `count` pieces, one after another, in one process: the core steps in
+    the order tasks/preprocess.py's `preprocess_in_pieces` runs them as tasks. Each split is a folder
+    of parts under `out_dir`."""
+    pieces = plan_pieces(uri, label_column, count)
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    assignment_file = f"{out_dir}/assignment.npy"
+    layout = assign_pieces(uri, label_column, split, pieces, out_dir, assignment_file, column_kinds)
+    assignment = np.load(assignment_file, mmap_mode="r")
+    stats = [piece_stats(layout, piece, assignment) for piece in pieces]
+    layout = encoded(layout, merged_encoding(layout, stats))
+    scaler = merged_scaler(layout, stats)
+    written = [write_piece(layout, piece, assignment, scaler) for piece in pieces]
+    return collected(layout, scaler, written)

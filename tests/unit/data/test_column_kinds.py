@@ -18,7 +18,6 @@ from tasks.core.data.assignment import SplitConfig
 from tasks.core.data.column_kinds import BOOLEAN, CATEGORICAL, DATE, DROP, NUMERIC, propose_kinds
 from tasks.core.data.encoding import batch_stats
 from tasks.core.data.files import DatasetError
-from tasks.core.data.pieces import prepare_in_pieces
 from tasks.core.data.prepare import prepare_dataset
 from tasks.core.data.reading import iter_batches, open_dataset
 from tests.conftest import blobs_frame
@@ -28,6 +27,7 @@ from tests.unit.data.tables import (
     fit,
     messy_frame,
     prepare,
+    prepare_in_pieces,
     prepare_unchanged,
     split_features,
 )

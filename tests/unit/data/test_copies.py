@@ -21,7 +21,6 @@ from tasks.core.data import reading
 from tasks.core.data.assignment import SPLITS, SplitConfig
 from tasks.core.data.copies import COPIED_SPLITS, column_hashes, hash_files, row_hashes, rows_with_copies
 from tasks.core.data.labels import clean_labels, scan_labels
-from tasks.core.data.pieces import prepare_in_pieces
 from tasks.core.data.prepare import (
     RowSplit,
     prepare_dataset,
@@ -31,6 +30,7 @@ from tests.conftest import blobs_frame
 from tests.unit.data.tables import (
     assert_same_splits,
     digests,
+    prepare_in_pieces,
 )
 
 LABEL = "species"

@@ -24,13 +24,13 @@ from tasks.core.data.labels import (
     sorted_classes,
     typed_labels,
 )
-from tasks.core.data.pieces import prepare_in_pieces
 from tasks.core.data.prepare import prepare_dataset
 from tests.conftest import blobs_frame
 from tests.unit.data.tables import (
     assert_same_splits,
     digests,
     prepare,
+    prepare_in_pieces,
     prepare_y,
     row_ids,
     split_frames,

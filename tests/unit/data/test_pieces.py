@@ -20,7 +20,6 @@ from tasks.core.data.pieces import (
     merged_stats,
     piece_stats,
     plan_pieces,
-    prepare_in_pieces,
 )
 from tasks.core.data.prepare import PreparedSplits, fit_encoding, prepare_dataset
 from tasks.core.data.scaling import encoded_moments
@@ -30,6 +29,7 @@ from tests.unit.data.tables import (
     PART_ROWS,
     assert_same_splits,
     assignment_of,
+    prepare_in_pieces,
     prepare_messy,
     timed_frame,
     times_by_split,

@@ -19,7 +19,6 @@ import pytest
 from tasks.core.data import reading
 from tasks.core.data.assignment import SplitConfig
 from tasks.core.data.files import DatasetError
-from tasks.core.data.pieces import prepare_in_pieces
 from tasks.core.data.prepare import prepare_dataset
 from tasks.core.data.reading import iter_batches, open_dataset, sniff_delimiter
 from tasks.core.data.splits import batch_features
@@ -28,6 +27,7 @@ from tests.unit.data.tables import (
     FEATURES,
     messy_frame,
     prepare,
+    prepare_in_pieces,
     prepare_messy,
     prepare_unchanged,
     prepare_y,

@@ -17,7 +17,6 @@ from tasks.core.data import writing as writing_module
 from tasks.core.data.assignment import SPLITS, SplitConfig
 from tasks.core.data.column_kinds import CATEGORICAL
 from tasks.core.data.labels import clean_labels, scan_labels
-from tasks.core.data.pieces import prepare_in_pieces
 from tasks.core.data.prepare import PreparedSplits, RowSplit, prepare_dataset
 from tasks.core.data.reading import open_dataset
 from tasks.core.data.split_codes import CODES_KEY, code_type, split_coded, stored_columns
@@ -25,6 +24,7 @@ from tasks.core.data.splits import read_split
 from tasks.core.data.writing import RAW_SPLIT
 from tasks.core.training.rank_part import rank_part
 from tests.conftest import blobs_frame
+from tests.unit.data.tables import prepare_in_pieces
 
 LABEL = "label"
 PART_ROWS = (700, 1100, 1200)
