@@ -5,8 +5,8 @@ literal type per field) again wherever an interface names it: for every task and
 and again when a workflow or a dynamic runs. With these dataclasses at every task boundary, that was
 most of the type engine's share of a local run. tasks/types.py registers them where it defines its
 own, so every module that names a boundary type has them; values convert exactly as with flytekit's own dataclass transformer
-(tests/unit/plumbing/test_literal_types.py pins what this relies on), except that the hyperparameters are checked
-strictly on the way in and out (tests/unit/core/test_validation.py).
+(tests/unit/plumbing/test_literal_types.py pins what this relies on), except that the hyperparameters and the data input are
+checked strictly on the way in (tests/unit/core/test_validation.py), the hyperparameters on the way out too.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from flytekit.models.literals import Literal
 from flytekit.models.types import LiteralType
 from google.protobuf import json_format
 
+from tasks.core.data.config import DataConfig, parse_data
 from tasks.core.evaluation.compare import HardwareComparison, RunSummary
 from tasks.core.messages import raise_for
 from tasks.core.planning.planner import PreprocessPlan
@@ -29,7 +30,9 @@ from tasks.core.training.config import TrainConfig, hyperparameter_problems, par
 
 # The core dataclasses that cross task boundaries; tasks/types.py adds its own (`register_boundary_types`).
 # The dataclasses nested in these are built with them.
-CORE_BOUNDARY_TYPES = (TrainConfig, PreprocessPlan, RunSummary, HardwareComparison)
+CORE_BOUNDARY_TYPES = (TrainConfig, DataConfig, PreprocessPlan, RunSummary, HardwareComparison)
+# The inputs a user types, decoded strictly by their own parsers (flytekit's decoding drops unknown keys).
+STRICT_PARSERS = {TrainConfig: parse_hyperparameters, DataConfig: parse_data}
 
 
 class LiteralTypeOnce(DataclassTransformer):
@@ -52,10 +55,10 @@ class LiteralTypeOnce(DataclassTransformer):
         return super().to_literal(ctx, python_val, python_type, expected)
 
     def to_python_value(self, ctx: FlyteContext, lv: Literal, expected_python_type: type):
-        """The hyperparameters from their raw form, so that a literal from any source (the command line,
-        a remote launch) is checked strictly rather than decoded leniently."""
-        if expected_python_type is TrainConfig:
-            return parse_hyperparameters(raw_value(lv))
+        """The hyperparameters and the data input from their raw form, so that a literal from any source
+        (the command line, a remote launch) is checked strictly rather than decoded leniently."""
+        if parse := STRICT_PARSERS.get(expected_python_type):
+            return parse(raw_value(lv))
         return super().to_python_value(ctx, lv, expected_python_type)
 
 

@@ -279,3 +279,16 @@ def test_the_data_json_is_checked_strictly_by_the_one_table_of_rules(raw, messag
     assert DataConfig.from_json('{"dataset": "d.csv", "split": {"seed": 3}}') == DataConfig(
         "d.csv", split=SplitConfig(seed=3)
     )
+
+
+def test_a_launched_data_literal_is_decoded_by_the_data_rules_where_the_task_decodes_it():
+    """A remote launch's literal skips the command line's parser: the task's decoding refuses it, naming
+    the field, where flytekit's own decoding drops an unknown key."""
+    context = FlyteContextManager.current_context()
+    with pytest.raises(InputError, match="input 'data.datset': unknown field; did you mean 'dataset'"):
+        TypeEngine.to_python_value(context, msgpack_literal({"datset": "d.csv"}), DataConfig)
+    with pytest.raises(InputError, match="input 'data.split.val_fraction' = 0.7"):
+        TypeEngine.to_python_value(context, msgpack_literal({"split": {"val_fraction": 0.7}}), DataConfig)
+    data = DataConfig("d.csv", split=SplitConfig(seed=3))
+    literal = TypeEngine.to_literal(context, data, DataConfig, TypeEngine.to_literal_type(DataConfig))
+    assert TypeEngine.to_python_value(context, literal, DataConfig) == data
