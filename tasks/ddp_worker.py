@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,7 +21,7 @@ from flytekit.types.file import FlyteFile
 from tasks.core.training.config import TrainConfig
 from tasks.core.training.preemption import PreemptionNotice
 from tasks.core.training.records import Hardware
-from tasks.plumbing.checkpointing import flyte_checkpoint
+from tasks.plumbing.checkpointing import flyte_checkpoint, handed_back, seed_checkpoint
 from tasks.plumbing.failures import retried_as_recoverable
 from tasks.plumbing.process import begin_task
 from tasks.types import PreparedData, TrainedModel
@@ -93,21 +92,3 @@ def train_with_ddp(
         tensorboard=FlyteDirectory(str(board)) if outcome.rank == 0 else None,
         checkpoint=handed_back(location, config, outcome.rank),
     )
-
-
-def seed_checkpoint(directory: str, resume_from: FlyteDirectory) -> None:
-    """A run resumed from another run's checkpoint (a promoted tuning trial) starts from it, unless this
-    task's own earlier attempt saved a newer state there."""
-    local = Path(directory)
-    if any(local.iterdir()):
-        log.info("resuming from this task's previous attempt, not from resume_from")
-        return
-    shutil.copytree(resume_from.download(), local, dirs_exist_ok=True)
-    log.info("resuming from the checkpoint passed in (resume_from)")
-
-
-def handed_back(location, config: TrainConfig, rank: int) -> FlyteDirectory | None:
-    """The run's checkpoint, for a run that stops at a rung (`train_until_epoch`) and may be resumed."""
-    if location is None or rank != 0 or not config.train_until_epoch:
-        return None
-    return FlyteDirectory(location.directory)

@@ -2,7 +2,8 @@
 
 Both tasks share one body; they differ in the hardware they ask for and check. Locally they run on
 CPU with the default strategy and report that they did. On a cluster each first checks that its
-accelerator is usable and otherwise fails, naming it, before it reads any data.
+accelerator is usable and otherwise fails, naming it, before it reads any data. With `resume_from` a
+run continues the one whose checkpoint it is (a promoted tuning trial, docs/tuning.md).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from tasks.core.training.records import Hardware, TrainingRun
 from tasks.core.training.telemetry import UtilisationSampler
 from tasks.core.training.tf_strategy import require_gpus, require_tpu, set_pjrt_defaults, tpu_target_strategy
 from tasks.hardware import TRAIN_TF_GPU, TRAIN_TPU, TrainingProfile
-from tasks.plumbing.checkpointing import flyte_checkpoint
+from tasks.plumbing.checkpointing import flyte_checkpoint, handed_back, seed_checkpoint
 from tasks.plumbing.decks import DECKS, training_deck
 from tasks.plumbing.failures import retried_as_recoverable
 from tasks.plumbing.preemption_exit import preempted_exit
@@ -37,13 +38,19 @@ def declared_hardware(run: TrainingRun, profile: TrainingProfile) -> Hardware:
 
 
 def train_tensorflow(
-    prepared: PreparedData, config: TrainConfig, profile: TrainingProfile, strategy: str
+    prepared: PreparedData,
+    config: TrainConfig,
+    profile: TrainingProfile,
+    strategy: str,
+    resume_from: FlyteDirectory | None = None,
 ) -> TrainedModel:
     from tasks.core.training.tf_training import KerasRunOptions, train_keras
 
     splits = prepared.local_splits()
     artifact = Path(current_context().working_directory) / "model.npz"
     checkpoint = flyte_checkpoint()
+    if checkpoint and resume_from is not None:
+        seed_checkpoint(checkpoint.directory, resume_from)
     board = Path(current_context().working_directory) / "tensorboard"
     with UtilisationSampler() as sampler, PreemptionNotice(profile.attempts.preemption_grace_s) as notice:
         try:
@@ -65,13 +72,17 @@ def train_tensorflow(
         run=run,
         declared=declared_hardware(run, profile),
         tensorboard=FlyteDirectory(str(board)),
+        checkpoint=handed_back(checkpoint, config, rank=0),
     )
     training_deck(trained, sampler.samples)
     return trained
 
 
 @task(**TRAIN_TPU.task_options(), **DECKS)
-def train_tf_tpu(prepared: PreparedData, hyperparameters: TrainConfig) -> TrainedModel:
+def train_tf_tpu(
+    prepared: PreparedData, hyperparameters: TrainConfig, resume_from: FlyteDirectory | None = None
+) -> TrainedModel:
+    """TensorFlow on a TPU slice (TPUStrategy); with `resume_from`, continuing that checkpoint's run."""
     begin_task()
     with retried_as_recoverable():  # which failures Flyte retries: tasks/plumbing/failures.py
         on_cluster = on_flyte_cluster()
@@ -79,13 +90,18 @@ def train_tf_tpu(prepared: PreparedData, hyperparameters: TrainConfig) -> Traine
         set_pjrt_defaults()  # before TensorFlow is imported, which reads them once
         if on_cluster:
             require_tpu(TRAIN_TPU.describe())
-        return train_tensorflow(prepared, hyperparameters, TRAIN_TPU, strategy)
+        return train_tensorflow(prepared, hyperparameters, TRAIN_TPU, strategy, resume_from)
 
 
 @task(**TRAIN_TF_GPU.task_options(), **DECKS)
-def train_tf_gpu(prepared: PreparedData, hyperparameters: TrainConfig) -> TrainedModel:
+def train_tf_gpu(
+    prepared: PreparedData, hyperparameters: TrainConfig, resume_from: FlyteDirectory | None = None
+) -> TrainedModel:
+    """TensorFlow on GPUs (MirroredStrategy); with `resume_from`, continuing that checkpoint's run."""
     begin_task()
     with retried_as_recoverable():
         if on_flyte_cluster():
             require_gpus(TRAIN_TF_GPU.describe(), TRAIN_TF_GPU.gpus_per_node)
-        return train_tensorflow(prepared, hyperparameters, TRAIN_TF_GPU, hyperparameters.tf_strategy)
+        return train_tensorflow(
+            prepared, hyperparameters, TRAIN_TF_GPU, hyperparameters.tf_strategy, resume_from
+        )

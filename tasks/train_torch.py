@@ -299,6 +299,9 @@ def train_torch(
 
 
 @task(task_config=elastic(TRAIN_GPU_MULTINODE), **TRAIN_GPU_MULTINODE.task_options(), **DECKS)
-def train_torch_multinode(prepared: PreparedData, hyperparameters: TrainConfig) -> TrainedModel:
-    """PyTorch DDP over several GPU nodes: a Kubeflow PyTorchJob, NCCL between nodes."""
-    return train_with_ddp(prepared, hyperparameters, TRAIN_GPU_MULTINODE)
+def train_torch_multinode(
+    prepared: PreparedData, hyperparameters: TrainConfig, resume_from: FlyteDirectory | None = None
+) -> TrainedModel:
+    """PyTorch DDP over several GPU nodes: a Kubeflow PyTorchJob, NCCL between nodes; with
+    `resume_from`, continuing the run whose checkpoint it is (a promoted tuning trial)."""
+    return train_with_ddp(prepared, hyperparameters, TRAIN_GPU_MULTINODE, resume_from)

@@ -1,6 +1,7 @@
 """Tuning: many ordinary training runs. Each round proposes or promotes at most `concurrency` trials,
 plans each onto the cheapest hardware that holds it, and trains it with the target's own training task;
-a promoted trial resumes from its own checkpoint. The search itself is plain Python (tasks/core/tuning/).
+a promoted trial resumes from its own checkpoint (every target's task takes `resume_from`). The search
+itself is plain Python (tasks/core/tuning/).
 
 The rounds are a chain of `@dynamic`s: each one sees the results of the one before, which the sampler
 and the rung promotions need, and launches at most `concurrency` runs at a time.
@@ -13,8 +14,8 @@ from dataclasses import dataclass, field, replace
 
 from flytekit import Cache, dynamic, task
 
+from tasks.catalog import DEFAULT_PRICES_PER_HOUR
 from tasks.core.accelerators.rule import on_flyte_cluster
-from tasks.core.data.config import DataConfig
 from tasks.core.messages import raise_for
 from tasks.core.training.config import TrainConfig
 from tasks.core.tuning.checks import METRICS, default_metric, metric_problems, tuning_problems
@@ -25,13 +26,12 @@ from tasks.core.validation import batch_problems
 from tasks.hardware import CPU_RETRIES, LAUNCHER_RETRIES, ML_CPU_IMAGE, SMALL_CPU, guaranteed
 from tasks.plumbing.decks import DECKS
 from tasks.plumbing.process import begin_task
+from tasks.plumbing.study_deck import study_deck
 from tasks.right_sizing import plan_report, planned_hyperparameters, workload
 from tasks.targets import TARGETS
 from tasks.types import PreparedData, PreprocessPlan, ResourcePlan, TrainedModel
 
 log = logging.getLogger(__name__)
-# The targets whose runs stop at a rung and resume from their checkpoint: the single-node torch ones.
-TUNABLE = tuple(name for name, t in TARGETS.items() if t.framework == "pytorch" and t.catalog is not None)
 # A trial's run is cached under this version and its inputs (the data, its config, the checkpoint it
 # resumes): a rerun of a study reuses its finished trials. Change it when training changes its results.
 TRIAL_CACHE = Cache(version="tuning-trial-1")
@@ -57,12 +57,19 @@ class TuningState:
 
 @task(container_image=ML_CPU_IMAGE, **guaranteed(SMALL_CPU), retries=CPU_RETRIES)
 def check_tuning(
-    settings: TuningSettings, hyperparameters: TrainConfig, target: str, data: DataConfig
+    trials: int,
+    concurrency: int,
+    search_space: str,
+    metric: str,
+    seed: int,
+    reduction_factor: int,
+    hyperparameters: TrainConfig,
 ) -> TuningSettings:
-    """Refuses bad tuning inputs before anything runs, naming each."""
+    """The study's settings as one record; bad ones are refused before anything runs, each named. The
+    metric's fit to the problem type is checked once the data is prepared (start_study)."""
     begin_task()
-    problem_type = data.split.problem_type
-    raise_for(tuning_problems(settings, hyperparameters, target, TUNABLE, problem_type))
+    settings = TuningSettings(trials, concurrency, search_space, metric, seed, reduction_factor)
+    raise_for(tuning_problems(settings, hyperparameters))
     return settings
 
 
@@ -107,7 +114,7 @@ def tuning_round(
             run.with_overrides(**overrides, cache=TRIAL_CACHE, node_name=f"trial-{number}-rung-{work.rung}")
         )
         plans.append(report)
-        describe_trial(state.study.trial(number), report)
+        describe_trial(state.study.trial(number), report, target)
     state = record_round(
         state=state, numbers=[n for n, _ in jobs], trained=trained, plans=plans, prepared=prepared
     )
@@ -150,11 +157,21 @@ def trial_problems(config: TrainConfig, prepared: PreparedData, regression: bool
     return found + (regression_problems(config) if regression else [])
 
 
-def describe_trial(record: TrialRecord, report: ResourcePlan) -> None:
+def describe_trial(record: TrialRecord, report: ResourcePlan, target: str) -> None:
     plan = report.training
-    record.hardware = plan.choice.name if plan else "declared"
-    record.price_per_hour = plan.choice.price_per_hour if plan else 0.0
+    if plan:
+        record.hardware, record.price_per_hour = plan.choice.name, plan.choice.price_per_hour
+    else:
+        record.hardware, record.price_per_hour = declared_option(target)
     log.info("trial %d on %s: %s", record.number, record.hardware, record.params)
+
+
+def declared_option(target: str) -> tuple[str, float]:
+    """A target the planner does not size (the multi-node one): the hardware its profile declares, all
+    of its nodes, at the catalog's price per device."""
+    profile = TARGETS[target].profile
+    hardware = profile.declared(profile.gpus_per_node * profile.nnodes)
+    return hardware.describe(), DEFAULT_PRICES_PER_HOUR.get(hardware.accelerator, 0.0) * hardware.count
 
 
 @task(container_image=ML_CPU_IMAGE, **guaranteed(SMALL_CPU), retries=CPU_RETRIES)
@@ -180,11 +197,13 @@ def record_round(
     return state
 
 
-@task(container_image=ML_CPU_IMAGE, **guaranteed(SMALL_CPU), retries=CPU_RETRIES)
+@task(container_image=ML_CPU_IMAGE, **guaranteed(SMALL_CPU), **DECKS, retries=CPU_RETRIES)
 def best_trial(state: TuningState) -> tuple[TrainedModel, ResourcePlan, Study]:
-    """The study finished: each trial completed or stopped, the totals, and the best trial's run."""
+    """The study finished: each trial completed or stopped, the totals, and the best trial's run; its
+    Deck draws the study (tasks/plumbing/study_deck.py)."""
     begin_task()
     study = finish(state.study, order_for(state.study))
     best = state.model(study.best)
     log.info("%s", study.summary())
+    study_deck(study)
     return best.trained, best.plan, study

@@ -22,8 +22,9 @@ from tasks.schedule import data_partition, dataset_partition
 from tasks.score import Scored
 from workflows.comparison import Compared, hardware_comparison
 from workflows.pipeline import TrainingOutputs, training_pipeline
-from workflows.schedules import KICKOFF, PlanSpec, load_schedules
+from workflows.schedules import KICKOFF, PlanConfig, PlanSpec, load_schedules
 from workflows.scoring import batch_predict
+from workflows.tuning import scheduled_tuning
 
 
 @workflow
@@ -92,21 +93,34 @@ class Scheduled:
     workflow: WorkflowBase
     cron: str  # UTC (deploy/flyte-binary-values.yaml sets the scheduler's time zone)
     required: tuple[str, ...]  # without these a run trains, scores or compares nothing of the user's
+    # What runs instead when the file gives the plan a `tuning` section: a study, its best trial published.
+    tuned: WorkflowBase | None = None
+
+    def spec(self) -> PlanSpec:
+        tuned = self.tuned.python_interface.inputs if self.tuned else None
+        return PlanSpec(self.workflow.python_interface.inputs, self.required, tuned)
+
+    def run(self, config: PlanConfig) -> tuple[WorkflowBase, dict[str, object]]:
+        """The workflow the plan runs and the inputs the file sets: the study where it has a `tuning` section."""
+        if config.tuning is None:
+            return self.workflow, config.inputs
+        return self.tuned, {**config.inputs, **config.tuning}
 
 
 SCHEDULED = {
     # Every night at 02:00: train on yesterday's partition and publish the bundle; it becomes LATEST, which
     # nightly_scoring reads, where the promotion gate finds it not worse than the current one.
-    "nightly_retrain": Scheduled(scheduled_training, "0 2 * * *", ("dataset_template", "publish_to")),
+    # With a `tuning` section in the file, a study (docs/tuning.md#a-nightly-sweep) instead.
+    "nightly_retrain": Scheduled(
+        scheduled_training, "0 2 * * *", ("dataset_template", "publish_to"), tuned=scheduled_tuning
+    ),
     # An hour later: whichever model is the latest published then scores the day's partition.
     "nightly_scoring": Scheduled(scheduled_scoring, "0 3 * * *", ("model_prefix", "dataset_template")),
     # Mondays at 04:00: is the TPU still the better deal for this model on this data?
     "weekly_hardware_comparison": Scheduled(scheduled_comparison, "0 4 * * 1", ("dataset_template",)),
 }
 
-SCHEDULES = load_schedules(
-    {name: PlanSpec(plan.workflow.python_interface.inputs, plan.required) for name, plan in SCHEDULED.items()}
-)
+SCHEDULES = load_schedules({name: plan.spec() for name, plan in SCHEDULED.items()})
 
 
 def scheduled_launch_plan(name: str) -> LaunchPlan:
@@ -115,6 +129,7 @@ def scheduled_launch_plan(name: str) -> LaunchPlan:
     complete plan is activated; one with inputs missing carries no schedule, so activating it by hand
     cannot start runs that fail every night."""
     plan, config = SCHEDULED[name], SCHEDULES.plans[name]
+    workflow, inputs = plan.run(config)
     if config.missing:
         print(
             f"{name}: defined without its schedule, so not activated on registration: "
@@ -122,10 +137,10 @@ def scheduled_launch_plan(name: str) -> LaunchPlan:
             file=sys.stderr,
         )
     return LaunchPlan.get_or_create(
-        workflow=plan.workflow,
+        workflow=workflow,
         name=name,
         schedule=None if config.missing else CronSchedule(schedule=plan.cron, kickoff_time_input_arg=KICKOFF),
-        default_inputs=config.inputs,
+        default_inputs=inputs,
         notifications=SCHEDULES.notifications,
         auto_activate=not config.missing,
     )

@@ -4,13 +4,15 @@ A launch plan's inputs are fixed where it is defined in code: `pyflyte register`
 launchplan` cannot set them. So workflows/launch_plans.py reads them here when pyflyte imports it to
 package or register: from the file that MIXEDML_SCHEDULES names (the Makefile's SCHEDULES), else
 deploy/schedules.yaml beside the code (an absent default file reads as empty). Every value is checked
-against the workflow input it sets, and one error names every key at fault.
+against the workflow input it sets, and one error names every key at fault. A plan that can run a study
+(nightly_retrain) takes a `tuning` section of its settings, which makes it run the study instead.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import os
 import re
 from collections.abc import Collection, Mapping
@@ -31,13 +33,18 @@ from tasks.core.evaluation.compare import price_problems, unknown_price_key
 from tasks.core.publish.promotion import EXAMPLE as PROMOTION_EXAMPLE
 from tasks.core.publish.promotion import PromotionPolicy
 from tasks.core.strict_json import convert, instantiate, shape_problems, value_problems
-from tasks.core.training.config import EXAMPLES, with_option_lists_joined
+from tasks.core.training.config import EXAMPLES, TrainConfig, with_option_lists_joined
+from tasks.core.tuning.checks import tuning_problems
+from tasks.core.tuning.study import TuningSettings
 from tasks.targets import TARGETS
 
 ENV = "MIXEDML_SCHEDULES"
 DEFAULT_PATH = Path(__file__).resolve().parents[1] / "deploy" / "schedules.yaml"
 # Every scheduled workflow takes the time its schedule fired; the schedule sets it, never the file.
 KICKOFF = "kickoff_time"
+# A plan's section that makes it run a study (docs/tuning.md): its keys are the study's settings.
+TUNING = "tuning"
+TUNING_KEYS = tuple(setting.name for setting in dataclasses.fields(TuningSettings))
 
 # The terminal phases flytekit accepts for a notification (flytekit/core/notification.py, VALID_PHASES).
 PHASES = {
@@ -62,12 +69,17 @@ class ScheduleError(ValueError):
 class PlanSpec:
     inputs: Mapping[str, object]  # the workflow's inputs and their Python types
     required: tuple[str, ...]  # the inputs without which a scheduled run is not worth running
+    # The inputs of the workflow the plan runs instead when the file gives it a `tuning` section (a
+    # study, whose settings are among them); None: the plan takes no such section.
+    tuned_inputs: Mapping[str, object] | None = None
 
 
 @dataclass(frozen=True)
 class PlanConfig:
     inputs: dict[str, object]  # the values the file sets, as the workflow's Python types
     missing: tuple[str, ...]  # required inputs the file leaves unset or empty
+    # The study's settings the `tuning` section sets, as the tuned workflow's inputs; None: no study.
+    tuning: dict[str, object] | None = None
 
 
 @dataclass(frozen=True)
@@ -147,7 +159,8 @@ def unknown_key(key: str, known: Collection[str], prefix: str) -> str:
 def plan_config(raw: dict, spec: PlanSpec, plan: str) -> tuple[PlanConfig, list[str]]:
     settable = {name: hint for name, hint in spec.inputs.items() if name != KICKOFF}
     prefix = f"launch_plans.{plan}."
-    found = unknown_keys({k: v for k, v in raw.items() if k != KICKOFF}, settable, prefix)
+    known = [*settable, TUNING] if spec.tuned_inputs is not None else list(settable)
+    found = unknown_keys({k: v for k, v in raw.items() if k != KICKOFF}, known, prefix)
     if KICKOFF in raw:
         found.append(f"'{prefix}{KICKOFF}': set by the schedule each time it fires; remove it")
     inputs = {}
@@ -156,7 +169,50 @@ def plan_config(raw: dict, spec: PlanSpec, plan: str) -> tuple[PlanConfig, list[
             inputs[name], value_found = checked(value, settable[name], f"{prefix}{name}")
             found += value_found
     missing = tuple(name for name in spec.required if raw.get(name) in (None, ""))
-    return PlanConfig(inputs, missing), found
+    tuning = None
+    if spec.tuned_inputs is not None and raw.get(TUNING) is not None:
+        tuning, tuning_found = tuning_config(raw, inputs, spec.tuned_inputs, prefix)
+        found += tuning_found
+    return PlanConfig(inputs, missing, tuning), found
+
+
+def tuning_config(
+    raw: dict, inputs: dict, tuned_inputs: Mapping[str, object], prefix: str
+) -> tuple[dict[str, object], list[str]]:
+    """The plan's `tuning` section as the study's inputs, and what is wrong with it: each setting as a
+    run checks it (tasks/core/tuning/checks.py), the search space against the plan's hyperparameters and
+    the metric against its data's problem type. An input of the plan that a study does not take is
+    refused too (a study plans every trial: plan_resources)."""
+    key, section_raw = f"{prefix}{TUNING}", raw[TUNING]
+    if not isinstance(section_raw, dict):
+        return {}, [f"'{key}' = {section_raw!r}: expected a mapping of study settings, e.g. {{trials: 8}}"]
+    found = unknown_keys(section_raw, TUNING_KEYS, f"{key}.")
+    found += [
+        f"'{prefix}{name}': not an input of a study (with '{key}'), which plans every trial; remove it"
+        for name in raw
+        if name not in (TUNING, KICKOFF, *tuned_inputs) and name in inputs
+    ]
+    values = {}
+    for name, value in section_raw.items():
+        if name in TUNING_KEYS and value is not None:
+            # A search space may be written as YAML: the study reads it as JSON text.
+            value = json.dumps(value) if name == "search_space" and isinstance(value, dict) else value
+            values[name], value_found = checked(value, tuned_inputs[name], f"{key}.{name}")
+            found += value_found
+    if not found:
+        found += study_problems(values, inputs, key)
+    return values, found
+
+
+def study_problems(values: dict[str, object], inputs: dict, key: str) -> list[str]:
+    """The study's rules, each message naming the section's key: against the plan's hyperparameters and
+    data where the file sets them validly (the defaults otherwise, whose own problems are named apart)."""
+    base, data = inputs.get("hyperparameters"), inputs.get("data")
+    base = base if isinstance(base, TrainConfig) and not base.problems() else TrainConfig()
+    problem_type = data.split.problem_type if isinstance(data, DataConfig) else "auto"
+    found = tuning_problems(TuningSettings(**values), base, problem_type)
+    # "input 'trials' = 0: ..." -> "'launch_plans.nightly_retrain.tuning.trials' = 0: ..."
+    return [f"'{key}." + problem.removeprefix("input '") for problem in found]
 
 
 def checked(value: object, hint: object, key: str) -> tuple[object, list[str]]:

@@ -1,8 +1,10 @@
 """Tuning: prepare the data once (the same cached task), train trials in rungs of successive halving, each
-planned onto its own hardware, then evaluate, bundle and publish the best trial as any run (docs/tuning.md)."""
+planned onto its own hardware, then evaluate, bundle and publish the best trial as any run (docs/tuning.md).
+The study's settings are flat inputs (`--trials 8 --concurrency 2`), their defaults TuningSettings'."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import NamedTuple
 
 from flytekit import workflow
@@ -15,6 +17,7 @@ from tasks.core.tuning.study import Study, TuningSettings
 from tasks.evaluate import evaluate
 from tasks.publish import publish_model
 from tasks.right_sizing import prepare_data
+from tasks.schedule import data_partition
 from tasks.tune import best_trial, check_tuning, start_study, tuning_round
 from tasks.types import EvaluationReport
 
@@ -30,30 +33,40 @@ def tuning_pipeline(
     data: DataConfig = DataConfig(),  # noqa: B008 - Flyte needs the literal default
     target: str = "gpu",
     hyperparameters: TrainConfig = TrainConfig(),  # noqa: B008 - Flyte needs the literal default
-    tuning: TuningSettings = TuningSettings(),  # noqa: B008 - Flyte needs the literal default
     publish_to: str = "",
     promotion: PromotionPolicy = ALWAYS,
     int8_export: bool = False,
+    trials: int = TuningSettings.trials,
+    concurrency: int = TuningSettings.concurrency,
+    search_space: str = TuningSettings.search_space,
+    metric: str = TuningSettings.metric,
+    seed: int = TuningSettings.seed,
+    reduction_factor: int = TuningSettings.reduction_factor,
 ) -> TuningOutputs:
     """Search the hyperparameters of training_pipeline's run (its inputs mean the same here), and
     evaluate, bundle and publish the best trial as training_pipeline does.
 
     Every trial is planned onto the cheapest hardware that holds it (training_pipeline's
-    plan_resources, always on here).
+    plan_resources, always on here); every target tunes.
 
     Args:
         hyperparameters: the trials' base config; each trial changes the searched keys alone.
-        tuning: the study (tasks/core/tuning/study.py, TuningSettings; docs/tuning.md), as JSON, only the
-            fields that differ from the defaults, e.g. '{"trials": 8, "concurrency": 2}'. trials: trials
-            proposed (16); concurrency: trials training at a time, at most (4); search_space: JSON text, a
-            range or choices per key and the epoch budget as "epochs": {"low", "high"}; empty: learning
-            rate, batch size, MLP width and depth, dropout, weight decay, 3 to 27 epochs; metric: what
-            ranks trials on the validation split: val_macro_f1 (default for classes), val_accuracy,
-            val_rmse (default for numbers) or val_loss; seed: the sampler's (the same inputs propose the
-            same trials); reduction_factor: 1 in this many trials of a rung goes on to the next, which
-            trains this many times the epochs (3).
+        trials: trials proposed; each trains at least the first rung.
+        concurrency: trials training at a time, at most (no more than trials).
+        search_space: JSON, a range or choices per key and the epoch budget as "epochs": {"low", "high"},
+            e.g. '{"learning_rate": {"low": 0.0001, "high": 0.1, "log": true}, "epochs": {"low": 3,
+            "high": 27}}'; empty: learning rate, batch size, MLP width and depth, dropout, weight decay,
+            3 to 27 epochs (docs/tuning.md).
+        metric: what ranks trials on the validation split: val_macro_f1 (empty: the default for
+            classes), val_accuracy, val_rmse (empty: the default for numbers) or val_loss.
+        seed: the sampler's: the same inputs propose the same trials.
+        reduction_factor: 1 in this many trials of a rung goes on to the next, which trains this many
+            times the epochs.
     """
-    settings = check_tuning(settings=tuning, hyperparameters=hyperparameters, target=target, data=data)
+    settings = check_tuning(
+        trials=trials, concurrency=concurrency, search_space=search_space, metric=metric, seed=seed,
+        reduction_factor=reduction_factor, hyperparameters=hyperparameters,
+    )  # fmt: skip
     prepared, preprocess_plan = prepare_data(
         data=data, target=target, hyperparameters=hyperparameters, plan_resources=True,
         publish_to=publish_to, promotion=promotion,
@@ -70,3 +83,31 @@ def tuning_pipeline(
         bundle=evaluated.model, prefix=publish_to, prepared=prepared, promotion=promotion
     )
     return evaluated.report, evaluated.model, published, study
+
+
+@workflow
+def scheduled_tuning(
+    kickoff_time: datetime,
+    dataset_template: str = "",
+    data: DataConfig = DataConfig(),  # noqa: B008 - Flyte needs the literal default
+    target: str = "gpu",
+    hyperparameters: TrainConfig = TrainConfig(),  # noqa: B008 - Flyte needs the literal default
+    publish_to: str = "",
+    promotion: PromotionPolicy = PromotionPolicy(),  # noqa: B008 - Flyte needs the literal default
+    int8_export: bool = False,
+    trials: int = TuningSettings.trials,
+    concurrency: int = TuningSettings.concurrency,
+    search_space: str = TuningSettings.search_space,
+    metric: str = TuningSettings.metric,
+    seed: int = TuningSettings.seed,
+    reduction_factor: int = TuningSettings.reduction_factor,
+) -> TuningOutputs:
+    """tuning_pipeline on the partition named by the kickoff time: what nightly_retrain runs when
+    deploy/schedules.yaml gives it a `tuning` section (workflows/launch_plans.py). As a scheduled
+    training run, the best trial's bundle becomes LATEST only past the promotion gate."""
+    partition = data_partition(template=dataset_template, data=data, kickoff_time=kickoff_time)
+    return tuning_pipeline(
+        data=partition, target=target, hyperparameters=hyperparameters, publish_to=publish_to,
+        promotion=promotion, int8_export=int8_export, trials=trials, concurrency=concurrency,
+        search_space=search_space, metric=metric, seed=seed, reduction_factor=reduction_factor,
+    )  # fmt: skip

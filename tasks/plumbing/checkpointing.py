@@ -14,12 +14,16 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from flytekit import current_context
 from flytekit.exceptions.user import FlyteDataNotFoundException
+from flytekit.types.directory import FlyteDirectory
+
+from tasks.core.training.config import TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -65,3 +69,21 @@ def restore_previous(flyte, local: Path) -> bool:
     if restored:
         log.info("restored the previous attempt's checkpoint")
     return restored
+
+
+def seed_checkpoint(directory: str, resume_from: FlyteDirectory) -> None:
+    """A run resumed from another run's checkpoint (a promoted tuning trial) starts from it, unless this
+    task's own earlier attempt saved a newer state there."""
+    local = Path(directory)
+    if any(local.iterdir()):
+        log.info("resuming from this task's previous attempt, not from resume_from")
+        return
+    shutil.copytree(resume_from.download(), local, dirs_exist_ok=True)
+    log.info("resuming from the checkpoint passed in (resume_from)")
+
+
+def handed_back(location, config: TrainConfig, rank: int) -> FlyteDirectory | None:
+    """The run's checkpoint, for a run that stops at a rung (`train_until_epoch`) and may be resumed."""
+    if location is None or rank != 0 or not config.train_until_epoch:
+        return None
+    return FlyteDirectory(location.directory)

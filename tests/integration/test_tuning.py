@@ -9,7 +9,7 @@ import pytest
 from tasks.core.messages import InputError
 from tasks.core.models.plugins import ModelSpec
 from tasks.core.training.config import TrainConfig
-from tasks.core.tuning.study import COMPLETED, STOPPED, TuningSettings
+from tasks.core.tuning.study import COMPLETED, STOPPED
 
 pytestmark = pytest.mark.slow
 SPACE = {
@@ -26,7 +26,7 @@ def study_run():
     base = TrainConfig(batch_size=64, model=ModelSpec("mlp", options={"hidden_sizes": "32"}))
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("MIXEDML_LOCAL_CPU_WORKERS", "1")  # one process a trial: the study is small and quick
-        return tuning_pipeline(tuning=TuningSettings(4, 2, json.dumps(SPACE)), hyperparameters=base)
+        return tuning_pipeline(trials=4, concurrency=2, search_space=json.dumps(SPACE), hyperparameters=base)
 
 
 def test_a_four_trial_two_rung_study_runs_end_to_end_on_the_digits(study_run):
@@ -48,5 +48,5 @@ def test_bad_tuning_input_is_refused_before_anything_runs():
     from workflows.tuning import tuning_pipeline
 
     with pytest.raises(Exception, match="concurrency") as caught:
-        tuning_pipeline(tuning=TuningSettings(trials=2, concurrency=3))
+        tuning_pipeline(trials=2, concurrency=3)
     assert isinstance(caught.value, InputError) or "InputError" in str(caught.value)

@@ -145,13 +145,16 @@ def fit_epochs(
     data: KerasData,
     callbacks: list,
     log_dir: str | None,
+    last_epoch: int,
 ) -> None:
-    """One `fit` per epoch, on that epoch's order from the batch the tracker reached, until the last
-    epoch or an early stop (`EpochChoice.stops_early`), with `callbacks` in their order (the
-    divergence guard before the `tracker`, so a diverged model is never saved).
+    """One `fit` per epoch, on that epoch's order from the batch the tracker reached, until
+    `last_epoch` (`TrainConfig.last_epoch`: a tuning rung stops before the run's `epochs`, over which
+    the learning rate is still scheduled) or an early stop (`EpochChoice.stops_early`), with
+    `callbacks` in their order (the divergence guard before the `tracker`, so a diverged model is
+    never saved).
     (A stream of epochs under `steps_per_epoch` would let an epoch's last multi-step execution on a
     TPU run into the next epoch; Keras's TensorBoard closes its writers after each fit, hence a fresh one.)"""
-    for epoch in range(tracker.progress.epoch, tracker.choice.epochs):
+    for epoch in range(tracker.progress.epoch, last_epoch):
         if tracker.choice.stops_early(tracker.progress.history):  # a resumed run too
             return
         train = data.train_epoch(epoch=epoch, skip=tracker.progress.step)
@@ -199,7 +202,8 @@ def train_keras(
 
     The history has one record per epoch across attempts (see `KerasRunOptions` for resuming and
     preemption); the train loss and accuracy of an epoch resumed mid-way cover only the batches
-    trained in this attempt.
+    trained in this attempt. With `config.train_until_epoch` the run stops after that epoch, its
+    checkpoint saved, and a run given the same checkpoint continues it (a tuning rung).
     """
     config.validate()  # as the workflow did already; a direct caller's config gets the same message
     options = options or KerasRunOptions()
@@ -224,7 +228,7 @@ def train_keras(
         clock = TrainClock()
         guard = StopOnDivergence(tracker, config.learning_rate)
         every_fit = [guard, tracker, clock, *(options.callbacks or [])]
-        fit_epochs(model, tracker, data, every_fit, options.log_dir)
+        fit_epochs(model, tracker, data, every_fit, options.log_dir, config.last_epoch)
         tracker.take_kept_weights(model)
         seconds = time.perf_counter() - start
     if artifact_path:

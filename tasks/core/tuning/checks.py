@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection
-
 from tasks.core.training.config import TrainConfig
 from tasks.core.tuning.space import space_problems
 from tasks.core.tuning.study import TuningSettings
@@ -56,15 +54,8 @@ def settings_problems(settings: TuningSettings) -> list[str]:
     return found
 
 
-def tuning_problems(
-    settings: TuningSettings, base: TrainConfig, target: str, tunable: Collection[str], problem_type: str
-) -> list[str]:
-    """Every bad tuning input; `tunable` are the targets whose runs stop at a rung and resume."""
+def tuning_problems(settings: TuningSettings, base: TrainConfig, problem_type: str = "auto") -> list[str]:
+    """Every bad tuning input: the settings, the search space against the base config, and the metric
+    against the problem type where it is known ("auto": once the data is prepared)."""
     found = settings_problems(settings) + space_problems(settings.search_space, base)
-    found += metric_problems(settings.metric, problem_type)
-    if target not in tunable:
-        found.append(
-            f"input 'target' = {target!r}: a study trains on {', '.join(tunable)} (runs that stop at a rung "
-            "and resume from their checkpoint)"
-        )
-    return found
+    return found + metric_problems(settings.metric, problem_type)

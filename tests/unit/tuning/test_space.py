@@ -84,10 +84,5 @@ def test_a_trials_values_shape_its_config():
     ],
 )
 def test_bad_settings_are_refused_by_name(settings, problem_type, key):
-    found = tuning_problems(settings, TrainConfig(), "gpu", ("gpu",), problem_type)
+    found = tuning_problems(settings, TrainConfig(), problem_type)
     assert len(found) == 1 and key in found[0], found
-
-
-def test_a_target_that_cannot_resume_a_trial_is_refused():
-    found = tuning_problems(TuningSettings(), TrainConfig(), "tpu", ("gpu",), "auto")
-    assert len(found) == 1 and "'target'" in found[0]

@@ -19,10 +19,7 @@ from workflows.schedules import DEFAULT_PATH, ENV, PlanSpec, ScheduleError, load
 
 
 def specs() -> dict[str, PlanSpec]:
-    return {
-        name: PlanSpec(plan.workflow.python_interface.inputs, plan.required)
-        for name, plan in SCHEDULED.items()
-    }
+    return {name: plan.spec() for name, plan in SCHEDULED.items()}
 
 
 def load_text(tmp_path: Path, text: str):
@@ -63,7 +60,7 @@ def load_text(tmp_path: Path, text: str):
         ("launch_plans: {weekly_hardware_comparison: {plan_resources: 'yes'}}",
          "'launch_plans.weekly_hardware_comparison.plan_resources' = 'yes': expected true or false"),
         ("launch_plans: {nightly_retrain: {data: {column_kinds: {zip: cat}}}}",
-         "'launch_plans.nightly_retrain.data.column_kinds' = {'zip': 'cat'}: 'zip': 'cat': not a kind; a column's kind is one of numeric, categorical, boolean, date, drop"),
+         "'launch_plans.nightly_retrain.data.column_kinds' = {'zip': 'cat'}: 'zip': 'cat': not a kind; a column's kind is one of numeric, categorical, boolean, date"),
         ("launch_plans: {weekly_hardware_comparison: {data: {split: {problem_type: regresion}}}}",
          "'launch_plans.weekly_hardware_comparison.data.split.problem_type' = 'regresion': not one of auto, classification, regression"),
         ("launch_plans: {nightly_retrain: {data: {split: {val_fraction: 0.6}}}}",
@@ -84,6 +81,26 @@ def load_text(tmp_path: Path, text: str):
         ("notifications: {phases: [failure]}", "'notifications.phases' = ['failure']: expected a list of some of failed"),
         ("notifications: {emails: [ml@example.com]}", "'notifications.emails': unknown key; did you mean 'email'?"),
         ("launch-plans: {}", "'launch-plans': unknown key; did you mean 'launch_plans'?"),
+        ("launch_plans: {nightly_retrain: {tuning: {trails: 8}}}",
+         "'launch_plans.nightly_retrain.tuning.trails': unknown key; did you mean 'trials'?"),
+        ("launch_plans: {nightly_retrain: {tuning: {trials: '8'}}}",
+         "'launch_plans.nightly_retrain.tuning.trials' = \"8\": expected a whole number"),
+        ("launch_plans: {nightly_retrain: {tuning: {trials: 2, concurrency: 3}}}",
+         "'launch_plans.nightly_retrain.tuning.concurrency' = 3: more than the 2 trials"),
+        ("launch_plans: {nightly_retrain: {tuning: {reduction_factor: 1}}}",
+         "'launch_plans.nightly_retrain.tuning.reduction_factor' = 1: must be at least 2"),
+        ("launch_plans: {nightly_retrain: {tuning: {search_space: {learning_rate: {low: 0.1, high: 0.01}, epochs: {low: 1, high: 3}}}}}",
+         "'launch_plans.nightly_retrain.tuning.search_space.learning_rate' = {\"low\": 0.1, \"high\": 0.01}: inverted range"),
+        ("launch_plans: {nightly_retrain: {tuning: {search_space: {batch_size: {choices: [48]}, epochs: {low: 1, high: 3}}}, hyperparameters: {grad_accum_steps: 32}}}",
+         "'launch_plans.nightly_retrain.tuning.search_space.batch_size' = {\"choices\": [48]}: the value 48 gives grad_accum_steps"),
+        ("launch_plans: {nightly_retrain: {tuning: {metric: val_rmse}, data: {split: {problem_type: classification}}}}",
+         "'launch_plans.nightly_retrain.tuning.metric' = 'val_rmse': measures a regression, and this run is a classification"),
+        ("launch_plans: {nightly_retrain: {tuning: 8}}",
+         "'launch_plans.nightly_retrain.tuning' = 8: expected a mapping of study settings"),
+        ("launch_plans: {nightly_retrain: {tuning: {trials: 8}, plan_resources: false}}",
+         "'launch_plans.nightly_retrain.plan_resources': not an input of a study"),
+        ("launch_plans: {nightly_scoring: {tuning: {trials: 8}}}",
+         "'launch_plans.nightly_scoring.tuning': unknown key"),
         ("launch_plans: {nightly_retrain: {target: gpu}\n", "not valid YAML"),
         ("- nightly_retrain", "expected a mapping of 'notifications' and 'launch_plans'"),
     ],
@@ -172,3 +189,50 @@ def test_a_file_sets_the_column_kinds_the_split_and_the_problem_type_of_the_nigh
         split=SplitConfig(split_by="day", problem_type="regression"),
     )
     assert inputs["int8_export"] is True
+
+
+# --- A nightly sweep ------------------------------------------------------------------------------
+
+
+def test_a_tuning_section_makes_the_nightly_retraining_a_study_of_those_settings(tmp_path):
+    from flytekit import LaunchPlan
+
+    from workflows.tuning import scheduled_tuning
+
+    text = (
+        "launch_plans: {nightly_retrain: {dataset_template: 's3://b/dt={yesterday}/', publish_to: s3://b/m, "
+        "hyperparameters: {batch_size: 32}, tuning: {trials: 8, concurrency: 2, "
+        "search_space: {learning_rate: {low: 0.001, high: 0.1, log: true}, epochs: {low: 1, high: 9}}}}}"
+    )
+    config = load_text(tmp_path, text).plans["nightly_retrain"]
+    space = '{"learning_rate": {"low": 0.001, "high": 0.1, "log": true}, "epochs": {"low": 1, "high": 9}}'
+    assert config.tuning == {"trials": 8, "concurrency": 2, "search_space": space} and not config.missing
+    workflow, inputs = SCHEDULED["nightly_retrain"].run(config)
+    assert workflow is scheduled_tuning
+    assert (
+        inputs["trials"] == 8
+        and inputs["publish_to"] == "s3://b/m"
+        and inputs["hyperparameters"].batch_size == 32
+    )
+    # The inputs bind to the study's launch plan as the nightly one's would.
+    plan = LaunchPlan.get_or_create(workflow=workflow, name="test_nightly_study", default_inputs=inputs)
+    assert plan.saved_inputs["trials"] == 8 and plan.saved_inputs["search_space"] == space
+
+
+def test_without_a_tuning_section_the_nightly_retraining_trains_once(tmp_path):
+    config = load_text(tmp_path, "launch_plans: {nightly_retrain: {tuning: null}}").plans["nightly_retrain"]
+    assert config.tuning is None
+    assert SCHEDULED["nightly_retrain"].run(config)[0] is SCHEDULED["nightly_retrain"].workflow
+    assert load_schedules(specs(), DEFAULT_PATH).plans["nightly_retrain"].tuning is None  # as shipped
+
+
+def test_the_scheduled_study_takes_every_input_of_the_tuning_workflow_and_the_template():
+    from workflows.tuning import tuning_pipeline
+
+    scheduled = SCHEDULED["nightly_retrain"].tuned.python_interface
+    tuning = tuning_pipeline.python_interface
+    assert set(scheduled.inputs) - {"kickoff_time", "dataset_template"} == set(tuning.inputs)
+    for name, default in tuning.default_inputs_as_kwargs.items():
+        if name != "promotion":  # a schedule gates promotion, as the nightly training does
+            assert scheduled.default_inputs_as_kwargs[name] == default, name
+    assert scheduled.default_inputs_as_kwargs["promotion"] == PromotionPolicy()

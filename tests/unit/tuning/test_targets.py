@@ -1,0 +1,81 @@
+"""Every target tunes: each training task resumes a trial from its checkpoint, the study's settings are
+flat inputs built into one record by the check task (their defaults TuningSettings'), and a 2-rung study
+trains on the TensorFlow target (the torch one end to end: tests/integration/test_tuning.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing
+
+import pytest
+from flytekit.types.directory import FlyteDirectory
+
+from tasks.core.data.config import DataConfig
+from tasks.core.data.split_config import SplitConfig
+from tasks.core.models.plugins import mlp_spec
+from tasks.core.training.config import TrainConfig
+from tasks.core.tuning.study import COMPLETED, STOPPED, TuningSettings
+from tasks.targets import TARGETS
+
+
+@pytest.mark.parametrize("target", sorted(TARGETS))
+def test_every_targets_task_resumes_a_trial_from_its_checkpoint(target):
+    hint, default = TARGETS[target].task.python_interface.inputs_with_defaults["resume_from"]
+    assert typing.get_args(hint) == (FlyteDirectory, type(None)) and default is None
+
+
+def test_a_multi_node_trial_is_priced_at_its_declared_nodes():
+    from tasks.hardware import TRAIN_GPU_MULTINODE
+    from tasks.tune import declared_option
+
+    name, price = declared_option("gpu-multinode")
+    gpus = TRAIN_GPU_MULTINODE.gpus_per_node * TRAIN_GPU_MULTINODE.nnodes
+    assert name == f"{TRAIN_GPU_MULTINODE.device} x{gpus}" and price > 0
+
+
+def test_the_check_task_builds_the_one_settings_record_and_refuses_bad_values():
+    from tasks.tune import check_tuning
+
+    flat = {"trials": 4, "concurrency": 2, "search_space": "", "metric": "val_accuracy", "seed": 3}
+    settings = check_tuning(**flat, reduction_factor=2, hyperparameters=TrainConfig())
+    assert settings == TuningSettings(4, 2, "", "val_accuracy", 3, 2)
+    with pytest.raises(Exception, match="'concurrency' = 5"):
+        check_tuning(**{**flat, "concurrency": 5}, reduction_factor=2, hyperparameters=TrainConfig())
+
+
+@pytest.mark.parametrize("workflow", ["tuning_pipeline", "scheduled_tuning"])
+def test_the_workflows_flat_study_inputs_default_to_the_settings_record(workflow):
+    import workflows.tuning
+
+    defaults = getattr(workflows.tuning, workflow).python_interface.default_inputs_as_kwargs
+    expected = dataclasses.asdict(TuningSettings())
+    assert {name: defaults[name] for name in expected} == expected
+
+
+@pytest.mark.slow
+def test_a_two_rung_study_trains_on_the_tensorflow_target(blobs, write_table):
+    """The study's tasks in this process, without the evaluation and publishing any run has: two trials
+    of one epoch, the better one resumed from its Keras checkpoint to three."""
+    from tasks.right_sizing import prepare_data
+    from tasks.tune import best_trial, check_tuning, start_study, tuning_round
+
+    data = DataConfig(write_table(blobs), "species", split=SplitConfig(0.2, 0.2))
+    base = TrainConfig(batch_size=32, model=mlp_spec([16]))
+    space = {"learning_rate": {"low": 1e-3, "high": 3e-2, "log": True}, "epochs": {"low": 1, "high": 3}}
+    settings = check_tuning(trials=2, concurrency=2, search_space=json.dumps(space), metric="", seed=0,
+                            reduction_factor=3, hyperparameters=base)  # fmt: skip
+    prepared, preprocess_plan = prepare_data(
+        data=data, target="gpu-tf", hyperparameters=base, plan_resources=True
+    )
+    state = start_study(settings=settings, hyperparameters=base, prepared=prepared)
+    state = tuning_round(state=state, prepared=prepared, preprocess_plan=preprocess_plan, target="gpu-tf",
+                         hyperparameters=base, plan_resources=True)  # fmt: skip
+    trained, _, study = best_trial(state=state)
+    assert study.budgets == [1, 3] and sorted(t.state for t in study.trials) == [COMPLETED, STOPPED]
+    best, other = study.trial(study.best), next(t for t in study.trials if t.number != study.best)
+    assert best.epochs_trained == 3 and len(best.rung_metrics) == 2 and other.epochs_trained == 1
+    assert best.rung_metrics[0] >= other.rung_metrics[0] and best.hardware and best.cost_usd > 0
+    # The best trial's run is the resumed one: its whole history, the first rung's epoch included.
+    assert trained.run.framework == "tensorflow" and [e.epoch for e in trained.run.history] == [1, 2, 3]
+    assert [e.val_loss for e in trained.run.history] == best.val_losses
