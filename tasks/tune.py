@@ -101,7 +101,7 @@ def tuning_round(
     work = next_round(state.study)
     if work is None:
         return state
-    jobs = round_jobs(state, work, hyperparameters, prepared)
+    jobs = round_jobs(state, work, hyperparameters, prepared, target)
     trained, plans = [], []
     for number, config in jobs:
         report = plan_report(target, workload(prepared, target, config), preprocess_plan, plan_resources)
@@ -125,7 +125,7 @@ def tuning_round(
 
 
 def round_jobs(
-    state: TuningState, work: Round, base: TrainConfig, prepared: PreparedData
+    state: TuningState, work: Round, base: TrainConfig, prepared: PreparedData, target: str
 ) -> list[tuple[int, TrainConfig]]:
     """The round's (trial number, config) pairs; new trials are proposed and added to the study here."""
     from tasks.core.tuning.sampler import as_params, propose
@@ -144,17 +144,18 @@ def round_jobs(
         (n, replace(apply_params(base, study.trial(n).values()), epochs=last, train_until_epoch=budget))
         for n in numbers
     ]
-    regression = prepared.table.target.regression
     for number, config in jobs:
-        raise_for([f"trial {number}: {problem}" for problem in trial_problems(config, prepared, regression)])
+        raise_for([f"trial {number}: {problem}" for problem in trial_problems(config, prepared, target)])
     return jobs
 
 
-def trial_problems(config: TrainConfig, prepared: PreparedData, regression: bool) -> list[str]:
+def trial_problems(config: TrainConfig, prepared: PreparedData, target: str) -> list[str]:
+    """What a trial's config breaks: the batch against the train rows, a regression's rules and the
+    target's own (a TPU slice trains with TPUStrategy)."""
     from tasks.core.validation import regression_problems
 
-    found = batch_problems(config, 1, prepared.table.rows["train"])
-    return found + (regression_problems(config) if regression else [])
+    found = batch_problems(config, 1, prepared.table.rows["train"]) + TARGETS[target].config_problems(config)
+    return found + (regression_problems(config) if prepared.table.target.regression else [])
 
 
 def describe_trial(record: TrialRecord, report: ResourcePlan, target: str) -> None:

@@ -44,6 +44,23 @@ def test_the_check_task_builds_the_one_settings_record_and_refuses_bad_values():
         check_tuning(**{**flat, "concurrency": 5}, reduction_factor=2, hyperparameters=TrainConfig())
 
 
+def test_a_trial_the_target_refuses_is_named_before_it_trains():
+    """A searched tf_strategy other than TPUStrategy cannot train on the tpu target: the trial is refused
+    by the target's own rule, not found out in its pod."""
+    from types import SimpleNamespace
+
+    from tasks.tune import trial_problems
+
+    table = SimpleNamespace(rows={"train": 1000}, target=SimpleNamespace(regression=False))
+    prepared = SimpleNamespace(table=table)
+    mirrored = TrainConfig(tf_strategy="mirrored")
+    assert any(
+        "'hyperparameters.tf_strategy' = 'mirrored'" in p for p in trial_problems(mirrored, prepared, "tpu")
+    )
+    assert trial_problems(mirrored, prepared, "gpu-tf") == []
+    assert trial_problems(TrainConfig(tf_strategy="tpu"), prepared, "tpu") == []
+
+
 @pytest.mark.parametrize("workflow", ["tuning_pipeline", "scheduled_tuning"])
 def test_the_workflows_flat_study_inputs_default_to_the_settings_record(workflow):
     import workflows.tuning
