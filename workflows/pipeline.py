@@ -43,7 +43,7 @@ def training_pipeline(
             digits. label_column: the column predicted; every other column is a feature: numbers, text
             categories, booleans or dates, missing values allowed. column_kinds: a column's kind where
             the guess from its type is wrong, or 'drop' to leave it out, e.g. {"zip": "categorical"};
-            kinds: numeric, categorical, boolean, date. split: val_fraction and test_fraction (0.15
+            kinds: numeric, categorical, boolean, date, text. split: val_fraction and test_fraction (0.15
             each), seed, split_by (a column of dates, times or numbers: the earliest rows train, the
             latest test, instead of a stratified random split) and problem_type (auto, classification
             or regression: auto decides from the label and the report says why).

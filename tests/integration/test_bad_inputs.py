@@ -173,7 +173,7 @@ WORKFLOW_CASES = {
     "validation: an unknown column kind": (
         lambda t: write(t, "d.parquet"), {"data": {"column_kinds": {"f0": "text"}}},
         ["input 'data.column_kinds' = {'f0': 'text'}: 'f0': 'text': not a kind; a column's kind is one of "
-         "numeric, categorical, boolean, date, drop", """--data '{"column_kinds": {"f0": "categorical"}}'"""],
+         "numeric, categorical, boolean, date, text, drop", """--data '{"column_kinds": {"f0": "categorical"}}'"""],
     ),
     "validation: a split by the label column": (
         lambda t: write(t, "d.parquet"), {"data": {"split": SplitConfig(split_by="species")}},

@@ -23,21 +23,32 @@ from tasks.core.data.api import (
     BOOLEAN,
     CATEGORICAL,
     DATE,
+    NOT_WORD,
     NUMERIC,
+    TEXT,
+    WORD,
     CategoryEncoding,
     ColumnEncoding,
     DateEncoding,
     NumberEncoding,
+    TextEncoding,
 )
 
 PREFIX = "raw_inputs/"  # names inside the encoding graph
 SECONDS_PER_DAY = 86_400
 MICROS_PER_SECOND = 1_000_000
 ML_DOMAIN, ML_OPSET = "ai.onnx.ml", 3  # the ai.onnx.ml version that ONNX opset 18 pairs with
+# onnxruntime's own operators, its Tokenizer among them: standard ONNX splits no text before opset 20.
+ORT_DOMAIN, ORT_OPSET = "com.microsoft", 1
+# A value with one word, after the column's values in the text graph: no tensor of it is then empty,
+# which onnxruntime's StringNormalizer refuses. Its row is dropped before the block is returned.
+WORDY_ROW = "w"
+FINGERPRINT_RANGE = 2**63 - 1  # TensorFlow's 64-bit fingerprint of a word, as a non-negative int64
 # Days from 0000-03-01 to 1970-01-01, and the days of a 400-year era: the civil calendar from a day
 # count (Howard Hinnant's days_from_civil, inverted), in integer operations only.
 EPOCH_SHIFT, DAYS_PER_ERA = 719_468, 146_097
 UNIX_SECONDS = "seconds since 1970-01-01T00:00:00Z"
+WORDS_RULE = "runs of ASCII letters and digits, lowercased; each word counts in its bucket of the encoding"
 
 
 def date_seconds(micros: int) -> float:
@@ -155,6 +166,43 @@ def onnx_month(graph: GraphBuilder, day: str) -> str:
     )
 
 
+def onnx_text(graph: GraphBuilder, name: str, encoder: TextEncoding) -> str:
+    """Each bucket's count of the value's words found in the encoder's table, then <missing> (an empty
+    string). Words as words.py finds them: onnxruntime's Tokenizer (RE2, as pyarrow and TensorFlow)
+    finds the runs of ASCII letters and digits, lowercased once found, so StringNormalizer meets ASCII
+    alone (its "C" locale is the one every machine has); a word not in the table takes a bucket beyond
+    the last, which no bucket counts."""
+    flat = graph.constant([-1], np.int64)
+    values = graph.node("Reshape", name, flat)
+    with_wordy_row = graph.node("Concat", values, graph.constant([WORDY_ROW], object), axis=0)
+    tokens = graph.node(  # [rows + 1, most words in a row], padded with '' (no word)
+        "Tokenizer", with_wordy_row, domain=ORT_DOMAIN, mark=0, mincharnum=1, pad_value="", tokenexp=WORD
+    )
+    lower = graph.node(
+        "StringNormalizer", graph.node("Reshape", tokens, flat), case_change_action="LOWER", locale="C"
+    )
+    table = encoder.words or {"": encoder.buckets}  # LabelEncoder takes at least one key
+    bucket = graph.node(
+        "LabelEncoder",
+        lower,
+        domain=ML_DOMAIN,
+        keys_strings=list(table),
+        values_int64s=list(table.values()),
+        default_int64=encoder.buckets,
+    )
+    by_row = graph.node(
+        "Unsqueeze", graph.node("Reshape", bucket, graph.node("Shape", tokens)), graph.constant([2], np.int64)
+    )
+    hot = graph.node("Equal", by_row, graph.constant(np.arange(encoder.buckets), np.int64))
+    counts = graph.node("ReduceSum", graph.double(hot), graph.constant([1], np.int64), keepdims=0)
+    first = graph.constant([0], np.int64)
+    block = graph.node("Slice", counts, first, graph.node("Shape", values), first)  # the column's rows
+    missing = graph.node(
+        "LabelEncoder", name, domain=ML_DOMAIN, keys_strings=[""], values_int64s=[1], default_int64=0
+    )
+    return with_indicator(graph, block, missing, encoder)
+
+
 # ---- TensorFlow ---------------------------------------------------------------------------------------
 
 
@@ -210,6 +258,39 @@ def tf_month(day):
     return tf.math.floormod(from_march + 2, 12) + 1
 
 
+def tf_text(text, encoder: TextEncoding):
+    """As `onnx_text`: the words of each value (the separators turned to spaces, then split), each
+    looked up in the table by its fingerprint and then compared, so a word outside it counts nowhere."""
+    import tensorflow as tf
+
+    words = tf.strings.split(tf.strings.regex_replace(text[:, 0], NOT_WORD, " "))  # ragged [rows, words]
+    found = tf.strings.lower(words.flat_values)
+    hot = tf.one_hot(tf_buckets(found, encoder), encoder.buckets, dtype=tf.float64)  # zeros for -1
+    counts = tf.math.unsorted_segment_sum(hot, words.value_rowids(), tf.shape(text, out_type=tf.int64)[0])
+    return tf_with_indicator(counts, tf.equal(text, ""), encoder)
+
+
+def tf_buckets(words, encoder: TextEncoding):
+    """Each word's bucket in the encoder's table, -1 where it has none: the table sorted by TensorFlow's
+    fingerprint of its words, searched for each word's, and the word found compared with it."""
+    import tensorflow as tf
+
+    table = encoder.words or {"": -1}
+    keys = np.asarray(list(table), dtype=object)
+    with tf.init_scope():  # computed once, while tracing: constants of the graph
+        prints = tf.strings.to_hash_bucket_fast(keys, FINGERPRINT_RANGE).numpy()
+    if len(np.unique(prints)) < len(prints):
+        raise ValueError("two words of the text table share a 64-bit fingerprint; the lookup would miss one")
+    order = np.argsort(prints)
+    place = tf.searchsorted(
+        tf.constant(prints[order]), tf.strings.to_hash_bucket_fast(words, FINGERPRINT_RANGE)
+    )
+    place = tf.minimum(place, len(keys) - 1)
+    same = tf.equal(tf.gather(tf.constant(keys[order].tolist(), tf.string), place), words)
+    buckets = np.fromiter(table.values(), dtype=np.int64, count=len(table))[order]
+    return tf.where(same, tf.gather(tf.constant(buckets), place), tf.constant(-1, tf.int64))
+
+
 # ---- sample values, for the check at export time ------------------------------------------------------
 
 
@@ -237,11 +318,27 @@ def sample_dates(column: ColumnEncoding, rng, rows: int, missing: np.ndarray, me
     return pa.array(micros, pa.timestamp("us", tz="UTC"), mask=missing)
 
 
+def sample_texts(column: ColumnEncoding, rng, rows: int, missing: np.ndarray, mean: float, scale: float):
+    """Train words in other cases, beside punctuation, a letter outside ASCII and a word never seen; and
+    a value of no word."""
+    words = list(column.encoder.words) or ["word"]
+
+    def value(row: int) -> str:
+        first, second = words[row % len(words)], words[(row + 1) % len(words)]
+        return f"{first.upper()}, {second}-Ärger {first} unseen{row}" if row % 3 else "  ...  "
+
+    return pa.array([value(row) for row in range(rows)], pa.string(), mask=missing)
+
+
 # ---- MLflow: each input's example, the value that stands for a missing one ---------------------------
 
 
 def example_category(encoder: CategoryEncoding) -> str | None:
     return encoder.vocabulary[0] if encoder.vocabulary else None
+
+
+def example_text(encoder: TextEncoding) -> str | None:
+    return " ".join(list(encoder.words)[:3]) or None
 
 
 def example_date(encoder: DateEncoding) -> str:
@@ -285,5 +382,14 @@ EXPORTS = {
             lambda e: float(round(e.fill)),
         ),
         KindExport(DATE, onnx_date, tf_date, {"unit": UNIX_SECONDS}, sample_dates, "datetime", example_date),
+        KindExport(
+            TEXT,
+            onnx_text,
+            tf_text,
+            {"words": WORDS_RULE, "unseen": "counts nowhere", "onnx_operators": ORT_DOMAIN},
+            sample_texts,
+            "string",
+            example_text,
+        ),
     )
 }

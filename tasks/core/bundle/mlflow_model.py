@@ -21,8 +21,8 @@ https://mlflow.org/docs/latest/python_api/mlflow.pyfunc.html). A column-based si
 of `{"type", "name", "required"}` under `signature.inputs` and `.outputs`, and an input example is
 named by `saved_input_example_info` (https://mlflow.org/docs/latest/ml/model/signatures). Its types
 here, each kind's in its record (kind_exports.py): numbers and booleans "double" (MLflow casts a JSON
-null to NaN, where a "boolean" column would read it as false), categories "string", dates "datetime"
-(ISO text without a zone offset, taken as UTC).
+null to NaN, where a "boolean" column would read it as false), categories and text "string", dates
+"datetime" (ISO text without a zone offset, taken as UTC).
 
 At serving time the model needs onnxruntime, numpy, pandas and pyarrow, and neither Flyte nor this
 project's code. It serves the ONNX export, so a bundle without one gets no MLflow model: the function

@@ -11,8 +11,9 @@ columns in the order the export reads them, each with its kind and, where the ex
 its "input"; and the class labels). `predict` reads the columns by name and turns them into the
 export's inputs as the bundle reads a table:
 - an export that takes one "features" input (numeric columns): the numbers float32 `[rows, columns]`;
-- an export that takes the raw columns: one `[rows, 1]` input per column, text for categories ('' where
-  missing), float64 for numbers and booleans (NaN where missing) and for dates (seconds since 1970 UTC).
+- an export that takes the raw columns: one `[rows, 1]` input per column, text for categories and free
+  text ('' where missing), float64 for numbers and booleans (NaN where missing) and for dates (seconds
+  since 1970 UTC).
 Each value is read, and sent to the export, as the bundle reads and sends its kind: by the kind's
 record in kind_values.py, which preprocessing and `raw_inputs.raw_feeds` read too.
 

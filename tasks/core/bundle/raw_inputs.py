@@ -9,14 +9,17 @@ input per raw column the encoding reads, of shape `[rows, 1]` (the batch dimensi
   a boolean as 'true'/'false'; an empty string where missing;
 - date: float64 seconds since 1970-01-01 00:00 UTC (Unix time; fractions for times of day); NaN where
   missing. The bundle reads dates to the microsecond, which float64 seconds hold until about 2255.
+- text: text as the bundle reads it; an empty string where missing.
 
 The graph turns them into the encoded features, float64 in `FittedEncoding.encoded_names()` order, with
 the rules of `tasks.core.data.encoding`: a missing number or boolean takes its fill, with the indicator
 where the encoding has one; a category one-hot over the vocabulary, then <other> (an unseen value),
-then <missing>; a date as days since the train origin, month (1-12) and weekday (0 = Monday).
+then <missing>; a date as days since the train origin, month (1-12) and weekday (0 = Monday); text
+as each bucket's count of the value's words in the train table (words.py), then <missing>.
 
 `onnx_encoding` writes that as an ONNX graph (standard operators and ai.onnx.ml's LabelEncoder, which
-onnxruntime runs) and `with_raw_inputs` puts it in front of an export that takes "features";
+onnxruntime runs; for text, onnxruntime's own Tokenizer too, as standard ONNX splits text from opset 20
+alone, beyond the exports' opset 18 and onnxruntime 1.15) and `with_raw_inputs` puts it in front of an export that takes "features";
 `tf_encoded` does the same with TensorFlow ops, for the SavedModel's named-input signature. Each kind's
 part of them is its record in kind_exports.py; its values and input type, its record in the data layer's
 kind_values.py.
@@ -38,7 +41,15 @@ import re
 import numpy as np
 import pyarrow as pa
 
-from tasks.core.bundle.kind_exports import EXPORTS, ML_DOMAIN, ML_OPSET, PREFIX, GraphBuilder
+from tasks.core.bundle.kind_exports import (
+    EXPORTS,
+    ML_DOMAIN,
+    ML_OPSET,
+    ORT_DOMAIN,
+    ORT_OPSET,
+    PREFIX,
+    GraphBuilder,
+)
 from tasks.core.bundle.table_input import arrow_features
 from tasks.core.data.api import NUMERIC, VALUES, ColumnEncoding, FittedEncoding, Place, canonical
 
@@ -178,9 +189,12 @@ def onnx_encoding(encoding: FittedEncoding, ir_version: int, opset: int):
         for column in encoding.columns
     ]
     output = helper.make_tensor_value_info(ENCODED, TensorProto.DOUBLE, [ROWS, len(encoding.encoded_names())])
+    opsets = [helper.make_opsetid("", opset), helper.make_opsetid(ML_DOMAIN, ML_OPSET)]
+    if any(node.domain == ORT_DOMAIN for node in graph.nodes):  # text: onnxruntime's Tokenizer
+        opsets.append(helper.make_opsetid(ORT_DOMAIN, ORT_OPSET))
     model = helper.make_model(
         helper.make_graph(graph.nodes, "raw_inputs", inputs, [output], graph.initializers),
-        opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid(ML_DOMAIN, ML_OPSET)],
+        opset_imports=opsets,
     )
     model.ir_version = ir_version
     return model

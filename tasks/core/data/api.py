@@ -29,7 +29,7 @@ from tasks.core.data.column_kinds import (
     value_type,
 )
 from tasks.core.data.columns import at_rows, check_finite, check_numeric
-from tasks.core.data.encoders import CategoryEncoding, DateEncoding, NumberEncoding
+from tasks.core.data.encoders import CategoryEncoding, DateEncoding, NumberEncoding, TextEncoding
 from tasks.core.data.encoding import ColumnEncoding, FittedEncoding
 from tasks.core.data.files import (
     DatasetError,
@@ -41,7 +41,7 @@ from tasks.core.data.files import (
     remote_errors,
     row_group_fragments,
 )
-from tasks.core.data.kind_values import VALUES
+from tasks.core.data.kind_values import TEXT, VALUES
 from tasks.core.data.labels import typed_labels
 from tasks.core.data.reading import (
     VALUE_ADVICE,
@@ -57,6 +57,7 @@ from tasks.core.data.splits import batch_features
 from tasks.core.data.table import PreparedTable, numbers_as_read
 from tasks.core.data.target import Target
 from tasks.core.data.unseen import UnseenCategories, merged_unseen
+from tasks.core.data.words import NOT_WORD, WORD
 
 __all__ = [
     # files and reading
@@ -81,7 +82,10 @@ __all__ = [
     "CATEGORICAL",
     "DATE",
     "KINDS",
+    "NOT_WORD",
     "NUMERIC",
+    "TEXT",
+    "WORD",
     "VALUES",
     "kind_values",
     "WHAT",
@@ -97,6 +101,7 @@ __all__ = [
     "DateEncoding",
     "FittedEncoding",
     "NumberEncoding",
+    "TextEncoding",
     "PreparedTable",
     "numbers_as_read",
     "ScalerStats",

@@ -1,10 +1,11 @@
 """What kind of feature each input column is, and its values in the one form each kind reads.
 
-Kinds: numeric, categorical, boolean and date; `DROP` leaves a column out. `propose_kinds` proposes a
-kind from each column's Arrow type (integer, float, decimal or all-null: numeric; text or dictionary,
+Kinds: numeric, categorical, boolean, date and text; `DROP` leaves a column out. `propose_kinds` proposes
+a kind from each column's Arrow type (integer, float, decimal or all-null: numeric; text or dictionary,
 which is how a pandas categorical arrives: categorical; bool: boolean; date32, date64 or a timestamp of
 any unit, with a time zone or without: date), then applies the user's overrides (column -> kind or
-'drop'). Text whose every non-missing value in the first batch (`sample`) parses as an ISO date or
+'drop'). Text is declared, or chosen in place of a proposed category once the train rows' statistics
+show free text (kind_records.py). Text whose every non-missing value in the first batch (`sample`) parses as an ISO date or
 timestamp is proposed as a date: pyarrow's CSV reader already reads plain ISO columns as dates, but text
 remains text where a file mixes zoned and naive timestamps, or where a parquet file holds dates as text.
 
@@ -40,7 +41,7 @@ from tasks.core.data.kind_values import (
 from tasks.core.messages import preview, shorten
 
 DROP = "drop"
-KINDS = tuple(VALUES)  # numeric, categorical, boolean, date: each kind's values in kind_values.py
+KINDS = tuple(VALUES)  # numeric, categorical, boolean, date, text: each kind's values in kind_values.py
 FORCED_KINDS = (*KINDS, DROP)  # what the column_kinds input may give a column
 WHAT = {kind: values.what for kind, values in VALUES.items()}
 # The value types an override may read as each kind; its values are checked on the sample too.

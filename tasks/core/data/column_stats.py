@@ -5,7 +5,9 @@ the rows (batches, part files, pods) merge to those of one pass over all of them
 or the order of the pieces:
 - numbers: count, missing, the exact sum (`exact_sum`: float64 values as whole multiples of 2**-1126,
   summed as Python integers), minimum and maximum;
-- categories: counts by value and missing; see `CategoryStats` for the bound on distinct values;
+- categories: counts by value and missing; see `CategoryStats` for the bound on distinct values; and,
+  for the categorical and text kinds, the words of the values (`WordStats`): the rows holding each word,
+  bounded alike, and the sums of each bucket's count of a row's words and of its square;
 - booleans: true, false and missing;
 - dates: count, missing, the exact sum, earliest and latest instant (microseconds, UTC), and counts
   by month and by day of the week.
@@ -27,6 +29,7 @@ import pyarrow.compute as pc
 
 from tasks.core.data.column_kinds import month_of, weekday_of
 from tasks.core.data.kind_values import MISSING_INSTANT, category_indices
+from tasks.core.data.words import TEXT_BUCKETS, Occurrences
 
 # float64 is m * 2**e with m a 53-bit integer and e >= -1126 (the least subnormal is 2**-1074), so every
 # value times 2**SUM_SCALE_BITS is an integer.
@@ -220,29 +223,34 @@ class CategoryStats:
     other: int = 0
     missing: int = 0
     cap: int = COUNT_CAP
+    words: WordStats | None = None  # where counted: what a column of text is encoded by
 
     @classmethod
     def of(cls, text: pa.Array, cap: int = COUNT_CAP) -> CategoryStats:
         """Of text, or of a dictionary of distinct texts (`distinct_categories`)."""
-        if pa.types.is_dictionary(text.type):
-            at = category_indices(text)
-            counts = np.bincount(at[at >= 0], minlength=len(text.dictionary))
-            present = np.flatnonzero(counts)
-            values, counts = text.dictionary.take(present).to_pylist(), counts[present].tolist()
-            missing = int((at < 0).sum())
-        else:
-            counted = pc.value_counts(text.drop_null())
-            values, counts = counted.field("values").to_pylist(), counted.field("counts").to_pylist()
-            missing = text.null_count
-        kept, dropped = heavy_hitters(dict(zip(values, counts, strict=True)), cap)
-        return cls(kept, dropped, missing, cap)
+        return cls.counted(*value_counts(text), cap)
+
+    @classmethod
+    def with_words(cls, text: pa.Array, cap: int = COUNT_CAP) -> CategoryStats:
+        """`of`, and the words of the values (`WordStats`)."""
+        values, counts, missing = value_counts(text)
+        return cls.counted(values, counts, missing, cap, WordStats.of(values, counts, cap))
+
+    @classmethod
+    def counted(
+        cls, values: pa.Array, counts: np.ndarray, missing: int, cap: int, words: WordStats | None = None
+    ) -> CategoryStats:
+        kept, dropped = heavy_hitters(dict(zip(values.to_pylist(), counts.tolist(), strict=True)), cap)
+        return cls(kept, dropped, missing, cap, words)
 
     def merge(self, other: CategoryStats) -> CategoryStats:
         counts = dict(self.counts)
         for value, count in other.counts.items():
             counts[value] = counts.get(value, 0) + count
         kept, dropped = heavy_hitters(counts, self.cap)
-        return CategoryStats(kept, self.other + other.other + dropped, self.missing + other.missing, self.cap)
+        words = None if self.words is None else self.words.merge(other.words)
+        missing = self.missing + other.missing
+        return CategoryStats(kept, self.other + other.other + dropped, missing, self.cap, words)
 
     @property
     def count(self) -> int:
@@ -256,13 +264,97 @@ class CategoryStats:
     def overflowed(self) -> bool:
         return self.other > 0
 
+    @property
+    def long_tailed(self) -> bool:
+        """Whether most rows hold a value no other row holds, or one too rare to be counted."""
+        alone = sum(1 for count in self.counts.values() if count == 1)
+        return 2 * (alone + self.other) > self.count
+
     def most_frequent(self, limit: int) -> list[str]:
         """Up to `limit` values, the most frequent first; ties by value, so the choice is deterministic."""
         ranked = sorted(self.counts.items(), key=lambda item: (-item[1], item[0]))
         return [value for value, _ in ranked[:limit]]
 
     def to_dict(self) -> dict:
+        words = None if self.words is None else self.words.to_dict()
+        return {**asdict(self), "counts": dict(sorted(self.counts.items())), "words": words}
+
+    @classmethod
+    def from_dict(cls, saved: dict) -> CategoryStats:
+        words = saved.get("words")
+        return cls(**{**saved, "words": None if words is None else WordStats(**words)})
+
+
+def value_counts(text: pa.Array) -> tuple[pa.Array, np.ndarray, int]:
+    """The distinct values of text, or of a dictionary of distinct texts, their counts and the missing."""
+    if pa.types.is_dictionary(text.type):
+        at = category_indices(text)
+        counts = np.bincount(at[at >= 0], minlength=len(text.dictionary))
+        present = np.flatnonzero(counts)
+        return text.dictionary.take(present), counts[present], int((at < 0).sum())
+    counted = pc.value_counts(text.drop_null())
+    counts = counted.field("counts").to_numpy(zero_copy_only=False).astype(np.int64)
+    return counted.field("values"), counts, text.null_count
+
+
+@dataclass
+class WordStats:
+    """The words of a column's values (words.py): the rows holding each word, at most `cap` words, exact
+    while the rows hold no more and Misra and Gries' summary beyond, as `CategoryStats` counts values
+    (`other`: the word-rows no longer counted by word); and over the rows, for each of the buckets, the
+    sum of a row's count of words hashing to it, of its square, and its least and largest value. The
+    encoding keeps every counted word, so the sums are those of its features while no word was dropped."""
+
+    rows: int = 0  # values counted
+    counts: dict[str, int] = field(default_factory=dict)
+    other: int = 0
+    sums: list[int] = field(default_factory=lambda: [0] * TEXT_BUCKETS)
+    squares: list[int] = field(default_factory=lambda: [0] * TEXT_BUCKETS)
+    low: list[int] | None = None  # None: no row yet
+    high: list[int] | None = None
+    cap: int = COUNT_CAP
+
+    @classmethod
+    def of(cls, values: pa.Array, rows: np.ndarray, cap: int = COUNT_CAP) -> WordStats:
+        """Of distinct texts `values`, each held by `rows` rows."""
+        occurrences = Occurrences.of(values)
+        kept, dropped = heavy_hitters(occurrences.rows_by_word(rows), cap)
+        return cls(int(rows.sum()), kept, dropped, **occurrences.bucket_sums(rows, TEXT_BUCKETS), cap=cap)
+
+    def merge(self, other: WordStats) -> WordStats:
+        counts = dict(self.counts)
+        for word, count in other.counts.items():
+            counts[word] = counts.get(word, 0) + count
+        kept, dropped = heavy_hitters(counts, self.cap)
+        return WordStats(
+            self.rows + other.rows,
+            kept,
+            self.other + other.other + dropped,
+            [a + b for a, b in zip(self.sums, other.sums, strict=True)],
+            [a + b for a, b in zip(self.squares, other.squares, strict=True)],
+            each_of(min, self.low, other.low),
+            each_of(max, self.high, other.high),
+            self.cap,
+        )
+
+    @property
+    def recurring(self) -> bool:
+        """Whether most word-rows are of words held by more than one row but not by every row: words
+        that tell rows apart and recur in other rows."""
+        shared = sum(count for count in self.counts.values() if 2 <= count < self.rows)
+        return 2 * shared > sum(self.counts.values()) + self.other
+
+    def most_frequent(self) -> list[str]:
+        """Every counted word, the most frequent first; ties by word, so the order is deterministic."""
+        return [word for word, _ in sorted(self.counts.items(), key=lambda item: (-item[1], item[0]))]
+
+    def to_dict(self) -> dict:
         return {**asdict(self), "counts": dict(sorted(self.counts.items()))}
+
+
+def each_of(pick, a: list[int] | None, b: list[int] | None) -> list[int] | None:
+    """`pick` (min or max) of two lists place by place; either is None where it counted no row."""
+    return b if a is None else a if b is None else [pick(x, y) for x, y in zip(a, b, strict=True)]
 
 
 def heavy_hitters(counts: dict[str, int], cap: int) -> tuple[dict[str, int], int]:

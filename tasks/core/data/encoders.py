@@ -14,6 +14,7 @@ from tasks.core.data.column_kinds import MICROS_PER_DAY, month_of, weekday_of
 from tasks.core.data.column_stats import BooleanStats, CategoryStats, DateStats, NumberStats
 from tasks.core.data.kind_values import MISSING_INSTANT, category_indices
 from tasks.core.data.moments import FeatureMoments
+from tasks.core.data.words import bucket_counts
 
 
 @dataclass
@@ -111,7 +112,32 @@ class DateEncoding:
         write_scaled_block(self, micros, mean, scale, out)
 
 
-ColumnEncoder = NumberEncoding | CategoryEncoding | DateEncoding
+@dataclass
+class TextEncoding:
+    """Free text: for each of `buckets` buckets, the count of the value's words (words.py) whose bucket
+    `words` gives; a word the train rows did not hold counts nowhere. Then the missing indicator, if any."""
+
+    words: dict[str, int]  # each train word's bucket, the most frequent word first
+    buckets: int
+    indicator: bool
+
+    def names(self, name: str) -> list[str]:
+        return [f"{name}:words{bucket}" for bucket in range(self.buckets)] + missing_name(
+            name, self.indicator
+        )
+
+    def width(self) -> int:
+        return self.buckets + self.indicator
+
+    def write(self, text: pa.Array, out: np.ndarray) -> None:
+        out[:, : self.buckets] = bucket_counts(text, self.words, self.buckets)
+        write_indicator(out, text.is_null().to_numpy(zero_copy_only=False), self.indicator)
+
+    def write_scaled(self, text: pa.Array, mean: np.ndarray, scale: np.ndarray, out: np.ndarray) -> None:
+        write_scaled_block(self, text, mean, scale, out)
+
+
+ColumnEncoder = NumberEncoding | CategoryEncoding | DateEncoding | TextEncoding
 
 
 def missing_name(name: str, indicator: bool) -> list[str]:
@@ -125,7 +151,7 @@ def write_indicator(out: np.ndarray, missing: np.ndarray, indicator: bool) -> No
 
 
 def write_scaled_block(
-    encoder: NumberEncoding | DateEncoding,
+    encoder: NumberEncoding | DateEncoding | TextEncoding,
     values: np.ndarray,
     mean: np.ndarray,
     scale: np.ndarray,
@@ -174,3 +200,17 @@ def date_moments(encoder: DateEncoding, stats: DateStats) -> list[FeatureMoments
         FeatureMoments.of_counts(list(range(1, 13)), months.tolist()),
         FeatureMoments.of_counts(list(range(7)), weekdays.tolist()),
     ]
+
+
+def text_moments(encoder: TextEncoding, stats: CategoryStats) -> list[FeatureMoments]:
+    """The moments of each bucket's count, from the sums of the counts and of their squares (exact
+    integers, so each mean and M2 is rounded once); a missing value counts no word."""
+    words, rows = stats.words, stats.words.rows + stats.missing
+    mean = [total / rows for total in words.sums]
+    m2 = [
+        (rows * square - total * total) / rows
+        for total, square in zip(words.sums, words.squares, strict=True)
+    ]
+    low = np.minimum(words.low, 0) if stats.missing else np.asarray(words.low)
+    high = np.asarray(words.high, dtype=np.float64)
+    return [FeatureMoments(rows, np.array(mean), np.array(m2), low.astype(np.float64), high)]

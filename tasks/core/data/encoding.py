@@ -27,6 +27,12 @@ The rules:
   `name:weekday` (0 = Monday ... 6 = Sunday), as plain numbers; a missing date takes the midpoint of
   the train range, with `name<missing>`. All in UTC: a zoned timestamp is converted, a naive one or a
   date is taken as UTC.
+- Text: `name:words0` ... `name:words127`, each the count of the value's words (runs of ASCII letters
+  and digits, lowercased: words.py) that hash to that bucket, over every word the train rows held
+  (counted as categories are: exactly up to `COUNT_CAP` distinct words, Misra-Gries beyond); a word the
+  train rows did not hold counts nowhere, and a missing value counts none, with `name<missing>` where a train
+  value was missing. A text column proposed categorical is encoded as text where most train rows hold
+  a value no other row holds and most of their words recur in other rows (`text_where_words_recur`).
 - Left out, each with a note that names the column and why: all missing in the train rows; a category
   or date column constant (one value in every train row, none missing); identifier-like: a text or dictionary column proposed
   categorical (not marked so by the user) with a different value in each of at least
@@ -96,8 +102,9 @@ class EncodingStats:
     ) -> FittedEncoding:
         """The encoding these statistics give; a column left out gets a note instead."""
         columns, left_out = [], {}
-        for name, kind in self.kinds.items():
+        for name, proposed in self.kinds.items():
             stats = self.columns.get(name)  # none where dropped
+            kind = encoded_kind(proposed, stats, min_identifier_rows)
             reason = left_out_reason(kind, stats, min_identifier_rows)
             if reason:
                 left_out[name] = f"column {name!r} is left out of the features: {reason}"
@@ -145,6 +152,14 @@ def batch_stats(
             values = values.filter(pa.array(keep)) if isinstance(values, pa.Array) else values[keep]
         columns[name] = RECORDS[kind].stats_of(values, count_cap)
     return EncodingStats(kinds, columns)
+
+
+def encoded_kind(kind: ColumnKind, stats: ColumnStats | None, min_identifier_rows: int) -> ColumnKind:
+    """The kind the column is encoded as: the one proposed or declared, or the one its statistics show
+    it to be (`KindRecord.encoded_as`: free text proposed as a category)."""
+    if stats is None or not stats.count:
+        return kind
+    return ColumnKind(RECORDS[kind.kind].encoded_as(kind, stats, min_identifier_rows), kind.by_user)
 
 
 def left_out_reason(kind: ColumnKind, stats: ColumnStats | None, min_identifier_rows: int) -> str | None:

@@ -16,19 +16,33 @@ import numpy as np
 import pyarrow as pa
 
 from tasks.core.data.column_kinds import ColumnKind
-from tasks.core.data.column_stats import BooleanStats, CategoryStats, ColumnStats, DateStats, NumberStats
+from tasks.core.data.column_stats import (
+    BooleanStats,
+    CategoryStats,
+    ColumnStats,
+    DateStats,
+    NumberStats,
+    WordStats,
+)
 from tasks.core.data.encoders import (
     CategoryEncoding,
     ColumnEncoder,
     DateEncoding,
     NumberEncoding,
+    TextEncoding,
     boolean_moments,
     category_moments,
     date_moments,
     number_moments,
+    text_moments,
 )
-from tasks.core.data.kind_values import BOOLEAN, CATEGORICAL, DATE, NUMERIC, VALUES, KindValues
+from tasks.core.data.kind_values import BOOLEAN, CATEGORICAL, DATE, NUMERIC, TEXT, VALUES, KindValues
 from tasks.core.data.moments import FeatureMoments
+from tasks.core.data.words import buckets_of
+
+
+def its_own_kind(kind: ColumnKind, stats: ColumnStats, min_identifier_rows: int) -> str:
+    return kind.kind
 
 
 @dataclass(frozen=True)
@@ -44,6 +58,9 @@ class KindRecord:
     left_out: Callable[[ColumnKind, ColumnStats, int], str | None]
     coded: bool  # a standardised split stores its features as one column of codes (split_codes.py)
     deck_vocabulary: Callable[[ColumnEncoder], int | str]  # the data Deck's "vocabulary" cell
+    # The kind the column is encoded as, from its statistics: its own, or one that encodes its values
+    # better (text, for a proposed category of free text); the int: MIN_IDENTIFIER_ROWS.
+    encoded_as: Callable[[ColumnKind, ColumnStats, int], str] = its_own_kind
 
     @property
     def name(self) -> str:
@@ -64,6 +81,29 @@ def fit_category(stats: CategoryStats, vocabulary_cap: int) -> CategoryEncoding:
 
 def fit_date(stats: DateStats, vocabulary_cap: int) -> DateEncoding:
     return DateEncoding(stats.low, stats.low + (stats.high - stats.low) // 2, stats.missing > 0)
+
+
+def fit_text(stats: CategoryStats, vocabulary_cap: int) -> TextEncoding:
+    """Every word counted, so that the statistics' sums are those of the features; the vocabulary cap
+    is a category's."""
+    words, buckets = stats.words.most_frequent(), len(stats.words.sums)
+    table = dict(zip(words, buckets_of(words, buckets).tolist(), strict=True))
+    return TextEncoding(table, buckets, stats.missing > 0)
+
+
+def text_where_words_recur(kind: ColumnKind, stats: CategoryStats, min_identifier_rows: int) -> str:
+    """A proposed category is encoded as text where most train rows hold a value that no other row
+    holds (so one-hot columns would learn little of them, or it is left out as identifier-like) while
+    most of their words recur: names and free text. An identifier ('id-000123': 'id' in every row, the
+    number in one) stays a category. Not below `min_identifier_rows` rows, where values differ by chance."""
+    if kind.by_user or stats.words is None or stats.count < min_identifier_rows:
+        return kind.kind
+    return TEXT if stats.long_tailed and stats.words.recurring else kind.kind
+
+
+def empty_category_stats(count_cap: int) -> CategoryStats:
+    """No row yet, words counted: categories may turn out to be text, and text is counted by its words."""
+    return CategoryStats(cap=count_cap, words=WordStats(cap=count_cap))
 
 
 def kept(kind: ColumnKind, stats: ColumnStats, min_identifier_rows: int) -> None:
@@ -89,6 +129,16 @@ def constant_or_identifier(kind: ColumnKind, stats: CategoryStats, min_identifie
     return None
 
 
+def constant_or_wordless(kind: ColumnKind, stats: CategoryStats, min_identifier_rows: int) -> str | None:
+    if reason := constant(kind, stats, min_identifier_rows):
+        return reason
+    if stats.words.counts:
+        return None
+    if stats.words.other:
+        return f"it holds more than {stats.words.cap:,} distinct words, none frequent"
+    return "its values hold no word (a run of ASCII letters or digits)"
+
+
 def no_vocabulary(encoder: ColumnEncoder) -> str:
     return ""
 
@@ -111,14 +161,15 @@ RECORDS = {
         KindRecord(
             values=VALUES[CATEGORICAL],
             stats=CategoryStats,
-            stats_of=CategoryStats.of,
-            empty_stats=lambda count_cap: CategoryStats(cap=count_cap),
+            stats_of=CategoryStats.with_words,
+            empty_stats=empty_category_stats,
             encoder=CategoryEncoding,
             fit=fit_category,
             moments=category_moments,
             left_out=constant_or_identifier,
             coded=True,
             deck_vocabulary=lambda encoder: len(encoder.vocabulary),
+            encoded_as=text_where_words_recur,
         ),
         KindRecord(
             values=VALUES[BOOLEAN],
@@ -143,6 +194,18 @@ RECORDS = {
             left_out=constant,
             coded=False,
             deck_vocabulary=no_vocabulary,
+        ),
+        KindRecord(
+            values=VALUES[TEXT],
+            stats=CategoryStats,
+            stats_of=CategoryStats.with_words,
+            empty_stats=empty_category_stats,
+            encoder=TextEncoding,
+            fit=fit_text,
+            moments=text_moments,
+            left_out=constant_or_wordless,
+            coded=False,
+            deck_vocabulary=lambda encoder: len(encoder.words),
         ),
     )
 }

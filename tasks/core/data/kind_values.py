@@ -15,6 +15,7 @@ as `DatasetError`s with the source and row (column_kinds.Place), the MLflow load
 - date: int64 microseconds since 1970-01-01 UTC, `MISSING_INSTANT` where missing. A timestamp with a time
   zone is an instant (Arrow stores it in UTC); a naive timestamp or a date is taken as UTC; ISO text with
   a zone offset ('Z', '+02:00') is converted to UTC, and text without one is taken as UTC.
+- text: text, null where missing, from text columns alone (free text whose words the encoding counts).
 An empty string is missing in every kind (an empty CSV cell in a text column). A kind's `feed` turns
 those values into the exports' input, `[rows, 1]`: text ('' where missing) or float64 (NaN where missing;
 a date as seconds since 1970 UTC).
@@ -30,7 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-NUMERIC, CATEGORICAL, BOOLEAN, DATE = "numeric", "categorical", "boolean", "date"
+NUMERIC, CATEGORICAL, BOOLEAN, DATE, TEXT = "numeric", "categorical", "boolean", "date", "text"
 TEXT_BOOLEANS = ("false", "true", "0", "1", "no", "yes")  # a word's index modulo 2 is its truth
 # A zone offset after a time of day: '...12:00Z', '...12:00:00.5+02:00'; a date's '-01' is not one.
 ZONE_SUFFIX = r"(Z|\d\d:\d\d(:\d\d(\.\d*)?)?[+-]\d\d(:?\d\d)?)$"
@@ -57,6 +58,11 @@ def is_number(kind: pa.DataType) -> bool:
 
 def is_instant(kind: pa.DataType) -> bool:
     return pa.types.is_date(kind) or pa.types.is_timestamp(kind)
+
+
+def is_text_or_null(kind: pa.DataType) -> bool:
+    """What text may be read from: a column of free text has no other type."""
+    return is_text(kind) or pa.types.is_null(kind)
 
 
 def is_plain(kind: pa.DataType) -> bool:
@@ -206,6 +212,12 @@ class KindValues:
     distinct: Callable[[pa.DictionaryArray, Where], pa.DictionaryArray] | None = None
 
 
+def text_valued(kind: str) -> bool:
+    """Whether `kind` (or 'drop') reads its values as text: a CSV column declared so is read as the file
+    writes it ('00123' stays '00123')."""
+    return kind in VALUES and VALUES[kind].feed_type == "string"
+
+
 VALUES = {
     values.name: values
     for values in (
@@ -224,5 +236,6 @@ VALUES = {
             seconds_feed,
             "float64",
         ),
+        KindValues(TEXT, "text", is_text_or_null, as_categories, text_feed, "string"),
     )
 }

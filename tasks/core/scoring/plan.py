@@ -17,7 +17,6 @@ import pyarrow.parquet as pq
 
 from tasks.core.bundle.loading import Bundle, load_bundle
 from tasks.core.data.api import (
-    CATEGORICAL,
     VALUE_ADVICE,
     DatasetError,
     FittedEncoding,
@@ -25,6 +24,7 @@ from tasks.core.data.api import (
     filesystem_for,
     first_batch,
     is_local,
+    kind_values,
     open_dataset,
     remote_errors,
 )
@@ -283,12 +283,14 @@ def open_scoring_dataset(
     uri: str, model_columns: list[str], encoding: FittedEncoding | None = None
 ) -> ds.Dataset:
     """The table to score: the columns the model reads by training's rules, the others as they are (a
-    CSV's as text, so that an id or a zip code keeps every digit, as a CSV's category columns do; a
+    CSV's as text, so that an id or a zip code keeps every digit, as a CSV's category and text columns do; a
     parquet column's integer widths widened where parts differ)."""
     read = set(model_columns)
     if detect_format(uri) == "csv":
-        categories = [c.name for c in encoding.columns if c.kind == CATEGORICAL] if encoding else []
-        return open_dataset(uri, typed_columns=read, column_kinds=dict.fromkeys(categories, CATEGORICAL))
+        as_text = (
+            {c.name: c.kind for c in encoding.columns if kind_values.text_valued(c.kind)} if encoding else {}
+        )
+        return open_dataset(uri, typed_columns=read, column_kinds=as_text)
     return widened_passthrough(open_dataset(uri), uri, read)
 
 

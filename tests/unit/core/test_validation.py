@@ -236,7 +236,8 @@ def test_on_a_cluster_every_step_of_the_comparison_waits_for_its_prices_check():
     [
         ({}, []),
         ({"zip": "categorical", "notes": "drop", "age": "numeric", "ok": "boolean", "d": "date"}, []),
-        ({"zip": "text", "notes": "drop"}, ["zip"]),
+        ({"name": "text", "notes": "drop"}, []),
+        ({"zip": "words", "notes": "drop"}, ["zip"]),
         ({"a": "Categorical", "b": ""}, ["a", "b"]),
     ],
 )
@@ -246,7 +247,9 @@ def test_column_kinds_are_checked_before_the_data_is_read(column_kinds, refused)
     for problem in found:  # one message, naming every column at fault
         assert problem.startswith(f"input 'data.column_kinds' = {column_kinds!r}: ")
         assert all(f"{name!r}: {column_kinds[name]!r}" in problem for name in refused)
-        assert "not a kind; a column's kind is one of numeric, categorical, boolean, date, drop" in problem
+        assert (
+            "not a kind; a column's kind is one of numeric, categorical, boolean, date, text, drop" in problem
+        )
         assert json.dumps({"column_kinds": dict.fromkeys(refused, "categorical")}) in problem
 
 

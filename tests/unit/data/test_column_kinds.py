@@ -18,6 +18,7 @@ from tasks.core.data.assignment import SplitConfig
 from tasks.core.data.column_kinds import BOOLEAN, CATEGORICAL, DATE, DROP, NUMERIC, propose_kinds
 from tasks.core.data.encoding import batch_stats
 from tasks.core.data.files import DatasetError
+from tasks.core.data.kind_values import TEXT
 from tasks.core.data.prepare import prepare_dataset
 from tasks.core.data.reading import iter_batches, open_dataset
 from tests.conftest import blobs_frame
@@ -78,7 +79,8 @@ def test_a_type_no_kind_reads_is_refused_unless_dropped():
         (pa.array([0, 2]), BOOLEAN, ["'c'", "read as boolean", "2 at row 1"]),
         (pa.array(["yes", "maybe"]), BOOLEAN, ["'c'", "'maybe' at row 1"]),
         (pa.array([date(2024, 1, 1)]), NUMERIC, ["'c'", "date32", "cannot be read as numeric"]),
-        (pa.array(["a"]), "text", ["'c'", "'text'", "not a kind"]),
+        (pa.array(["a"]), "words", ["'c'", "'words'", "not a kind"]),
+        (pa.array([1, 2]), TEXT, ["'c'", "int64", "cannot be read as text"]),
     ],
 )
 def test_an_override_that_cannot_apply_names_the_column_and_value(values, kind, words):

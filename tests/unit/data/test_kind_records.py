@@ -17,7 +17,7 @@ def test_preprocessing_has_a_record_for_every_kind_read():
 
 # A column of each kind, as text with a gap: what every kind reads.
 SAMPLES = {"numeric": ["1", "0", None], "categorical": ["1", "0", None], "boolean": ["1", "0", None],
-           "date": ["2024-01-31", None, ""]}  # fmt: skip
+           "date": ["2024-01-31", None, ""], "text": ["a b", "", None]}  # fmt: skip
 
 
 def test_empty_statistics_merge_with_a_batch_s_to_the_batch_s():
@@ -35,7 +35,7 @@ def test_only_categories_are_read_as_dictionaries_and_stored_as_codes():
     assert not read_as_dictionary("drop")
 
 
-def test_the_deck_names_a_vocabulary_for_categories_only():
+def test_the_deck_names_a_vocabulary_for_categories_and_text_only():
     fitted = {
         kind: record.fit(record.stats_of(canonical(kind, pa.array(["1", "0"]), Place("c")), 10), 5)
         for kind, record in RECORDS.items()
@@ -45,5 +45,6 @@ def test_the_deck_names_a_vocabulary_for_categories_only():
         "numeric": "",
         "categorical": 2,
         "boolean": "",
+        "text": 2,
     }
     assert np.isclose(fitted["boolean"].fill, 0.5)

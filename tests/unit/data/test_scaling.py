@@ -115,11 +115,20 @@ def test_a_standardised_value_beyond_float32_names_the_column_and_row():
 
 def churn_table(rows: int) -> pa.Table:
     """The churn table (text with gaps and a long tail, numbers with gaps, a boolean with gaps, a
-    timestamp with gaps), a constant number with gaps and a boolean without any."""
+    timestamp with gaps), a constant number with gaps, a boolean without any and free text with gaps
+    (names mostly distinct whose words recur, taken for text)."""
     rng = np.random.default_rng(7)
     table = Churn(seed=7).chunk(rng, rows).drop_columns(["label"])
     constant = pa.array(np.where(rng.random(rows) < 0.1, np.nan, 3.25), from_pandas=True)
-    return table.append_column("fixed", constant).append_column("flag", pa.array(rng.random(rows) < 0.3))
+    words = rng.choice(["red", "green", "blue", "big", "small", "old"], size=(rows, 3))
+    names = [
+        f"{a} {b}-{c} {code}" for (a, b, c), code in zip(words, rng.integers(0, 10**6, rows), strict=True)
+    ]
+    return (
+        table.append_column("fixed", constant)
+        .append_column("flag", pa.array(rng.random(rows) < 0.3))
+        .append_column("note", pa.array(names, mask=rng.random(rows) < 0.1))
+    )
 
 
 @pytest.mark.parametrize("batches", [1, 7])
