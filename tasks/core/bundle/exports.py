@@ -73,12 +73,12 @@ def export_model(
     framework: str,
     scaler: ScalerStats,
     directory: str,
-    encoding: FittedEncoding | None = None,
+    encoding: FittedEncoding,
     *,
     description: ExportDescription | None = None,
 ) -> ExportResult:
     """Write the serving exports of `model` (a torch module in eval mode on CPU, or a Keras model)
-    into `directory`: taking "features" where `encoding` is the identity (or None), else the raw
+    into `directory`: taking "features" where `encoding` reads every column as it is, else the raw
     columns it reads, encoded in the graph. With `description`, each export also returns "label" and
     carries the description."""
     exporters = {"pytorch": export_torch, "tensorflow": export_keras}
@@ -87,15 +87,13 @@ def export_model(
     if encoded_columns(encoding):
         plan = ExportPlan(scaler, encoding=encoding, description=description)
     else:
-        fill = [column.encoder.fill for column in encoding.columns] if encoding else None
+        fill = [column.encoder.fill for column in encoding.columns]
         plan = ExportPlan(scaler, fill=fill, description=description)
     return exporters[framework](model, plan, directory)
 
 
-def encoded_columns(encoding: FittedEncoding | None) -> list[str]:
-    """The raw columns whose features are not the column's own numbers: categorical, boolean and date
-    columns, and numeric ones with a missing-value indicator. None for a numeric encoding without
+def encoded_columns(encoding: FittedEncoding) -> list[str]:
+    """The raw columns whose features are not the column's own numbers: categorical, boolean, date and
+    text columns, and numeric ones with a missing-value indicator. None for a numeric encoding without
     missing values, whose features are the raw columns it keeps, as the exports take them."""
-    if encoding is None:
-        return []
     return [column.name for column in encoding.columns if not read_as_is(column)]

@@ -43,7 +43,7 @@ from typing import Any
 
 from tasks.core.bundle.kind_exports import EXPORTS
 from tasks.core.bundle.raw_inputs import onnx_input_names, takes_features
-from tasks.core.data.api import NUMERIC, FittedEncoding, kind_values
+from tasks.core.data.api import FittedEncoding, kind_values
 
 MLFLOW_FOLDER = "mlflow"  # where a bundle keeps its MLflow model
 LOADER_MODULE = "mixedml_onnx_pyfunc"
@@ -93,10 +93,8 @@ def problem_type(manifest: dict[str, Any]) -> str:
 
 
 def input_columns(manifest: dict[str, Any]) -> list[dict[str, str]]:
-    """The raw columns in the order the export reads them, with their kinds: the encoding's, or the
-    numeric features of a bundle without one; and the ONNX input of a column not named as the column."""
-    if not manifest.get("encoding"):
-        return [{"name": name, "kind": NUMERIC} for name in manifest["feature_names"]]
+    """The raw columns in the order the export reads them, with their kinds (the encoding's), and the
+    ONNX input of a column not named as the column."""
     encoding = FittedEncoding.from_dict(manifest["encoding"])
     columns = [{"name": column.name, "kind": column.kind} for column in encoding.columns]
     if takes_features(encoding):

@@ -76,10 +76,10 @@ def read_as_is(column: ColumnEncoding) -> bool:
     return column.kind == NUMERIC and column.encoder.names(column.name) == [column.name]
 
 
-def takes_features(encoding: FittedEncoding | None) -> bool:
+def takes_features(encoding: FittedEncoding) -> bool:
     """Whether the exports of a bundle with `encoding` take one "features" input rather than the raw
-    columns: every column read as it is (or no encoding)."""
-    return encoding is None or all(read_as_is(column) for column in encoding.columns)
+    columns: every column read as it is."""
+    return all(read_as_is(column) for column in encoding.columns)
 
 
 def raw_feeds(table, encoding: FittedEncoding) -> dict[str, np.ndarray]:

@@ -16,6 +16,7 @@ from tasks.core.models.plugins import build, input_spec_for, mlp_spec
 from tasks.core.training.config import TrainConfig
 from tasks.core.training.records import Hardware, TrainingRun
 from tests.conftest import blobs_frame
+from tests.unit.bundle.encodings import numeric_encoding
 from tests.unit.publish.test_publish import CLASSES, FEATURES, no_exports
 
 WEIGHT_SCALE = 1e6  # logits of order 1e12 for standardised rows; beyond float32 for a row of 1e30
@@ -106,7 +107,9 @@ def test_the_exports_label_is_empty_where_the_outputs_are_not_finite(tmp_path, f
         model.set_weights([weights * WEIGHT_SCALE for weights in model.get_weights()])
     description = ExportDescription(FEATURES, "species", CLASSES, 2)
     scaler = ScalerStats([0.0] * 4, [1.0] * 4)
-    result = export_model(model, framework, scaler, str(tmp_path), description=description)
+    result = export_model(
+        model, framework, scaler, str(tmp_path), numeric_encoding(FEATURES), description=description
+    )
     assert "onnx" in result.files, result.notes
     rows = rows_with_huge_values([1, 3]).to_numpy(np.float32)
     session = onnxruntime.InferenceSession(str(tmp_path / result.files["onnx"]))

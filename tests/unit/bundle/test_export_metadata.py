@@ -26,6 +26,7 @@ from tasks.core.data.column_kinds import propose_kinds
 from tasks.core.data.encoding import FittedEncoding, batch_stats
 from tasks.core.data.scaling import ScalerStats
 from tasks.core.models.plugins import build, mlp_spec
+from tests.unit.bundle.encodings import numbered_encoding
 
 # Each test here writes a model export (torch.onnx, tf2onnx, a SavedModel): seconds, so not in make test-fast.
 pytestmark = pytest.mark.slow
@@ -216,7 +217,9 @@ def test_the_check_s_rows_hold_every_kind_of_value_and_a_gap_in_each_column():
 
 def test_an_onnx_file_that_disagrees_with_the_model_is_left_out_with_the_figure(tmp_path, monkeypatch):
     monkeypatch.setattr(export_parity, "PARITY_TOLERANCE", -1.0)  # any difference is too large
-    result = export_model(model_of("pytorch", N_FEATURES), "pytorch", SCALER, str(tmp_path))
+    result = export_model(
+        model_of("pytorch", N_FEATURES), "pytorch", SCALER, str(tmp_path), numbered_encoding(N_FEATURES)
+    )
     assert result.files == {} and result.checks == {}
     (note,) = result.notes
     assert note.startswith(f"onnx not exported: ValueError: onnxruntime {onnxruntime.__version__}'s answers")
@@ -226,7 +229,9 @@ def test_an_onnx_file_that_disagrees_with_the_model_is_left_out_with_the_figure(
 
 def test_without_onnxruntime_the_export_is_kept_and_the_check_says_it_did_not_run(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # importing it now fails
-    result = export_model(model_of("pytorch", N_FEATURES), "pytorch", SCALER, str(tmp_path))
+    result = export_model(
+        model_of("pytorch", N_FEATURES), "pytorch", SCALER, str(tmp_path), numbered_encoding(N_FEATURES)
+    )
     assert result.files == {"onnx": "model.onnx"} and result.notes == []
     assert result.checks == {"onnx": {"not_run": "onnxruntime is not installed where the bundle was written"}}
 

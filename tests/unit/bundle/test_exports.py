@@ -26,6 +26,7 @@ from tasks.core.data.column_kinds import NUMERIC, propose_kinds
 from tasks.core.data.encoding import FittedEncoding, batch_stats
 from tasks.core.data.scaling import ScalerStats
 from tasks.core.models.plugins import ModelSpec, build
+from tests.unit.bundle.encodings import numbered_encoding
 
 N_FEATURES, N_CLASSES = 64, 3
 RNG = np.random.default_rng(7)
@@ -51,7 +52,8 @@ def standardised(raw: np.ndarray) -> np.ndarray:
 
 
 def export(model, framework: str, directory, encoding: FittedEncoding | None = None) -> ExportResult:
-    return export_model(model, framework, SCALER, str(directory), encoding)
+    """The exports of `model`, taking "features" unless `encoding` reads raw columns."""
+    return export_model(model, framework, SCALER, str(directory), encoding or numbered_encoding(N_FEATURES))
 
 
 def onnx_outputs(path: str, raw: np.ndarray) -> dict[str, np.ndarray]:

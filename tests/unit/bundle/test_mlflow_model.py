@@ -26,6 +26,7 @@ from tasks.core.bundle.mlflow_model import (
     write_mlflow_model,
 )
 from tasks.core.bundle.raw_inputs import raw_feeds
+from tests.unit.bundle.encodings import numeric_encoding
 from tests.unit.bundle.test_raw_row_exports import CLASSES, COLUMNS, scoring_rows
 
 # Each test here writes a model export (torch.onnx, tf2onnx, a SavedModel): seconds, so not in make test-fast.
@@ -255,7 +256,7 @@ def test_an_export_of_numeric_features_gets_the_numbers_in_order_as_float32(tmp_
     bundle.mkdir()
     softmax_onnx(bundle / "model.onnx", 2)
     manifest = {"files": {"weights": "model.pt", "onnx": "model.onnx"}, "feature_names": ["b", "a"],
-                "class_labels": [0, 1], "label_kind": "integer", "encoding": {},
+                "class_labels": [0, 1], "label_kind": "integer", "encoding": numeric_encoding(["b", "a"], [0.5, -1.0]).to_dict(),
                 "scaler": {"mean": [0.5, -1.0], "scale": [1.0, 1.0]}}  # fmt: skip
     assert write_mlflow_model(str(bundle), str(tmp_path / "mlflow"), manifest) is None
     signature = yaml.safe_load((tmp_path / "mlflow" / "MLmodel").read_text())["signature"]

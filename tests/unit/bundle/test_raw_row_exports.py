@@ -37,6 +37,7 @@ from tasks.core.data.scaling import ScalerStats
 from tasks.core.models.plugins import build, input_spec_for, mlp_spec
 from tasks.core.training.config import TrainConfig
 from tasks.core.training.records import Hardware, TrainingRun
+from tests.unit.bundle.encodings import numeric_encoding
 
 # Each test here writes a model export (torch.onnx, tf2onnx, a SavedModel): seconds, so not in make test-fast.
 pytestmark = pytest.mark.slow
@@ -245,14 +246,6 @@ def test_the_onnx_and_tensorflow_encodings_give_the_bundle_s_features(indicators
         np.testing.assert_array_equal(encoded[:, ~days], expected[:, ~days])  # codes, months, weekdays
         # Days from float64 seconds rather than integer microseconds: equal to the last digits or so.
         np.testing.assert_allclose(encoded[:, days], expected[:, days], rtol=1e-13, atol=0)
-
-
-def numeric_encoding(names) -> FittedEncoding:
-    return FittedEncoding.from_dict({
-        "version": 1,
-        "left_out": {},
-        "columns": [{"name": name, "kind": "numeric", "fill": 0.0, "indicator": False} for name in names],
-    })  # fmt: skip
 
 
 def test_signature_names_are_the_columns_as_tensorflow_keeps_them():
