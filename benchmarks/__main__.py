@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks import loop_bench
+from benchmarks import loop_bench, tuning_bench
 from benchmarks.int8_bench import int8
 from benchmarks.measure import (
     REPO,
@@ -252,7 +252,17 @@ def main() -> None:
     parser.add_argument("--json", help="also write the figures to this file")
     parser.add_argument(
         "--only",
-        choices=["orchestration", "preprocess", "loops", "ddp", "scoring", "scale", "tables", "int8"],
+        choices=[
+            "orchestration",
+            "preprocess",
+            "loops",
+            "ddp",
+            "scoring",
+            "scale",
+            "tables",
+            "int8",
+            "tuning",
+        ],
         help="run one group",
     )
     parser.add_argument("--rows", type=int, help="rows of the orchestration table (default 1,000,000)")
@@ -300,6 +310,9 @@ def main() -> None:
                 sizes["table_preprocess_rows"],
             ),
             "int8": lambda: int8(work, args.smoke),
+            "tuning": lambda: tuning_bench.tuning(
+                work, tuning_bench.SMOKE if args.smoke else tuning_bench.FULL
+            ),
         }
         figures = []
         for name, run in groups.items():

@@ -10,7 +10,7 @@ and the rung promotions need, and launches at most `concurrency` runs at a time.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from flytekit import Cache, dynamic, task
 
@@ -19,8 +19,9 @@ from tasks.core.accelerators.rule import on_flyte_cluster
 from tasks.core.messages import raise_for
 from tasks.core.training.config import TrainConfig
 from tasks.core.tuning.checks import METRICS, default_metric, metric_problems, tuning_problems
+from tasks.core.tuning.rounds import record_rung, round_configs
 from tasks.core.tuning.rungs import Round, next_round, order_for, rung_budgets
-from tasks.core.tuning.space import apply_params, parse_space
+from tasks.core.tuning.space import parse_space
 from tasks.core.tuning.study import Study, TrialRecord, TuningSettings, finish
 from tasks.core.validation import batch_problems
 from tasks.hardware import CPU_RETRIES, LAUNCHER_RETRIES, ML_CPU_IMAGE, SMALL_CPU, guaranteed
@@ -34,7 +35,7 @@ from tasks.types import PreparedData, PreprocessPlan, ResourcePlan, TrainedModel
 log = logging.getLogger(__name__)
 # A trial's run is cached under this version and its inputs (the data, its config, the checkpoint it
 # resumes): a rerun of a study reuses its finished trials. Change it when training changes its results.
-TRIAL_CACHE = Cache(version="tuning-trial-1")
+TRIAL_CACHE = Cache(version="tuning-trial-2")
 
 
 @dataclass
@@ -127,23 +128,8 @@ def tuning_round(
 def round_jobs(
     state: TuningState, work: Round, base: TrainConfig, prepared: PreparedData, target: str
 ) -> list[tuple[int, TrainConfig]]:
-    """The round's (trial number, config) pairs; new trials are proposed and added to the study here."""
-    from tasks.core.tuning.sampler import as_params, propose
-
-    study = state.study
-    if work.new:
-        space = parse_space(study.settings.search_space, base)
-        proposals = propose(space, study.trials, study.direction, study.settings.seed, work.new)
-        first = len(study.trials)
-        study.trials += [TrialRecord(first + i, as_params(values)) for i, values in enumerate(proposals)]
-        numbers = list(range(first, first + work.new))
-    else:
-        numbers = work.promoted
-    budget, last = study.budgets[work.rung], study.budgets[-1]
-    jobs = [
-        (n, replace(apply_params(base, study.trial(n).values()), epochs=last, train_until_epoch=budget))
-        for n in numbers
-    ]
+    """The round's (trial number, config) pairs (`round_configs`), each checked before it trains."""
+    jobs = round_configs(state.study, work, base)
     for number, config in jobs:
         raise_for([f"trial {number}: {problem}" for problem in trial_problems(config, prepared, target)])
     return jobs
@@ -191,9 +177,8 @@ def record_round(
     std = prepared.table.target.std
     for number, run, plan in zip(numbers, trained, plans, strict=True):
         value = trial_metric(study.metric, run.artifact.download(), splits, run.run, std)
-        losses = [epoch.val_loss for epoch in run.run.history]
-        study.trial(number).add_rung(value, losses, run.run.train_seconds)  # this rung's seconds alone
-        log.info("trial %d: %s %.4f after %d epochs", number, study.metric, value, len(losses))
+        record_rung(study.trial(number), value, run.run)
+        log.info("trial %d: %s %.4f after %d epochs", number, study.metric, value, len(run.run.history))
         state.models = [m for m in state.models if m.number != number] + [TrialModel(number, run, plan)]
     return state
 

@@ -14,6 +14,9 @@ class EpochMetrics:
     train_accuracy: float
     val_loss: float
     val_accuracy: float
+    # The validation rows the epoch's val_ metrics were measured on (0: not recorded): how far the
+    # choice of epoch can trust them (`EpochChoice`).
+    val_rows: int = 0
 
 
 @dataclass

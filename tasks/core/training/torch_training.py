@@ -20,7 +20,7 @@ from tasks.core.training.checkpoint import TrainingCheckpoint
 from tasks.core.training.config import TrainConfig
 from tasks.core.training.preemption import PreemptionNotice
 from tasks.core.training.progress import log_epoch
-from tasks.core.training.rank_part import rank_part
+from tasks.core.training.rank_part import rank_part, row_groups
 from tasks.core.training.records import EpochMetrics
 from tasks.core.training.rows import TrainingRows, auto_placement
 from tasks.core.training.torch_ddp import (
@@ -60,6 +60,7 @@ def train(
     state = LoopState.start(config, ctx, model, training_rows, checkpoint, preemption)
     state.class_weights = loss_weights(config, splits, ctx)
     progress, eval_batch = state.progress, max(config.micro_batch_size(ctx.world_size), 1024)
+    val_rows = sum(rows for *_, rows in row_groups(splits.val)[1])  # the whole split's, every rank's part
     board = event_writer(log_dir) if log_dir and ctx.rank == 0 else None
 
     ctx.family.reset_peak_memory(ctx.device)
@@ -75,7 +76,7 @@ def train(
             state.ddp_model, training_rows.validation(eval_batch), ctx, state.dtype, state.class_weights
         )
         samples += seen
-        metrics = EpochMetrics(epoch + 1, train_loss, train_acc, val_loss, val_acc)
+        metrics = EpochMetrics(epoch + 1, train_loss, train_acc, val_loss, val_acc, val_rows)
         progress.finish_epoch(metrics)
         state.copy_if_best()
         state.reporter.epoch_end()

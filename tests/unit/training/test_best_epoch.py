@@ -106,7 +106,7 @@ def test_the_run_stops_early_and_hands_back_the_best_epochs_weights(blob_splits,
     assert [epoch.epoch for epoch in outcome.run.history] == [1, 2, 3, 4, 5, 6]
     assert (outcome.run.kept_epoch, outcome.run.kept_reason) == (
         3,
-        "best val_loss 0.5000 at epoch 3 of 6; "
+        "best val_loss 0.5000 at epoch 3 of 6, over 61 validation rows; "
         "early stopping after epoch 6 of 8: no better val_loss for 3 epochs",
     )
     three_epochs = train(TrainConfig(epochs=3, keep="last", **CONFIG), blob_splits)

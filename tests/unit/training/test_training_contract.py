@@ -76,7 +76,7 @@ def test_the_progress_record_survives_a_checkpoint_as_a_plain_dict():
     progress.history = [EpochMetrics(1, 0.9, 0.5, 1.0, 0.4), EpochMetrics(2, 0.5, 0.7, 0.6, 0.65)]
     saved = progress.to_dict()
     assert saved["history"][1] == {"epoch": 2, "train_loss": 0.5, "train_accuracy": 0.7, "val_loss": 0.6,
-                                   "val_accuracy": 0.65}  # fmt: skip
+                                   "val_accuracy": 0.65, "val_rows": 0}  # fmt: skip
     assert TrainingProgress.from_dict(saved) == progress
     progress.finish_epoch(EpochMetrics(3, 0.4, 0.8, 0.5, 0.7))
     assert (progress.epoch, progress.step, progress.history[-1].epoch) == (3, 0, 3)

@@ -1,0 +1,336 @@
+"""Tuning: a study's best trial against the default configuration and gradient boosting, and successive
+halving against every trial trained to the whole budget.
+
+`python -m benchmarks --only tuning` runs a study in this process, without Flyte, on the tables group's
+four tables (fewer rows) and two public tables that installed packages ship (nothing is downloaded):
+scikit-learn's breast cancer table, written as CSV, and vega's cars table (label `Origin`; its columns'
+kinds are inferred, as a user's run infers them: its `Name` column is text, whose words the pipeline
+reads and HistGradientBoosting cannot, so it reads the names as categories). The study is the tuning workflow's: its rounds
+(`rungs.next_round`), Optuna's seeded proposals and each trial's config (`tuning.rounds`), the trial's
+metric on the validation split (`scoring.trial_metric`); each trial is the torch loop in this process, a
+promoted trial resumed from its own checkpoint.
+
+Per table, on the split `prepare_dataset` made (seed 0): the test accuracy (a regression's test R²) of
+HistGradientBoosting on the same train rows, of the default `TrainConfig`, and of the study's best trial
+scored through its model bundle; then the same proposed trials each trained to the whole budget (the
+full-budget sweep): the trial-epochs and the measured training seconds of both, and the best trial's
+test score of each.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pcsv
+import pyarrow.parquet as pq
+
+from benchmarks import tables
+from benchmarks.measure import Figure
+from tasks.core.data.column_kinds import BOOLEAN, CATEGORICAL, DATE, NUMERIC
+from tasks.core.data.prepare import PreparedSplits, RowSplit, prepare_dataset
+from tasks.core.training.config import TrainConfig
+from tasks.core.training.records import TrainingRun
+from tasks.core.tuning.study import Study, TrialRecord, TuningSettings
+
+FULL = {"rows": 2_000, "trials": 16, "space": "", "default_epochs": TrainConfig.epochs}
+# A study of 3 trials over rungs of 1 and 3 epochs, batches that fit the smallest train split.
+SMOKE_SPACE = {"learning_rate": {"low": 1e-3, "high": 1e-2, "log": True}, "batch_size": {"choices": [32, 64]},
+               "width": {"choices": [16, 32]}, "epochs": {"low": 1, "high": 3}}  # fmt: skip
+SMOKE = {"rows": 600, "trials": 3, "space": json.dumps(SMOKE_SPACE), "default_epochs": 1}
+# HistGradientBoosting reads these kinds as they are; any other (free text) as categories of its most
+# frequent values, so a kind the pipeline learns to read needs no change here.
+HGB_KINDS = (NUMERIC, BOOLEAN, CATEGORICAL, DATE)
+# Each trial is priced alike, so the study's cost is its training seconds in a common unit.
+PRICE_PER_HOUR = 1.0
+GOAL_HGB, GOAL_EPOCHS, GOAL_SAME_BEST = 0.98, 0.5, 0.99
+
+
+def write_breast_cancer(path: str, rows: int = 0) -> str:
+    """scikit-learn's bundled breast cancer table as CSV (569 rows, 30 numbers), whatever `rows` asks."""
+    from sklearn.datasets import load_breast_cancer
+
+    bundled = load_breast_cancer(as_frame=True)
+    frame = bundled.frame.drop(columns="target")
+    frame[tables.LABEL] = np.asarray(bundled.target_names)[bundled.target]  # malignant or benign
+    pcsv.write_csv(pa.Table.from_pandas(frame, preserve_index=False), path)
+    return path
+
+
+def write_cars(path: str, rows: int = 0) -> str:
+    """vega's cars table as parquet (406 rows: the name, numbers with gaps, the model year as ISO text and
+    the origin), read from the installed package, whatever `rows` asks."""
+    raw = importlib.resources.files("vega_datasets") / "_data" / "cars.json"
+    pq.write_table(pa.Table.from_pylist(json.loads(raw.read_text())), path)
+    return path
+
+
+# name: (file, writer, label column)
+TABLES = {
+    **{name: (file, write, tables.LABEL) for name, (file, write) in tables.TABLES.items()},
+    **{name: (file, write, tables.LABEL) for name, (file, write) in tables.REGRESSION_TABLES.items()},
+    "breast_cancer": ("breast_cancer.csv", write_breast_cancer, tables.LABEL),
+    "cars": ("cars.parquet", write_cars, "Origin"),
+}
+
+
+@dataclass
+class Table:
+    name: str
+    data: str
+    label: str
+    prepared: PreparedSplits
+    folder: Path
+
+    @property
+    def regression(self) -> bool:
+        return self.prepared.table.target.regression
+
+    @property
+    def score_name(self) -> str:
+        return "test R²" if self.regression else "test accuracy"
+
+    def describe(self) -> str:
+        rows = self.prepared.table.rows
+        return (f"{self.name} ({Path(self.data).name}, {sum(rows.values()):,} rows: {rows['train']:,} train, "
+                f"{rows['val']:,} val, {rows['test']:,} test)")  # fmt: skip
+
+
+@dataclass
+class Sweep:
+    """Trials trained: their records (each run's metric as its last rung's), the best one's test score,
+    the trial-epochs and the training seconds."""
+
+    records: list[TrialRecord]
+    best: int
+    test_score: float
+
+    @property
+    def epochs(self) -> int:
+        return sum(record.epochs_trained for record in self.records)
+
+    @property
+    def seconds(self) -> float:
+        return sum(record.wall_seconds for record in self.records)
+
+
+def open_table(work: Path, name: str, rows: int) -> Table:
+    file, write, label = TABLES[name]
+    folder = work / f"tuning-{name}"
+    folder.mkdir()
+    data = write(str(folder / file), rows)
+    prepared = prepare_dataset(data, label, str(folder / "prepared"), tables.SPLIT)
+    return Table(name, data, label, prepared, folder)
+
+
+def test_score(table: Table, artifact: str, run: TrainingRun, name: str) -> float:
+    """The model at `artifact` scored through its bundle on the raw test split: accuracy, or R²."""
+    from sklearn.metrics import r2_score
+
+    from tasks.core.bundle.loading import load_bundle
+    from tasks.core.bundle.manifest import BundleRecord
+    from tasks.core.bundle.writing import write_bundle
+    from tasks.core.evaluation.metrics import classification_metrics
+    from tasks.core.training.records import Hardware
+
+    record = BundleRecord.of(table.prepared.table, run, Hardware("cpu", 1), data_fingerprint="")
+    bundle = load_bundle(write_bundle(str(table.folder / f"bundle-{name}"), artifact, record))
+    test = pq.read_table(table.prepared.paths["test"])
+    truth = test.column(table.label).to_numpy()
+    if table.regression:
+        return float(r2_score(truth, bundle.predict_numbers(test)))
+    labels = table.prepared.table.class_labels
+    return classification_metrics(truth, bundle.predict_codes(test), labels).accuracy
+
+
+def default_score(table: Table, epochs: int) -> float:
+    """The default configuration (as a user's first run trains it), scored on the test split."""
+    from tasks.core.training.torch_training import train
+
+    artifact = str(table.folder / "default.pt")
+    run = train(TrainConfig(epochs=epochs), table.prepared.split_paths(), artifact).run
+    return test_score(table, artifact, run, "default")
+
+
+def hgb_score(table: Table) -> float:
+    """HistGradientBoosting (native categories) on the same train rows, scored on the same test rows."""
+    from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
+
+    columns = {c.name: hgb_kind(c.kind) for c in table.prepared.table.fitted_encoding().columns}
+    train, targets = raw_train_rows(table)
+    vocabularies = tables.train_vocabularies(columns, train)
+    features, categorical = tables.hgb_features(columns, train, vocabularies)
+    kind = HistGradientBoostingRegressor if table.regression else HistGradientBoostingClassifier
+    model = kind(categorical_features=categorical, random_state=0).fit(features, targets)
+    test = pq.read_table(table.prepared.paths["test"])
+    test_features = tables.hgb_features(columns, test, vocabularies)[0]
+    return float(model.score(test_features, test.column(table.label).to_numpy()))
+
+
+def hgb_kind(kind: str) -> str:
+    return kind if kind in HGB_KINDS else CATEGORICAL
+
+
+def raw_train_rows(table: Table) -> tuple[pa.Table, np.ndarray]:
+    """`tables.train_rows` for any label column: the raw train rows and their codes (a regression's values)."""
+    import pyarrow.dataset as ds
+
+    from tasks.core.data.assignment import SPLITS
+    from tasks.core.data.labels import clean_labels, scan_labels
+    from tasks.core.data.reading import open_dataset
+
+    data, label, prepared = table.data, table.label, table.prepared
+    dataset = open_dataset(data, label)
+    from_csv = isinstance(dataset.format, ds.CsvFileFormat)
+    rows = RowSplit.of(clean_labels(scan_labels(dataset, data, label), data, label, from_csv), data, label,
+                       tables.SPLIT)  # fmt: skip
+    train = rows.assignment == SPLITS.index("train")
+    if train.sum() != prepared.table.rows["train"]:
+        raise AssertionError("the split made here is not the one preprocessing made")
+    return dataset.to_table(columns=prepared.table.columns).filter(pa.array(train)), rows.codes[train]
+
+
+def new_study(table: Table, base: TrainConfig, settings: TuningSettings) -> Study:
+    from tasks.core.tuning.checks import METRICS, default_metric
+    from tasks.core.tuning.rungs import rung_budgets
+    from tasks.core.tuning.space import parse_space
+
+    metric = settings.metric or default_metric(table.regression)
+    space = parse_space(settings.search_space, base)
+    budgets = rung_budgets(space.min_epochs, space.max_epochs, settings.reduction_factor)
+    return Study(settings, metric, METRICS[metric][1], budgets)
+
+
+def trained_trial(
+    table: Table, study: Study, record: TrialRecord, config: TrainConfig, folder: Path
+) -> TrainingRun:
+    """One run of a trial in this process, resumed from the checkpoint in `folder` where it stopped at an
+    earlier rung; its metric and seconds go into `record`."""
+    from tasks.core.training.checkpoint import TrainingCheckpoint
+    from tasks.core.training.torch_training import train
+    from tasks.core.tuning.rounds import record_rung
+    from tasks.core.tuning.scoring import trial_metric
+
+    record.hardware, record.price_per_hour = "cpu (this machine)", PRICE_PER_HOUR
+    folder.mkdir(exist_ok=True)
+    splits, artifact = table.prepared.split_paths(), str(folder / "model.pt")
+    checkpoint = TrainingCheckpoint(str(folder / "checkpoint")) if config.train_until_epoch else None
+    run = train(config, splits, artifact, checkpoint).run
+    record_rung(
+        record, trial_metric(study.metric, artifact, splits, run, table.prepared.table.target.std), run
+    )
+    return run
+
+
+def halving(table: Table, base: TrainConfig, settings: TuningSettings) -> tuple[Study, Sweep]:
+    """The study as the tuning workflow runs it, round after round, in this process."""
+    from tasks.core.tuning.rounds import round_configs
+    from tasks.core.tuning.rungs import next_round, order_for
+    from tasks.core.tuning.study import finish
+
+    study, runs = new_study(table, base, settings), {}
+    while (work := next_round(study)) is not None:
+        for number, config in round_configs(study, work, base):
+            runs[number] = trained_trial(
+                table, study, study.trial(number), config, table.folder / f"trial-{number}"
+            )
+    finish(study, order_for(study))
+    best = str(table.folder / f"trial-{study.best}" / "model.pt")
+    return study, Sweep(study.trials, study.best, test_score(table, best, runs[study.best], "tuned"))
+
+
+def full_budget(table: Table, base: TrainConfig, study: Study) -> Sweep:
+    """The study's trials, the same values, each trained to the whole budget in one run."""
+    from tasks.core.tuning.rungs import ranked
+    from tasks.core.tuning.space import apply_params
+
+    records, runs = [], {}
+    for trial in study.trials:
+        record = TrialRecord(trial.number, trial.params)
+        config = replace(apply_params(base, trial.values()), epochs=study.budgets[-1])
+        runs[record.number] = trained_trial(
+            table, study, record, config, table.folder / f"full-{record.number}"
+        )
+        records.append(record)
+    best = ranked(records, 0, study.direction)[0].number
+    artifact = str(table.folder / f"full-{best}" / "model.pt")
+    return Sweep(records, best, test_score(table, artifact, runs[best], "full-budget"))
+
+
+def verdict(met: bool) -> str:
+    return "met" if met else "missed"
+
+
+def table_figures(table: Table, hgb: float, default: float, tuned: Sweep, full: Sweep) -> list[Figure]:
+    """The table's figures, each goal marked met or missed."""
+    name, score = f"tuning: {table.name}", table.score_name
+    tuned_hgb, tuned_default = tuned.test_score / hgb, tuned.test_score / default
+    epochs, seconds = tuned.epochs / full.epochs, tuned.seconds / full.seconds
+    same_best = tuned.test_score / full.test_score
+    return [
+        Figure(f"{name} {score}, tuned (best trial {tuned.best}) vs HistGradientBoosting, same split",
+               tuned.test_score, hgb, "", f"ratio >= {GOAL_HGB}: {verdict(tuned_hgb >= GOAL_HGB)}"),
+        Figure(f"{name} {score}, tuned vs the default configuration", tuned.test_score, default, "",
+               f"ratio >= 1 (never below): {verdict(tuned_default >= 1)}"),
+        Figure(f"{name} trial-epochs, successive halving vs every trial to the full budget", tuned.epochs,
+               full.epochs, "epochs", f"ratio <= {GOAL_EPOCHS}: {verdict(epochs <= GOAL_EPOCHS)}"),
+        Figure(f"{name} training seconds (cost, measured), successive halving vs the full-budget sweep",
+               tuned.seconds, full.seconds, "s", f"ratio <= {GOAL_EPOCHS}: {verdict(seconds <= GOAL_EPOCHS)}"),
+        Figure(f"{name} {score} of the best trial, successive halving (trial {tuned.best}) vs the full-budget "
+               f"sweep (trial {full.best})", tuned.test_score, full.test_score, "",
+               f"ratio >= {GOAL_SAME_BEST} (the same best score): {verdict(same_best >= GOAL_SAME_BEST)}"),
+    ]  # fmt: skip
+
+
+def print_table(table: Table, study: Study, hgb: float, default: float, figures: list[Figure]) -> None:
+    """The table's block: the scores, then each comparison as a ratio with its goal."""
+    tuned, versus_default, epochs, seconds, same = figures
+    print(f"\n{table.describe()}: {table.score_name}; study of {len(study.trials)} trials, rungs at "
+          f"{study.budgets} epochs, ranked by {study.metric}\n"
+          "| figure | value | baseline | ratio | goal |\n|---|---|---|---|---|\n"
+          f"| HistGradientBoosting | {hgb:.3f} | | | |\n"
+          f"| default configuration | {default:.3f} | | | |\n"
+          f"| tuned vs HistGradientBoosting | {tuned.value:.3f} | {hgb:.3f} | {tuned.ratio:.3f} | {tuned.goal} |\n"
+          f"| tuned vs default | {tuned.value:.3f} | {default:.3f} | {versus_default.ratio:.3f} | "
+          f"{versus_default.goal} |\n"
+          f"| trial-epochs vs full budget | {epochs.value:.0f} | {epochs.baseline:.0f} | {epochs.ratio:.3f} | "
+          f"{epochs.goal} |\n"
+          f"| cost (training seconds) vs full budget | {seconds.value:.1f} | {seconds.baseline:.1f} | "
+          f"{seconds.ratio:.3f} | {seconds.goal} |\n"
+          f"| best score vs the full-budget sweep's | {same.value:.3f} | {same.baseline:.3f} | {same.ratio:.3f} | "
+          f"{same.goal} |", flush=True)  # fmt: skip
+
+
+def study_settings(sizes: dict) -> TuningSettings:
+    """The tuning workflow's defaults (reduction factor 3, seed 0, the metric for the problem type), at the
+    size's trials and search space."""
+    trials = sizes["trials"]
+    return TuningSettings(trials=trials, concurrency=min(4, trials), search_space=sizes["space"])
+
+
+def tuning_table(work: Path, name: str, sizes: dict) -> list[Figure]:
+    table, base, settings = open_table(work, name, sizes["rows"]), TrainConfig(), study_settings(sizes)
+    hgb, default = hgb_score(table), default_score(table, sizes["default_epochs"])
+    study, tuned = halving(table, base, settings)
+    full = full_budget(table, base, study)
+    figures = table_figures(table, hgb, default, tuned, full)
+    print_table(table, study, hgb, default, figures)
+    return figures
+
+
+def tuning(work: Path, sizes: dict, names: list[str] | None = None) -> list[Figure]:
+    """Every table's figures (or those of `names`). Training runs on one thread, as the tables group's."""
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with threadpool_limits(1):
+            return [figure for name in names or TABLES for figure in tuning_table(work, name, sizes)]
+    finally:
+        torch.set_num_threads(threads)

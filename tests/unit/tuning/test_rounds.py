@@ -1,0 +1,54 @@
+"""A round's work in plain Python: new trials proposed into the study with their configs, promoted trials
+with the same values and a later stop, and a trained rung recorded into its trial."""
+
+from __future__ import annotations
+
+import json
+
+from tasks.core.models.plugins import mlp_spec
+from tasks.core.training.config import TrainConfig
+from tasks.core.training.records import EpochMetrics, TrainingRun
+from tasks.core.tuning.rounds import record_rung, round_configs
+from tasks.core.tuning.rungs import Round
+from tasks.core.tuning.study import Study, TrialRecord, TuningSettings
+
+SPACE = {"learning_rate": {"low": 1e-3, "high": 1e-2, "log": True}, "width": {"choices": [16, 32]},
+         "epochs": {"low": 3, "high": 9}}  # fmt: skip
+BASE = TrainConfig(batch_size=16, model=mlp_spec([64, 64]))
+
+
+def study() -> Study:
+    settings = TuningSettings(trials=4, concurrency=2, search_space=json.dumps(SPACE))
+    return Study(settings, "val_loss", "minimize", [3, 9])
+
+
+def test_a_round_of_new_trials_proposes_them_into_the_study_each_stopping_at_the_rung():
+    s = study()
+    jobs = round_configs(s, Round(0, new=2), BASE)
+    assert [number for number, _ in jobs] == [0, 1] and [t.number for t in s.trials] == [0, 1]
+    for (_, config), record in zip(jobs, s.trials, strict=True):
+        values = record.values()
+        assert (config.epochs, config.train_until_epoch) == (9, 3)  # scheduled over the whole budget
+        assert config.learning_rate == values["learning_rate"] and config.batch_size == 16
+        assert config.model.options["hidden_sizes"] == f"{values['width']},{values['width']}"
+    again = round_configs(study(), Round(0, new=2), BASE)
+    assert [config for _, config in again] == [config for _, config in jobs]  # seeded: the same proposals
+
+
+def test_a_promoted_trial_keeps_its_values_and_stops_at_its_new_rung():
+    s = study()
+    (number, first), _ = round_configs(s, Round(0, new=2), BASE)
+    (promoted, config), = round_configs(s, Round(1, promoted=[number]), BASE)  # fmt: skip
+    assert promoted == number and len(s.trials) == 2
+    assert config.train_until_epoch == 9 and config.learning_rate == first.learning_rate
+
+
+def test_a_rung_records_its_metric_curve_and_seconds():
+    record = TrialRecord(0, {}, price_per_hour=3.6)
+    history = [EpochMetrics(epoch, 1.0, 0.5, 1.0 / epoch, 0.5, 40) for epoch in (1, 2, 3)]
+    run = TrainingRun("pytorch", "cpu", "cpu", 1, "none", "float32", "single-process", history, 1.0, 10.0,
+                      TrainConfig())  # fmt: skip
+    record_rung(record, 0.25, run)
+    assert record.rung_metrics == [0.25] and record.val_losses == [1.0, 0.5, 1.0 / 3]
+    assert (record.epochs_trained, record.wall_seconds) == (3, 10.0)
+    assert abs(record.cost_usd - 0.01) < 1e-12
