@@ -124,6 +124,7 @@ class Checkpointing(keras.callbacks.Callback):
         self.on_save, self.preemption = on_save, preemption
         self.progress = TrainingProgress()
         self.first_step = self.saved_step = 0
+        self.val_rows = 0  # the rows the validation metrics are measured on, as the epochs record them
         if self.directory:
             self.directory.mkdir(parents=True, exist_ok=True)
 
@@ -165,7 +166,9 @@ class Checkpointing(keras.callbacks.Callback):
         keys = ("loss", "accuracy", "val_loss", "val_accuracy")
         # A regression has no accuracy: 0, as the torch loop counts it.
         metrics = EpochMetrics(
-            epoch + 1, *(float(logs.get(key, 0.0 if "accuracy" in key else np.nan)) for key in keys)
+            epoch + 1,
+            *(float(logs.get(key, 0.0 if "accuracy" in key else np.nan)) for key in keys),
+            val_rows=self.val_rows,
         )
         self.progress.finish_epoch(metrics)
         if self.choice.keeps_copy(self.progress.history):

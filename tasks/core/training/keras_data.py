@@ -75,6 +75,7 @@ class KerasData:
     val_data: tf.data.Dataset
     steps: int
     batch: int
+    val_rows: int  # the rows the validation metrics are measured on
 
 
 def read_keras_data(splits: SplitPaths, config: TrainConfig, replicas: int, static_shapes: bool) -> KerasData:
@@ -97,7 +98,8 @@ def read_keras_data(splits: SplitPaths, config: TrainConfig, replicas: int, stat
     train_epoch = partial(batches, x, y, train_spec, class_weights=weights)
     val_spec = BatchSpec(batch, config.seed, shuffle=False, drop_remainder=static_shapes)
     val_data = batches(vx, vy, val_spec, class_weights=weights)
-    return KerasData(train_epoch, val_data, steps, batch)
+    val_rows = len(vy) // batch * batch if static_shapes else len(vy)
+    return KerasData(train_epoch, val_data, steps, batch, val_rows)
 
 
 def epoch_permutation(count: int, seed: int, epoch: int) -> tf.Tensor:

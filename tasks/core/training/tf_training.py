@@ -223,6 +223,7 @@ def train_keras(
         notice = notice_to_heed(options.preemption, kind)
         tracker = Checkpointing(options.checkpoint_dir, config.checkpoint_every_steps, data.steps,
                                 options.on_checkpoint, notice, EpochChoice.of(config), splits.regression)  # fmt: skip
+        tracker.val_rows = data.val_rows
         resumed_at = batches_done(tracker.restore(model), data.steps)
         start = time.perf_counter()
         clock = TrainClock()

@@ -7,6 +7,7 @@ import keras
 import numpy as np
 import pytest
 
+from tasks.core.data.splits import read_split
 from tasks.core.models.keras_models import load_keras_artifact
 from tasks.core.training import tf_training
 from tasks.core.training.config import TrainConfig
@@ -63,6 +64,9 @@ def test_keras_stops_early_and_hands_back_the_best_epochs_weights(blob_splits, t
     assert outcome.run.kept_reason.endswith(
         "early stopping after epoch 4 of 6: no better val_loss for 2 epochs"
     )
+    val_rows = len(read_split(blob_splits.val, blob_splits.feature_names, blob_splits.label_column)[1])
+    assert {epoch.val_rows for epoch in outcome.run.history} == {val_rows}  # what the choice trusts
+    assert f"at epoch 2 of 4, over {val_rows:,} validation rows;" in outcome.run.kept_reason
     assert_same(outcome.model.get_weights(), recorded.weights[2])
     assert_same(load_keras_artifact(artifact)[0].get_weights(), recorded.weights[2])
 
