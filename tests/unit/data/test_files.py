@@ -201,12 +201,13 @@ def opens_a_path(call: ast.AST, opened: set[str]) -> bool:
 def path_openings(path: Path) -> list[tuple[str, int]]:
     """(enclosing function, line) of each pyarrow call in `path` that opens a path itself."""
     functions = [node for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.FunctionDef)]
-    return [
-        (function.name, call.lineno)
-        for function in functions
-        for call in ast.walk(function)
-        if opens_a_path(call, opened_files(function))
-    ]
+    openings = []
+    for function in functions:
+        opened = opened_files(function)  # once per function, not per call in it
+        openings += [
+            (function.name, call.lineno) for call in ast.walk(function) if opens_a_path(call, opened)
+        ]
+    return openings
 
 
 def test_every_read_of_run_storage_goes_through_the_filesystem_helper():
