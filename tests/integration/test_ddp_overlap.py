@@ -61,6 +61,12 @@ def test_on_the_fast_path_the_first_bucket_is_all_reduced_before_the_backward_en
             assert events.index(("bucket", 0)) < events.index("backward end"), events
 
 
+def test_on_the_fast_path_the_steps_flags_ride_in_ddps_first_bucket(recorded):
+    for rank in (0, 1):
+        fast_steps = sum(step["fast"] for step in recorded[rank]["steps"])
+        assert recorded[rank]["flags_in_first_bucket"] == [True] * fast_steps
+
+
 def test_on_the_guarded_path_no_gradient_is_reduced_before_the_backward_ends(recorded):
     for rank in (0, 1):
         for step in recorded[rank]["steps"]:

@@ -9,40 +9,50 @@ from typing import Any
 
 def train_recording_overlap(config, splits) -> dict[str, Any]:
     """Train, recording per optimizer step its path and, in order, the events of its backward:
-    ("bucket", index) when DDP issues a bucket's all-reduce (the loop's communication hook), "reduce" when
-    the loop's own gradient average starts, "backward end" when the first layer's weight, the last
-    gradient of a backward, has been accumulated."""
+    ("bucket", index) when DDP issues a bucket's all-reduce (a communication hook that records, then
+    all-reduces as DDP's default one does), "reduce" when the loop's own gradient average starts,
+    "backward end" when the first layer's weight, the last gradient of a backward, has been
+    accumulated. Also returns whether the flags' parameter took part in the first bucket."""
     import torch
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-    from tasks.core.training import torch_loop, torch_training, votes
+    from tasks.core.training import torch_loop, torch_training
     from tests.workers.ddp_workers import train_and_report
 
     steps: list[dict[str, Any]] = []
+    first_buckets: list[bool] = []
     record = lambda event: steps[-1]["events"].append(event)  # noqa: E731
-    real_hook, real_build = votes.StepVotes.hook, torch_training.build
+    real_wrap, real_build = torch_loop.wrap_in_ddp, torch_training.build
     real_step, real_average = torch_training.LoopState.optimizer_step, torch_loop.average_gradients
 
-    def recording_hook(self, group, bucket):  # the loop's own communication hook, recorded
+    def recording_hook(carrier, group, bucket):
         record(("bucket", bucket.index()))
-        return real_hook(self, group, bucket)
+        if bucket.index() == 0:
+            first_buckets.append(any(p is carrier.flags for p in bucket.parameters()))
+        return allreduce_hook(group, bucket)
+
+    def wrap(carrier, device=None):
+        ddp = real_wrap(carrier, device)
+        ddp.register_comm_hook(None, lambda group, bucket: recording_hook(carrier, group, bucket))
+        return ddp
 
     def build(*args):
         model = real_build(*args)
         model[0].weight.register_post_accumulate_grad_hook(lambda _: record("backward end"))
         return model
 
-    def step(state, batch):
+    def step(state, *args):
         steps.append({"fast": state.on_fast_path(), "events": []})
-        return real_step(state, batch)
+        return real_step(state, *args)
 
     def average(*args):
         record("reduce")
         return real_average(*args)
 
-    votes.StepVotes.hook, torch_training.build = recording_hook, build
+    torch_loop.wrap_in_ddp, torch_training.build = wrap, build
     torch_training.LoopState.optimizer_step, torch_loop.average_gradients = step, average
     torch.set_num_threads(1)
-    return {**train_and_report(config, splits), "steps": steps}
+    return {**train_and_report(config, splits), "steps": steps, "flags_in_first_bucket": first_buckets}
 
 
 def train_with_oom_at_step(
@@ -62,13 +72,13 @@ def train_with_oom_at_step(
     fault: list[int | None] = [None]
     real_step, real_build = torch_training.LoopState.optimizer_step, torch_training.build
 
-    def step(state, batch):
+    def step(state, batch, *args):
         attempts.append((state.optimizer_steps, state.micro.size, state.on_fast_path()))
         chosen = (
             rank == failing_rank and state.optimizer_steps == failing_step and state.micro.size == configured
         )
         fault[0] = 1 if chosen else None
-        return real_step(state, batch)
+        return real_step(state, batch, *args)
 
     torch_training.LoopState.optimizer_step = step
     torch_training.build = build_faulting_when(real_build, fault)

@@ -34,7 +34,7 @@ class DistributedContext:
     device: torch.device
     backend: str
     # A gloo group of its own for the set-up vote (`agreed_set_up`): CPU objects, so it never waits
-    # on a CUDA stream. The steps' flags ride in the gradient all-reduces instead (`votes.StepVotes`).
+    # on a CUDA stream. The steps' flags ride in the gradient buckets instead (`votes.StepVotes`).
     vote_group: dist.ProcessGroup | None = None
 
     @property
@@ -103,7 +103,7 @@ def gather(value, ctx: DistributedContext, group: dist.ProcessGroup | None = Non
 def wrap_in_ddp(model: nn.Module, device: torch.device | None = None) -> DistributedDataParallel:
     """DDP for its start-up broadcast of parameters and buffers, its flat gradient buckets, and, on
     the fast path, its overlapped all-reduce of them in a synced backward; on the guarded path the
-    loop reduces the gradients itself (`LoopState.guarded_step`).
+    loop reduces the gradients itself, in place in those buckets (`votes.average_gradients`).
 
     Buckets are sized from the model's gradient (`ddp_bucket_cap_mb`). Forward syncs no buffers: a
     rank that ran out of memory leaves the step at another micro-batch than its peers, and a

@@ -4,22 +4,24 @@ rows, the votes every step takes part in, the guarded and fast paths, checkpoint
 # Under DDP a step runs on one of two paths (`LoopState.on_fast_path`). The fast path is DDP's own:
 # the step's last backward is synced, and DDP all-reduces each gradient bucket as soon as its
 # gradients are ready, overlapping the rest of the backward, the step's flags (`StepVotes`) riding in
-# the first bucket; the optimizer steps; the flags are read a step later. It cannot drop a step
-# that ran out of memory on one rank (its peers are inside DDP's all-reduces), so that rank fails
-# the attempt (`OutOfMemoryOnFastPath`). The guarded path, below, runs for the first GUARDED_STEPS
-# steps of every attempt, for GUARDED_STEPS steps after every out-of-memory halving, and, in an
-# attempt resumed from a checkpoint, until its first save: a retry replays guarded the steps in
-# which the last attempt ran out of memory. docs/reliability.md has the reasons and the bounds.
+# the first bucket as the gradient of a parameter of their own; the optimizer steps; the flags are
+# read a step later. It cannot drop a step that ran out of memory on one rank (its peers are inside
+# DDP's all-reduces), so that rank fails the attempt (`OutOfMemoryOnFastPath`). The guarded path,
+# below, runs for the first GUARDED_STEPS steps of every attempt, for GUARDED_STEPS steps after every
+# out-of-memory halving, and, in an attempt resumed from a checkpoint, until its first save: a retry
+# replays guarded the steps in which the last attempt ran out of memory. docs/reliability.md has the
+# reasons and the bounds.
 #
 # One optimizer step on the guarded path, in order (`LoopState.train_epoch`, the flags in
 # `tasks.core.training.votes`):
 #   1. the learning rate of the step, by the schedule;
 #   2. forward and backward over the step's batch in micro-batches, no gradient exchanged yet
 #      (`LoopState.accumulate_gradients`);
-#   3. the gradients averaged over the ranks (`average_gradients`), the step's flags in the first
-#      bucket: did any rank run out of memory in this step, was any one's loss not finite, has any
-#      had a preemption notice? A divergence raises `TrainingDiverged` on every rank; out of memory
-#      drops the step on every rank, which halve the micro-batch and retry it (`LoopState.step`);
+#   3. the gradients averaged over the ranks in DDP's buckets, in place (`average_gradients`), the
+#      step's flags among them: did any rank run out of memory in this step, was any one's loss not
+#      finite, has any had a preemption notice? A divergence raises `TrainingDiverged` on every rank;
+#      out of memory drops the step on every rank, which halve the micro-batch and retry it
+#      (`LoopState.step`);
 #   4. the optimizer step, gradients zeroed;
 #   5. on a preemption notice every rank saves and stops; else a checkpoint where one is due.
 # After each epoch's validation, rank 0 copies the weights aside if the epoch is the best so far, and
@@ -36,7 +38,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
 from tasks.core.models.plugins import TrainingDiverged
 from tasks.core.training.checkpoint import TrainingCheckpoint
@@ -49,12 +50,13 @@ from tasks.core.training.torch_step import (
     MicroBatch,
     OutOfMemoryOnFastPath,
     StepOutOfMemory,
+    StepSums,
     Totals,
     autocast_dtype,
     build_optimizer,
     mean_loss,
 )
-from tasks.core.training.votes import Divergence, StepVotes, average_gradients, staging_buffer
+from tasks.core.training.votes import Divergence, StepVotes, VoteCarrier, average_gradients
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +115,6 @@ class LoopState:
     # Each class's loss weight on the device (`config.class_weight`); None: every row weighs alike.
     class_weights: torch.Tensor | None = None
     where: tuple[int, int] = (0, 0)  # the epoch and step running, as the step's flags record them
-    staging: torch.Tensor | None = None  # the guarded path's gradient buffer (`staging_buffer`)
 
     @property
     def choice(self) -> EpochChoice:
@@ -123,7 +124,7 @@ class LoopState:
     def start(cls, config, ctx, model, training_rows, checkpoint, preemption) -> LoopState:
         """A fresh run of `model` on `training_rows`, resumed from `checkpoint`'s saved state, if any."""
         micro = config.micro_batch_size(ctx.world_size)
-        ddp_model = wrap_in_ddp(model, ctx.device) if ctx.is_distributed else model
+        ddp_model = wrap_in_ddp(VoteCarrier(model), ctx.device) if ctx.is_distributed else model
         optimizer = build_optimizer(model, config, ctx.device)
         dtype = autocast_dtype(ctx.device, config.precision)
         state = cls(
@@ -132,13 +133,10 @@ class LoopState:
             dtype=dtype,
             micro=MicroBatch(micro, minimum=min(micro, config.min_micro_batch_size)),
             training_rows=training_rows,
-            votes=StepVotes(preemption, ctx.world_size),
+            votes=StepVotes(preemption, ddp_model.module.flags if ctx.is_distributed else None),
             reporter=ProgressReporter(config.epochs, enabled=ctx.rank == 0),
             checkpoint=checkpoint,
         )  # fmt: skip
-        if ctx.is_distributed:
-            ddp_model.register_comm_hook(None, state.votes.hook)
-            state.staging = staging_buffer(model)
         if checkpoint is not None:
             saved = checkpoint.load()
             state.load_state_dict(saved)
@@ -165,14 +163,14 @@ class LoopState:
         per_step = config.micro_batch_size(ctx.world_size) * config.grad_accum_steps
         steps = config.steps_per_epoch(self.training_rows.train.rows, ctx.world_size)
         totals, self.carried = Totals(ctx.device, *self.carried), (0.0, 0)
-        mean_loss = lambda: totals.loss_sum.item() / (progress.step * per_step)  # noqa: E731
+        mean_loss = lambda: totals.read()[0] / (progress.step * per_step)  # noqa: E731
         # Closed on a stop or an error too, so that a background reader ends with the epoch.
         with closing(self.training_rows.epoch(config, epoch, progress.step, steps, per_step)) as batches:
             for step, batch in enumerate(batches, start=progress.step):
                 for group in self.optimizer.param_groups:
                     group["lr"] = config.learning_rate_at(epoch * steps + step, config.epochs * steps)
                 self.where = (epoch, step)
-                totals.add_totals(self.step(batch, step))
+                self.step(batch, step, totals)
                 progress.step, self.optimizer_steps = step + 1, self.optimizer_steps + 1
                 self.reporter.step(epoch, progress.step, steps, mean_loss)
                 self.after_step(totals, self.checkpoint is not None and self.checkpoint.due(progress.step))
@@ -192,58 +190,60 @@ class LoopState:
         if due:
             self.save(totals)
 
-    def step(self, batch: tuple[torch.Tensor, torch.Tensor], step: int) -> Totals:
-        """The optimizer step, retried with half the micro-batch on every rank while any runs out of memory."""
+    def step(self, batch: tuple[torch.Tensor, torch.Tensor], step: int, totals: Totals) -> None:
+        """The optimizer step, retried with half the micro-batch on every rank while any runs out of memory;
+        its loss and correct answers added to the epoch's `totals` once it has run."""
         while True:
             try:
-                return self.optimizer_step(batch)
+                return self.optimizer_step(batch, totals)
             except StepOutOfMemory as dropped:
                 self.micro.halve(dropped.error, step, len(batch[1]))
                 self.guarded_until = self.optimizer_steps + GUARDED_STEPS
 
-    def optimizer_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> Totals:
+    def optimizer_step(self, batch: tuple[torch.Tensor, torch.Tensor], totals: Totals) -> None:
         """One optimizer step over `batch` (x, y) in micro-batches of `micro.size`, on the fast path
-        or the guarded one; returns its loss and accuracy sums as device tensors (no host sync per step)."""
+        or the guarded one; its sums stay on the device (no host sync per step)."""
         if self.on_fast_path():
-            return self.synced_step(batch)
-        return self.guarded_step(batch)
+            return self.synced_step(batch, totals)
+        return self.guarded_step(batch, totals)
 
-    def synced_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> Totals:
-        """The fast path: DDP averages the gradients during the step's last backward, and no vote
-        waits before the optimizer steps. An out-of-memory error here fails this rank's attempt."""
-        totals = Totals(self.ctx.device)
+    def synced_step(self, batch: tuple[torch.Tensor, torch.Tensor], totals: Totals) -> None:
+        """The fast path: DDP averages the gradients, and the step's flags, during the step's last
+        backward, and no vote waits before the optimizer steps. An out-of-memory error here fails
+        this rank's attempt."""
+        sums = StepSums()
         try:
-            self.accumulate_gradients(batch, self.micro.size, totals)
+            self.accumulate_gradients(batch, self.micro.size, sums)
         except torch.OutOfMemoryError as caught:
             error = caught.with_traceback(None)  # its frames hold the attempt's activations
             raise OutOfMemoryOnFastPath(self.optimizer_steps, self.micro.size) from error
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.zero_gradients()
-        self.raise_if_diverged(self.votes.advance())
-        return totals
+        totals.add_step(sums, len(batch[1]))
+        self.raise_if_diverged(self.votes.synced(*self.where, sums.loss))
 
-    def guarded_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> Totals:
+    def guarded_step(self, batch: tuple[torch.Tensor, torch.Tensor], totals: Totals) -> None:
         """The guarded path: the step's gradients summed on each rank with no communication, then
         averaged over the ranks with the step's flags.
 
         Every rank learns whether any of them ran out of memory in this step (and, from the same
         all-reduce, whether any one's loss was not finite). If one did, every rank drops the step
         (gradients zeroed) and raises `StepOutOfMemory`, so that all retry it together; otherwise the
-        optimizer steps. Alone, a rank drops the step on its own error and reads its flags a step late.
+        optimizer steps. Alone, a rank drops the step on its own error and reads its loss a step late.
         """
-        totals, error = Totals(self.ctx.device), None
+        sums, error = StepSums(), None
         try:
-            self.accumulate_gradients(batch, self.micro.size, totals)
+            self.accumulate_gradients(batch, self.micro.size, sums)
         except torch.OutOfMemoryError as caught:
             # Kept without its traceback, whose frames hold the failed attempt's activations.
             error = caught.with_traceback(None)
-        flagged, flags = self.votes.flags(*self.where, totals.loss_sum, len(batch[1]), error is not None)
         if self.ctx.is_distributed:
-            summed = average_gradients(self.ddp_model, self.ctx.world_size, flags, self.staging)
-            out_of_memory, diverged = self.votes.decide_now(flagged, summed)
+            self.votes.ride(sums.loss, error is not None)
+            average_gradients(self.ddp_model, self.ctx.world_size)
+            out_of_memory, diverged = self.votes.decide_now(*self.where, sums.loss)
         else:
-            out_of_memory, diverged = error is not None, self.votes.pend(flagged, flags)
+            out_of_memory, diverged = error is not None, self.votes.pend(*self.where, sums.loss)
         self.raise_if_diverged(diverged)
         if out_of_memory:
             self.zero_gradients()
@@ -252,41 +252,44 @@ class LoopState:
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.zero_gradients()
-        return totals
+        totals.add_step(sums, len(batch[1]))
 
     def accumulate_gradients(
-        self, batch: tuple[torch.Tensor, torch.Tensor], micro: int, totals: Totals
+        self, batch: tuple[torch.Tensor, torch.Tensor], micro: int, sums: StepSums
     ) -> None:
         """Forward and backward over `batch` (x, y) in micro-batches of `micro`, gradients summed on
-        this rank, losses and correct answers added to `totals` (those of the micro-batches done,
-        where one runs out of memory).
+        this rank, the step's loss and correct answers added up in `sums` (those of the micro-batches
+        done, where one runs out of memory).
 
         Under DDP on the guarded path no backward communicates (`no_sync`): a rank that runs out of
         memory mid-step would leave the bucket all-reduces it had started unmatched on its peers. On
         the fast path the last micro-batch's backward is synced: DDP all-reduces the summed gradients
-        bucket by bucket as the backward produces them, the step's flags armed for the first bucket.
+        bucket by bucket as the backward produces them, the step's flags a root of that backward.
         """
-        model, dtype = self.ddp_model, self.dtype
-        chunks = list(zip(*(column.split(micro) for column in batch), strict=True))
-        # Per-step Python and small-op overhead shows on fast devices: no autocast context or loss
-        # rescaling unless they do something.
+        model, dtype, rows = self.ddp_model, self.dtype, len(batch[1])
+        # Per-step Python and small-op overhead shows on fast devices: no split, autocast context or
+        # loss rescaling unless they do something.
+        chunks = (
+            [batch] if rows <= micro else list(zip(*(column.split(micro) for column in batch), strict=True))
+        )
         autocast = torch.autocast(self.ctx.device.type, dtype=dtype) if dtype is not None else nullcontext()
-        ddp = isinstance(model, DistributedDataParallel)
-        last_synced = ddp and self.on_fast_path()
+        last_synced = self.on_fast_path()
         for index, (x, y) in enumerate(chunks):
             synced = last_synced and index == len(chunks) - 1
-            with model.no_sync() if ddp and not synced else nullcontext():
+            with model.no_sync() if self.ctx.is_distributed and not synced else nullcontext():
                 with autocast:
                     logits = model(x)
                     loss = mean_loss(logits.float(), y, self.class_weights)
-                share = loss if len(chunks) == 1 else loss * (len(y) / len(batch[1]))
-                totals.add(loss.detach() * len(y), logits, y)
+                share = loss if len(chunks) == 1 else loss * (len(y) / rows)
+                sums.add(share, logits, y)
                 if synced:
-                    self.votes.arm(*self.where, totals.loss_sum, len(batch[1]))
-                self.scaler.scale(share).backward()
+                    torch.autograd.backward(*self.votes.roots(self.scaler.scale(share), sums.loss))
+                else:
+                    self.scaler.scale(share).backward()
 
     def zero_gradients(self) -> None:
-        # Under DDP the gradients are views of its buckets: zeroed in place, never freed (`wrap_in_ddp`).
+        # Under DDP the gradients are views of its buckets: zeroed in place, never freed (`wrap_in_ddp`);
+        # the flags' gradient is zeroed where it is read (`StepVotes`).
         self.optimizer.zero_grad(set_to_none=not self.ctx.is_distributed)
 
     def check_last_loss(self) -> None:
@@ -320,9 +323,7 @@ class LoopState:
     def state_dict(self, totals: Totals | None = None) -> dict | None:
         """Collective: every rank contributes its RNG state and running sums; rank 0 gets the state."""
         ctx, progress = self.ctx, self.progress
-        loss_sum, correct = (
-            (totals.loss_sum.item(), totals.correct.item()) if totals is not None else (0.0, 0)
-        )
+        loss_sum, correct = totals.read() if totals is not None else (0.0, 0)
         ranks = gather({**rng_state(ctx), "loss_sum": loss_sum, "correct": correct}, ctx)
         if ctx.rank != 0:
             return None

@@ -89,17 +89,26 @@ class StepOutOfMemory(Exception):
         self.error = error
 
 
+# Micro-batches whose right answers `Totals` holds before counting them: a step then launches no
+# kernel of its own for the count, and what waits is at most FLUSH_STEPS micro-batches' booleans.
+FLUSH_STEPS = 64
+
+
 class Totals:
     """A running loss sum and count of correct predictions, kept on the device.
 
     float32 stops counting at 2**24 rows (2**24 + 1 rounds to 2**24), so the count is int64 and the
-    loss sum float64. Adding never syncs with the host; `all_reduced` reads both back at once.
+    loss sum float64. Adding never syncs with the host; `all_reduced` and `read` read both back at
+    once. The loss sum takes each step as it comes, in order, so that a run resumed from a save in
+    mid-epoch adds up to the uninterrupted run's sum bit for bit; the count, exact in any order,
+    counts FLUSH_STEPS micro-batches' answers at a time.
     """
 
     def __init__(self, device: torch.device, loss_sum: float = 0.0, correct: int = 0):
         # `full`, not `tensor`: a fill on the device rather than a copy from the host.
         self.loss_sum = torch.full((), loss_sum, dtype=torch.float64, device=device)
         self.correct = torch.full((), correct, dtype=torch.int64, device=device)
+        self.hits: list[torch.Tensor] = []  # micro-batches' right answers (booleans), not yet counted
 
     def add(self, loss_sum: torch.Tensor, logits: torch.Tensor, y: torch.Tensor) -> None:
         """Add a batch: its summed loss, and its predictions checked against the labels `y`."""
@@ -107,12 +116,28 @@ class Totals:
         if not y.is_floating_point():  # a regression has no correct answers to count
             self.correct += (logits.argmax(1) == y).sum()
 
-    def add_totals(self, other: Totals) -> None:
-        self.loss_sum += other.loss_sum
-        self.correct += other.correct
+    def add_step(self, sums: StepSums, rows: int) -> None:
+        """Add an optimizer step of `rows` rows that ran to the end (`StepSums`)."""
+        self.loss_sum.add_(sums.loss, alpha=rows)
+        self.hits += sums.hits
+        if len(self.hits) >= FLUSH_STEPS:
+            self.flush()
+
+    def flush(self) -> None:
+        """The answers waiting, counted: two kernels for FLUSH_STEPS micro-batches."""
+        if self.hits:
+            self.correct += torch.cat(self.hits).sum()
+            self.hits = []
+
+    def read(self) -> tuple[float, int]:
+        """(loss sum, correct) on this rank, on the host."""
+        self.flush()
+        loss_sum, correct = torch.stack([self.loss_sum, self.correct.double()]).tolist()
+        return loss_sum, int(correct)
 
     def all_reduced(self, n_rows: int, ctx: DistributedContext) -> tuple[float, float, int]:
         """(loss sum, correct, rows) over all ranks: one all-reduce, one transfer to the host."""
+        self.flush()
         # float64 holds integers exactly up to 2**53, so the counts survive the conversion.
         rows_here = torch.full((), n_rows, dtype=torch.float64, device=self.loss_sum.device)
         sums = torch.stack([self.loss_sum, self.correct.double(), rows_here])
@@ -120,6 +145,25 @@ class Totals:
             dist.all_reduce(sums)
         loss_sum, correct, seen = sums.tolist()
         return loss_sum, correct, int(seen)
+
+
+class StepSums:
+    """One optimizer step's sums on this rank, as its micro-batches run: its mean loss (their shares
+    of it added up, a device scalar; None before the first) and each micro-batch's right answers.
+    `Totals.add_step` takes them once the step has run to the end, so a dropped step adds nothing."""
+
+    __slots__ = ("loss", "hits")
+
+    def __init__(self):
+        self.loss: torch.Tensor | None = None
+        self.hits: list[torch.Tensor] = []
+
+    def add(self, share: torch.Tensor, logits: torch.Tensor, y: torch.Tensor) -> None:
+        """A micro-batch: its `share` of the step's mean loss, and its predictions checked against `y`."""
+        share = share.detach()
+        self.loss = share if self.loss is None else self.loss + share
+        if not y.is_floating_point():  # a regression has no correct answers to count
+            self.hits.append(logits.argmax(1) == y)
 
 
 def loss_weights(config: TrainConfig, splits: SplitPaths, ctx: DistributedContext) -> torch.Tensor | None:

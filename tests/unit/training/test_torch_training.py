@@ -8,7 +8,7 @@ from tasks.core.models.torch_models import load_torch_artifact
 from tasks.core.training import torch_training
 from tasks.core.training.config import TrainConfig
 from tasks.core.training.torch_ddp import DistributedContext
-from tasks.core.training.torch_step import Totals, autocast_dtype, build_optimizer, evaluate_shard
+from tasks.core.training.torch_step import StepSums, Totals, autocast_dtype, build_optimizer, evaluate_shard
 from tasks.core.training.torch_training import train
 
 pytestmark = pytest.mark.usefixtures("single_process")
@@ -113,10 +113,12 @@ def test_adamw_is_not_fused_on_cpu():
 
 def test_totals_count_exactly_past_what_float32_can():
     assert torch.tensor(2.0**24) + 1 == 2.0**24  # what a float32 counter would do
-    totals = Totals(torch.device("cpu"), loss_sum=2.0**24, correct=2**24)
+    totals = Totals(torch.device("cpu"), loss_sum=2.0**25, correct=2**25)
     logits, labels = torch.tensor([[0.0, 1.0], [1.0, 0.0]]), torch.tensor([1, 1])  # one right, one wrong
-    totals.add(torch.tensor(0.25), logits, labels)
-    totals.add_totals(totals)
+    step = StepSums()
+    step.add(torch.tensor(0.125), logits, labels)  # the step's mean loss over its 2 rows
+    totals.add_step(step, rows=2)
+    totals.add(torch.tensor(0.25), logits, labels)  # an evaluation batch's summed loss
     single = DistributedContext(rank=0, world_size=1, device=torch.device("cpu"), backend="none")
     assert totals.all_reduced(n_rows=2**25 + 3, ctx=single) == (2.0**25 + 0.5, 2**25 + 2, 2**25 + 3)
 
