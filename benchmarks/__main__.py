@@ -46,6 +46,8 @@ FULL = {
     "epochs": 1,
     "pipeline_rounds": 3,
     "loop_rounds": 5,
+    "ddp_rows": None,  # loop_bench's own per model: enough steps and rounds that two runs agree
+    "ddp_rounds": None,
     "scoring_rows": (1_000_000, 10_000_000),
     "scoring_rounds": 5,
     "scale_rows": (1_000_000, 8_000_000),
@@ -60,6 +62,8 @@ SMOKE = {
     "epochs": 1,
     "pipeline_rounds": 1,
     "loop_rounds": 1,
+    "ddp_rows": 4_000,
+    "ddp_rounds": 1,
     "scoring_rows": (4_000, 40_000),
     "scoring_rounds": 1,
     "scale_rows": (4_000, 32_000),
@@ -299,7 +303,7 @@ def main() -> None:
             "preprocess": lambda: preprocessing(work, sizes["preprocess_rows"]),
             "loops": lambda: training_loops(work, sizes["loop_rows"], sizes["epochs"], sizes["loop_rounds"]),
             "ddp": lambda: loop_bench.ddp_figures(
-                work, max(sizes["loop_rows"] // 25, 1_024), sizes["epochs"], sizes["loop_rounds"]
+                work, sizes["ddp_rows"], sizes["epochs"], sizes["ddp_rounds"]
             ),
             "scoring": lambda: scoring(work, sizes["scoring_rows"], sizes["scoring_rounds"]),
             "scale": lambda: scale(work, sizes["scale_rows"]),
