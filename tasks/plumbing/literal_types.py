@@ -22,7 +22,7 @@ from flytekit.models.literals import Literal
 from flytekit.models.types import LiteralType
 from google.protobuf import json_format
 
-from tasks.core.data.config import DataConfig, parse_data
+from tasks.core.data.config import DataConfig, decoded_data
 from tasks.core.evaluation.compare import HardwareComparison, RunSummary
 from tasks.core.messages import raise_for
 from tasks.core.planning.planner import PreprocessPlan
@@ -32,7 +32,7 @@ from tasks.core.training.config import TrainConfig, hyperparameter_problems, par
 # The dataclasses nested in these are built with them.
 CORE_BOUNDARY_TYPES = (TrainConfig, DataConfig, PreprocessPlan, RunSummary, HardwareComparison)
 # The inputs a user types, decoded strictly by their own parsers (flytekit's decoding drops unknown keys).
-STRICT_PARSERS = {TrainConfig: parse_hyperparameters, DataConfig: parse_data}
+STRICT_PARSERS = {TrainConfig: parse_hyperparameters, DataConfig: decoded_data}
 
 
 class LiteralTypeOnce(DataclassTransformer):

@@ -171,8 +171,8 @@ WORKFLOW_CASES = {
         ["model 'tests.unit.models.test_builders:wrong_logits' gave logits of shape [4, 0], expected [4, 3]"],
     ),
     "validation: an unknown column kind": (
-        lambda t: write(t, "d.parquet"), {"data": {"column_kinds": {"f0": "text"}}},
-        ["input 'data.column_kinds' = {'f0': 'text'}: 'f0': 'text': not a kind; a column's kind is one of "
+        lambda t: write(t, "d.parquet"), {"data": {"column_kinds": {"f0": "words"}}},
+        ["input 'data.column_kinds' = {'f0': 'words'}: 'f0': 'words': not a kind; a column's kind is one of "
          "numeric, categorical, boolean, date, text, drop", """--data '{"column_kinds": {"f0": "categorical"}}'"""],
     ),
     "validation: a split by the label column": (

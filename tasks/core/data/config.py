@@ -84,12 +84,14 @@ def json_form(raw: Mapping) -> dict:
     return {**defaults, **raw, "split": {**defaults["split"], **raw.get("split", {})}}
 
 
-def input_problems(fields: Mapping, path: str = "data") -> list[str]:
+def input_problems(
+    fields: Mapping, path: str = "data", rules: tuple[InputRule, ...] = DATA_RULES
+) -> list[str]:
     """Every broken rule as the message a user reads: the input, its value, the rule and the fix."""
     return [
         f"input '{path}.{name}' = {value_at(fields, name)!r}: {problem}; "
         f"pass e.g. --{path} '{json.dumps(at_path(name, rule.fix(fields)))}'"
-        for rule in DATA_RULES
+        for rule in rules
         for name, problem in broken([rule], fields).items()
     ]
 
@@ -100,4 +102,14 @@ def parse_data(raw: object, path: str = "data") -> DataConfig:
     built from a bad value)."""
     raise_for(shape_problems(raw, DataConfig, path, {DataConfig: EXAMPLE}))
     raise_for(input_problems(json_form(raw), path))
+    return instantiate(DataConfig, raw)
+
+
+def decoded_data(raw: object, path: str = "data") -> DataConfig:
+    """The config as a task decodes it from a literal: strictly in its shape and by every rule but the
+    label column's, which reads the dataset, and a schedule's run fills that in a task later
+    (`data_partition`); the run checks the label column once its dataset is known."""
+    raise_for(shape_problems(raw, DataConfig, path, {DataConfig: EXAMPLE}))
+    rules = tuple(rule for rule in DATA_RULES if rule.name != "label_column")
+    raise_for(input_problems(json_form(raw), path, rules))
     return instantiate(DataConfig, raw)

@@ -295,3 +295,6 @@ def test_a_launched_data_literal_is_decoded_by_the_data_rules_where_the_task_dec
     data = DataConfig("d.csv", split=SplitConfig(seed=3))
     literal = TypeEngine.to_literal(context, data, DataConfig, TypeEngine.to_literal_type(DataConfig))
     assert TypeEngine.to_python_value(context, literal, DataConfig) == data
+    # A schedule's data names its label before a task fills in the dataset from the template.
+    scheduled = msgpack_literal({"label_column": "answer"})
+    assert TypeEngine.to_python_value(context, scheduled, DataConfig) == DataConfig(label_column="answer")
