@@ -355,17 +355,18 @@ def train_vocabularies(columns: dict[str, str], train: pa.Table) -> dict[str, li
     return vocabularies
 
 
-def train_rows(data: str, prepared: PreparedSplits) -> tuple[pa.Table, np.ndarray]:
-    """The raw train rows and their class codes: the split `prepare_dataset` made, by its own functions."""
+def train_rows(data: str, prepared: PreparedSplits, label: str = LABEL) -> tuple[pa.Table, np.ndarray]:
+    """The raw train rows and their class codes (a regression's values): the split `prepare_dataset`
+    made, by its own functions."""
     import pyarrow.dataset as ds
 
     from tasks.core.data.labels import clean_labels, scan_labels
     from tasks.core.data.reading import open_dataset
 
-    dataset = open_dataset(data, LABEL)
+    dataset = open_dataset(data, label)
     from_csv = isinstance(dataset.format, ds.CsvFileFormat)
-    labels = clean_labels(scan_labels(dataset, data, LABEL), data, LABEL, from_csv)
-    rows = RowSplit.of(labels, data, LABEL, SPLIT)
+    labels = clean_labels(scan_labels(dataset, data, label), data, label, from_csv)
+    rows = RowSplit.of(labels, data, label, SPLIT)
     train = rows.assignment == SPLITS.index("train")
     if rows.class_labels != prepared.table.class_labels or train.sum() != prepared.table.rows["train"]:
         raise AssertionError("the split made here is not the one preprocessing made")

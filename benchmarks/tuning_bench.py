@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 from benchmarks import tables
 from benchmarks.measure import Figure
 from tasks.core.data.column_kinds import BOOLEAN, CATEGORICAL, DATE, NUMERIC
-from tasks.core.data.prepare import PreparedSplits, RowSplit, prepare_dataset
+from tasks.core.data.prepare import PreparedSplits, prepare_dataset
 from tasks.core.training.config import TrainConfig
 from tasks.core.training.records import TrainingRun
 from tasks.core.tuning.study import Study, TrialRecord, TuningSettings
@@ -176,22 +176,7 @@ def hgb_kind(kind: str) -> str:
 
 
 def raw_train_rows(table: Table) -> tuple[pa.Table, np.ndarray]:
-    """`tables.train_rows` for any label column: the raw train rows and their codes (a regression's values)."""
-    import pyarrow.dataset as ds
-
-    from tasks.core.data.assignment import SPLITS
-    from tasks.core.data.labels import clean_labels, scan_labels
-    from tasks.core.data.reading import open_dataset
-
-    data, label, prepared = table.data, table.label, table.prepared
-    dataset = open_dataset(data, label)
-    from_csv = isinstance(dataset.format, ds.CsvFileFormat)
-    rows = RowSplit.of(clean_labels(scan_labels(dataset, data, label), data, label, from_csv), data, label,
-                       tables.SPLIT)  # fmt: skip
-    train = rows.assignment == SPLITS.index("train")
-    if train.sum() != prepared.table.rows["train"]:
-        raise AssertionError("the split made here is not the one preprocessing made")
-    return dataset.to_table(columns=prepared.table.columns).filter(pa.array(train)), rows.codes[train]
+    return tables.train_rows(table.data, table.prepared, table.label)
 
 
 def new_study(table: Table, base: TrainConfig, settings: TuningSettings) -> Study:
