@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import importlib.resources
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -41,7 +41,7 @@ FULL = {"rows": 2_000, "trials": 16, "space": "", "default_epochs": TrainConfig.
 # A study of 3 trials over rungs of 1 and 3 epochs, batches that fit the smallest train split.
 SMOKE_SPACE = {"learning_rate": {"low": 1e-3, "high": 1e-2, "log": True}, "batch_size": {"choices": [32, 64]},
                "width": {"choices": [16, 32]}, "epochs": {"low": 1, "high": 3}}  # fmt: skip
-SMOKE = {"rows": 600, "trials": 3, "space": json.dumps(SMOKE_SPACE), "default_epochs": 1}
+SMOKE = {"rows": 600, "trials": 3, "space": json.dumps(SMOKE_SPACE), "default_epochs": 2}
 # HistGradientBoosting reads these kinds as they are; any other (free text) as categories of its most
 # frequent values, so a kind the pipeline learns to read needs no change here.
 HGB_KINDS = (NUMERIC, BOOLEAN, CATEGORICAL, DATE)
@@ -147,12 +147,12 @@ def test_score(table: Table, artifact: str, run: TrainingRun, name: str) -> floa
     return classification_metrics(truth, bundle.predict_codes(test), labels).accuracy
 
 
-def default_score(table: Table, epochs: int) -> float:
+def default_score(table: Table, base: TrainConfig) -> float:
     """The default configuration (as a user's first run trains it), scored on the test split."""
     from tasks.core.training.torch_training import train
 
     artifact = str(table.folder / "default.pt")
-    run = train(TrainConfig(epochs=epochs), table.prepared.split_paths(), artifact).run
+    run = train(base, table.prepared.split_paths(), artifact).run
     return test_score(table, artifact, run, "default")
 
 
@@ -179,17 +179,6 @@ def raw_train_rows(table: Table) -> tuple[pa.Table, np.ndarray]:
     return tables.train_rows(table.data, table.prepared, table.label)
 
 
-def new_study(table: Table, base: TrainConfig, settings: TuningSettings) -> Study:
-    from tasks.core.tuning.checks import METRICS, default_metric
-    from tasks.core.tuning.rungs import rung_budgets
-    from tasks.core.tuning.space import parse_space
-
-    metric = settings.metric or default_metric(table.regression)
-    space = parse_space(settings.search_space, base)
-    budgets = rung_budgets(space.min_epochs, space.max_epochs, settings.reduction_factor)
-    return Study(settings, metric, METRICS[metric][1], budgets)
-
-
 def trained_trial(
     table: Table, study: Study, record: TrialRecord, config: TrainConfig, folder: Path
 ) -> TrainingRun:
@@ -213,11 +202,11 @@ def trained_trial(
 
 def halving(table: Table, base: TrainConfig, settings: TuningSettings) -> tuple[Study, Sweep]:
     """The study as the tuning workflow runs it, round after round, in this process."""
-    from tasks.core.tuning.rounds import round_configs
+    from tasks.core.tuning.rounds import open_study, round_configs
     from tasks.core.tuning.rungs import next_round, order_for
     from tasks.core.tuning.study import finish
 
-    study, runs = new_study(table, base, settings), {}
+    study, runs = open_study(settings, base, table.regression), {}
     while (work := next_round(study)) is not None:
         for number, config in round_configs(study, work, base):
             runs[number] = trained_trial(
@@ -230,13 +219,13 @@ def halving(table: Table, base: TrainConfig, settings: TuningSettings) -> tuple[
 
 def full_budget(table: Table, base: TrainConfig, study: Study) -> Sweep:
     """The study's trials, the same values, each trained to the whole budget in one run."""
+    from tasks.core.tuning.rounds import whole_config
     from tasks.core.tuning.rungs import ranked
-    from tasks.core.tuning.space import apply_params
 
     records, runs = [], {}
     for trial in study.trials:
-        record = TrialRecord(trial.number, trial.params)
-        config = replace(apply_params(base, trial.values()), epochs=study.budgets[-1])
+        record = TrialRecord(trial.number, trial.params, baseline=trial.baseline)
+        config = whole_config(base, trial, study.budgets[-1])
         runs[record.number] = trained_trial(
             table, study, record, config, table.folder / f"full-{record.number}"
         )
@@ -290,16 +279,22 @@ def print_table(table: Table, study: Study, hgb: float, default: float, figures:
           f"{same.goal} |", flush=True)  # fmt: skip
 
 
-def study_settings(sizes: dict) -> TuningSettings:
-    """The tuning workflow's defaults (reduction factor 3, seed 0, the metric for the problem type), at the
-    size's trials and search space."""
+def study_settings(sizes: dict, regression: bool) -> TuningSettings:
+    """The tuning workflow's defaults (reduction factor 3, seed 0) at the size's trials and search space,
+    ranking trials by what each table is judged by: validation accuracy for classes (the workflow's
+    default, macro-F1, can prefer a trial of lower accuracy), validation RMSE for numbers (a lower test
+    RMSE is a higher test R²)."""
     trials = sizes["trials"]
-    return TuningSettings(trials=trials, concurrency=min(4, trials), search_space=sizes["space"])
+    metric = "" if regression else "val_accuracy"
+    return TuningSettings(
+        trials=trials, concurrency=min(4, trials), search_space=sizes["space"], metric=metric
+    )
 
 
 def tuning_table(work: Path, name: str, sizes: dict) -> list[Figure]:
-    table, base, settings = open_table(work, name, sizes["rows"]), TrainConfig(), study_settings(sizes)
-    hgb, default = hgb_score(table), default_score(table, sizes["default_epochs"])
+    table, base = open_table(work, name, sizes["rows"]), TrainConfig(epochs=sizes["default_epochs"])
+    settings = study_settings(sizes, table.regression)
+    hgb, default = hgb_score(table), default_score(table, base)
     study, tuned = halving(table, base, settings)
     full = full_budget(table, base, study)
     figures = table_figures(table, hgb, default, tuned, full)

@@ -18,10 +18,9 @@ from tasks.catalog import DEFAULT_PRICES_PER_HOUR
 from tasks.core.accelerators.rule import on_flyte_cluster
 from tasks.core.messages import raise_for
 from tasks.core.training.config import TrainConfig
-from tasks.core.tuning.checks import METRICS, default_metric, metric_problems, tuning_problems
-from tasks.core.tuning.rounds import record_rung, round_configs
-from tasks.core.tuning.rungs import Round, next_round, order_for, rung_budgets
-from tasks.core.tuning.space import parse_space
+from tasks.core.tuning.checks import metric_problems, tuning_problems
+from tasks.core.tuning.rounds import open_study, record_rung, round_configs
+from tasks.core.tuning.rungs import Round, next_round, order_for
 from tasks.core.tuning.study import Study, TrialRecord, TuningSettings, finish
 from tasks.core.validation import batch_problems
 from tasks.hardware import CPU_RETRIES, LAUNCHER_RETRIES, ML_CPU_IMAGE, SMALL_CPU, guaranteed
@@ -78,14 +77,12 @@ def check_tuning(
 def start_study(
     settings: TuningSettings, hyperparameters: TrainConfig, prepared: PreparedData
 ) -> TuningState:
-    """The empty study: its metric for the problem the data turned out to be, and its rungs."""
+    """The new study: its metric for the problem the data turned out to be, its rungs, and the base
+    configuration as trial 0."""
     begin_task()
-    problem = prepared.table.target.problem_type
-    raise_for(metric_problems(settings.metric, problem))
-    metric = settings.metric or default_metric(prepared.table.target.regression)
-    space = parse_space(settings.search_space, hyperparameters)
-    budgets = rung_budgets(space.min_epochs, space.max_epochs, settings.reduction_factor)
-    return TuningState(Study(settings, metric, METRICS[metric][1], budgets))
+    target = prepared.table.target
+    raise_for(metric_problems(settings.metric, target.problem_type))
+    return TuningState(open_study(settings, hyperparameters, target.regression))
 
 
 @dynamic(container_image=ML_CPU_IMAGE, **guaranteed(SMALL_CPU), **DECKS, retries=LAUNCHER_RETRIES)

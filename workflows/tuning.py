@@ -50,8 +50,9 @@ def tuning_pipeline(
     plan_resources, always on here); every target tunes.
 
     Args:
-        hyperparameters: the trials' base config; each trial changes the searched keys alone.
-        trials: trials proposed; each trains at least the first rung.
+        hyperparameters: the trials' base config; each trial changes the searched keys alone. Trial 0
+            is this config itself, trained every rung: the best trial is never one it beats.
+        trials: trials proposed (besides trial 0); each trains at least the first rung.
         concurrency: trials training at a time, at most (no more than trials).
         search_space: JSON, a range or choices per key and the epoch budget as "epochs": {"low", "high"},
             e.g. '{"learning_rate": {"low": 0.0001, "high": 0.1, "log": true}, "epochs": {"low": 3,

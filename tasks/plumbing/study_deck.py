@@ -27,7 +27,8 @@ def study_page(study) -> str:
         + section(
             "Search space against the metric",
             "<p>Each trial's metric after the first rung, which every trial trained, by the value it tried; "
-            "colour: the furthest rung it reached; ringed: the best trial.</p>",
+            "colour: the furthest rung it reached; ringed: the best trial; dashed: trial 0, the base "
+            "configuration, which trains every rung as the reference the best must beat.</p>",
             PANEL_ROW.format("".join(panels)) if panels else "<p>nothing was searched</p>",
         )
         + section(
@@ -53,7 +54,7 @@ def totals(study) -> str:
 
 def trials_table(study, keys: list[str]) -> str:
     rows = [
-        [t.number, t.state, *(t.params.get(key, "") for key in keys), t.hardware,
+        [t.label, t.state, *(t.params.get(key, "") for key in keys), t.hardware,
          t.price_per_hour, t.epochs_trained, ", ".join(f"{m:.4g}" for m in t.rung_metrics), t.wall_seconds,
          f"{t.cost_usd:.6f}"]
         for t in study.trials

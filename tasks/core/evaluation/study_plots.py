@@ -25,9 +25,10 @@ def reached(study: Study, rung: int) -> list[TrialRecord]:
 
 
 def best_so_far(study: Study) -> tuple[list[int], list[float]]:
-    """After each trial (in proposal order), the best first-rung metric so far: what the sampler saw."""
+    """After each proposed trial (in proposal order), the best first-rung metric so far: what the sampler
+    saw (it is not told the baseline)."""
     numbers, values, best = [], [], math.nan
-    for trial in reached(study, 0):
+    for trial in (t for t in reached(study, 0) if not t.baseline):
         value = trial.rung_metrics[0]
         if math.isnan(best) or sort_value(value, study.direction) < sort_value(best, study.direction):
             best = value
@@ -98,7 +99,8 @@ def categories_of(study: Study, key: str, values: list) -> dict[str, int]:
 
 def parameter_panel(study: Study, key: str) -> str:
     """Every trial's value of `key` against its first-rung metric (every trial has one, measured alike),
-    coloured by the furthest rung it reached; the best trial ringed. A range is a numeric axis
+    coloured by the furthest rung it reached; the best trial ringed, the base configuration's metric
+    dashed. A range is a numeric axis
     (logarithmic where the space samples it so), choices are categories."""
     figure, axes = new_axes((3.6, 2.8))
     trials = [t for t in reached(study, 0) if key in t.params]
@@ -115,6 +117,8 @@ def parameter_panel(study: Study, key: str) -> str:
     best = [(x, t.rung_metrics[0]) for x, t in zip(xs, trials, strict=True) if t.number == study.best]
     if best:
         axes.scatter(*zip(*best, strict=True), s=90, facecolors="none", edgecolors=BEST, linewidths=1.5)
+    for baseline in (t for t in reached(study, 0) if t.baseline):
+        axes.axhline(baseline.rung_metrics[0], color=OTHERS, linestyle="--", linewidth=1, label="base config")
     if categories:
         set_category_ticks(axes.xaxis, [name.strip('"') for name in categories])
         axes.set_xlim(-0.5, len(categories) - 0.5)

@@ -8,33 +8,54 @@ from dataclasses import replace
 
 from tasks.core.training.config import TrainConfig
 from tasks.core.training.records import TrainingRun
-from tasks.core.tuning.rungs import Round
+from tasks.core.tuning.rungs import Round, rung_budgets
 from tasks.core.tuning.space import apply_params, parse_space
-from tasks.core.tuning.study import Study, TrialRecord
+from tasks.core.tuning.study import Study, TrialRecord, TuningSettings, new_study
 
 
 def round_configs(study: Study, work: Round, base: TrainConfig) -> list[tuple[int, TrainConfig]]:
-    """The round's (trial number, config) pairs. A round of new trials proposes them from the study so
-    far (Optuna's seeded sampler) and adds them to `study.trials`; a promoted trial keeps its values."""
+    """The round's (trial number, config) pairs: the trials it names, which keep their values, then its
+    new ones, proposed from the study so far (Optuna's seeded sampler) and added to `study.trials`."""
     from tasks.core.tuning.sampler import as_params, propose
 
+    numbers = list(work.promoted)
     if work.new:
         space = parse_space(study.settings.search_space, base)
         proposals = propose(space, study.trials, study.direction, study.settings.seed, work.new)
         first = len(study.trials)
         study.trials += [TrialRecord(first + i, as_params(values)) for i, values in enumerate(proposals)]
-        numbers = list(range(first, first + work.new))
-    else:
-        numbers = work.promoted
+        numbers += range(first, first + work.new)
     return [
         (n, trial_config(base, study.trial(n), study.budgets[work.rung], study.budgets[-1])) for n in numbers
     ]
 
 
+def open_study(settings: TuningSettings, base: TrainConfig, regression: bool) -> Study:
+    """A new study of `base`: the metric for the problem type (the settings' own where they name one),
+    and the rungs' budgets from the space's epoch range."""
+    from tasks.core.tuning.checks import METRICS, default_metric
+
+    metric = settings.metric or default_metric(regression)
+    space = parse_space(settings.search_space, base)
+    budgets = rung_budgets(space.min_epochs, space.max_epochs, settings.reduction_factor)
+    return new_study(settings, metric, METRICS[metric][1], budgets)
+
+
 def trial_config(base: TrainConfig, record: TrialRecord, budget: int, last: int) -> TrainConfig:
-    """The trial's run to the end of a rung: `base` with its values, the learning rate scheduled over the
-    whole budget (`last` epochs) and the run stopped after `budget` epochs, checkpointed for the next."""
-    return replace(apply_params(base, record.values()), epochs=last, train_until_epoch=budget)
+    """The trial's run to the end of a rung: its whole run (`whole_config`), its learning rate
+    scheduled over all of it, stopped after `budget` epochs (all of them at the `last` rung) and
+    checkpointed for the next."""
+    whole = whole_config(base, record, last)
+    stop = whole.epochs if budget == last else min(budget, whole.epochs)
+    return replace(whole, train_until_epoch=stop)
+
+
+def whole_config(base: TrainConfig, record: TrialRecord, last: int) -> TrainConfig:
+    """The trial's run without breaks: the baseline is `base` itself, the run training_pipeline trains
+    with it (its own epochs); any other trial is `base` with its values, over the study's `last` epochs."""
+    if record.baseline:
+        return base
+    return replace(apply_params(base, record.values()), epochs=last)
 
 
 def record_rung(record: TrialRecord, metric: float, run: TrainingRun) -> None:

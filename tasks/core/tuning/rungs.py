@@ -10,11 +10,12 @@ from tasks.core.tuning.study import Study, TrialRecord, sort_value
 
 @dataclass
 class Round:
-    """What one round trains, at most `concurrency` runs: new trials at rung 0, or promoted ones."""
+    """What one round trains, at most `concurrency` runs: trials already in the study (the baseline at
+    rung 0, promoted ones after it, each resumed from its checkpoint) and new ones to propose."""
 
     rung: int
     new: int = 0  # trials to propose
-    promoted: list[int] = field(default_factory=list)  # trial numbers resumed to this rung's budget
+    promoted: list[int] = field(default_factory=list)  # trial numbers trained to this rung's budget
 
 
 def rung_budgets(min_epochs: int, max_epochs: int, reduction_factor: int) -> list[int]:
@@ -41,18 +42,23 @@ def ranked(records: list[TrialRecord], rung: int, direction: str) -> list[TrialR
 
 
 def promoted(study: Study, rung: int) -> list[int]:
-    """The trials that train in `rung` (> 0): the best of those that finished the rung before."""
+    """The trials that train in `rung` (> 0): the baseline, and the best proposed trials of those that
+    finished the rung before."""
     below = [record for record in study.trials if len(record.rung_metrics) >= rung]
     size = rung_sizes(study.settings.trials, len(study.budgets), study.settings.reduction_factor)[rung]
-    return [record.number for record in ranked(below, rung - 1, study.direction)[:size]]
+    best = ranked([record for record in below if not record.baseline], rung - 1, study.direction)[:size]
+    return [record.number for record in below if record.baseline] + [record.number for record in best]
 
 
 def next_round(study: Study) -> Round | None:
-    """The next round's work, None when the study is done. Rung 0 fills first, a wave of new trials at a
-    time (the sampler learns from each wave); then each rung's promotions, a wave at a time."""
+    """The next round's work, None when the study is done. Rung 0 fills first, a wave of trials at a
+    time (the baseline in the first; the sampler learns from each wave); then each rung's promotions, a
+    wave at a time."""
     settings = study.settings
-    if len(study.trials) < settings.trials:
-        return Round(0, new=min(settings.concurrency, settings.trials - len(study.trials)))
+    untrained = [record.number for record in study.trials if not record.rung_metrics][: settings.concurrency]
+    to_propose = settings.trials - len(study.proposed)
+    if untrained or to_propose:
+        return Round(0, new=min(settings.concurrency - len(untrained), to_propose), promoted=untrained)
     for rung in range(1, len(study.budgets)):
         pending = [n for n in promoted(study, rung) if len(study.trial(n).rung_metrics) <= rung]
         if pending:

@@ -33,7 +33,8 @@ def wave_seed(seed: int, first_number: int) -> int:
 def propose(
     space: SearchSpace, history: list[TrialRecord], direction: str, seed: int, count: int
 ) -> list[dict]:
-    """`count` new trials' values, given every trial so far and its rung-0 metric (if measured)."""
+    """`count` new trials' values, given every proposed trial so far and its rung-0 metric (if measured);
+    the baseline is not a point of the space, so the sampler is not told it."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -43,7 +44,8 @@ def propose(
     )
     study = optuna.create_study(direction=direction, sampler=sampler)
     for record in history:
-        study.add_trial(told(record, dists))
+        if not record.baseline:
+            study.add_trial(told(record, dists))
     return [study.ask(dists).params for _ in range(count)]
 
 

@@ -35,6 +35,11 @@ class TrialRecord:
     wall_seconds: float = 0.0
     cost_usd: float = 0.0
     state: str = RUNNING  # completed (trained the whole budget) or stopped (not promoted)
+    baseline: bool = False  # the base configuration itself: no searched values, trains every rung
+
+    @property
+    def label(self) -> str:
+        return f"{self.number} (base)" if self.baseline else str(self.number)
 
     def values(self) -> dict:
         return {key: json.loads(value) for key, value in self.params.items()}
@@ -63,16 +68,21 @@ class Study:
     def trial(self, number: int) -> TrialRecord:
         return next(record for record in self.trials if record.number == number)
 
+    @property
+    def proposed(self) -> list[TrialRecord]:
+        """The sampler's trials: all but the baseline."""
+        return [record for record in self.trials if not record.baseline]
+
     def summary(self) -> str:
         lines = [
             f"study: {len(self.trials)} trials, rungs at {self.budgets} epochs, {self.metric} ({self.direction}); "
             f"best trial {self.best}",
-            f"{'trial':>5} {'state':>9} {'epochs':>6} {self.metric:>13} {'hardware':>18} {'seconds':>8} {'cost $':>9}",
+            f"{'trial':>8} {'state':>9} {'epochs':>6} {self.metric:>13} {'hardware':>18} {'seconds':>8} {'cost $':>9}",
         ]
         for t in self.trials:
             last = f"{t.rung_metrics[-1]:.4f}" if t.rung_metrics else "n/a"
             lines.append(
-                f"{t.number:>5} {t.state:>9} {t.epochs_trained:>6} {last:>13} {t.hardware:>18} "
+                f"{t.label:>8} {t.state:>9} {t.epochs_trained:>6} {last:>13} {t.hardware:>18} "
                 f"{t.wall_seconds:>8.1f} {t.cost_usd:>9.6f}"
             )
         lines.append(
@@ -85,6 +95,13 @@ class Study:
         return f"\n{self.summary()}\n"
 
 
+def new_study(settings: TuningSettings, metric: str, direction: str, budgets: list[int]) -> Study:
+    """A study whose trial 0 is the base configuration: the run training_pipeline trains with it, its
+    own epochs, stopped at the rungs on the way. It trains every rung beside the promoted trials, so the
+    study's best is never a trial that the base configuration beats on the study's metric."""
+    return Study(settings, metric, direction, budgets, trials=[TrialRecord(0, {}, baseline=True)])
+
+
 def finish(study: Study, order) -> Study:
     """The trials' states, the best trial (`order` ranks records, best first) and the totals."""
     for record in study.trials:
@@ -93,7 +110,9 @@ def finish(study: Study, order) -> Study:
     study.best = order([t for t in study.trials if len(t.rung_metrics) == furthest], furthest - 1)[0].number
     study.wall_seconds = sum(t.wall_seconds for t in study.trials)
     study.cost_usd = sum(t.cost_usd for t in study.trials)
-    study.full_budget_cost_usd = sum(full_budget_cost(t, study.budgets[-1]) for t in study.trials)
+    study.full_budget_cost_usd = sum(
+        full_budget_cost(t, t.epochs_trained if t.state == COMPLETED else study.budgets[-1]) for t in study.trials
+    )
     return study
 
 

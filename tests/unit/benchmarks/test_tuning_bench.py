@@ -21,17 +21,19 @@ def breast_cancer(tmp_path_factory):
 
 
 def test_a_promoted_trial_resumed_rung_after_rung_ends_as_the_same_trial_trained_whole(breast_cancer):
-    settings = tuning_bench.study_settings(tuning_bench.SMOKE)
-    base = tuning_bench.TrainConfig()
+    settings = tuning_bench.study_settings(tuning_bench.SMOKE, regression=False)
+    base = tuning_bench.TrainConfig(epochs=tuning_bench.SMOKE["default_epochs"])  # 2 epochs
     study, tuned = tuning_bench.halving(breast_cancer, base, settings)
     full = tuning_bench.full_budget(breast_cancer, base, study)
-    # 3 trials: all train the first rung (1 epoch), the best one the second (to 3 epochs).
+    # The baseline and 3 trials: all train the first rung (1 epoch); then the best trial the second (to
+    # 3 epochs) and the baseline to its own 2.
     assert study.budgets == [1, 3] and [t.epochs_trained for t in study.trials].count(3) == 1
-    assert (tuned.epochs, full.epochs) == (3 + 2, 3 * 3)
-    (completed,) = (t for t in study.trials if t.state == "completed")
-    whole = next(record for record in full.records if record.number == completed.number)
-    assert completed.rung_metrics[-1] == whole.rung_metrics[0]
-    assert completed.val_losses == whole.val_losses
+    assert study.trial(0).baseline and study.trial(0).epochs_trained == 2
+    assert (tuned.epochs, full.epochs) == (4 + 1 + 2, 3 * 3 + 2)
+    for completed in (t for t in study.trials if t.state == "completed"):
+        whole = next(record for record in full.records if record.number == completed.number)
+        assert completed.rung_metrics[-1] == whole.rung_metrics[0]
+        assert completed.val_losses == whole.val_losses
     assert 0 < tuned.test_score <= 1 and 0 < full.test_score <= 1
 
 
@@ -44,7 +46,7 @@ def test_the_group_prints_each_tables_block_and_marks_every_goal(tmp_path, capsy
         assert figure.goal.endswith((": met", ": missed")), figure.goal
     printed = capsys.readouterr().out
     assert "cars (cars.parquet, 406 rows: 284 train, 61 val, 61 test): test accuracy" in printed
-    assert "| trial-epochs vs full budget | 5 | 9 | 0.556 | ratio <= 0.5: missed |" in printed
+    assert "| trial-epochs vs full budget | 7 | 11 | 0.636 | ratio <= 0.5: missed |" in printed
 
 
 def test_gradient_boosting_reads_a_kind_it_does_not_know_as_categories():

@@ -4,11 +4,14 @@ with the same values and a later stop, and a trained rung recorded into its tria
 from __future__ import annotations
 
 import json
+from dataclasses import replace
+
+import pytest
 
 from tasks.core.models.plugins import mlp_spec
 from tasks.core.training.config import TrainConfig
 from tasks.core.training.records import EpochMetrics, TrainingRun
-from tasks.core.tuning.rounds import record_rung, round_configs
+from tasks.core.tuning.rounds import record_rung, round_configs, trial_config
 from tasks.core.tuning.rungs import Round
 from tasks.core.tuning.study import Study, TrialRecord, TuningSettings
 
@@ -41,6 +44,15 @@ def test_a_promoted_trial_keeps_its_values_and_stops_at_its_new_rung():
     (promoted, config), = round_configs(s, Round(1, promoted=[number]), BASE)  # fmt: skip
     assert promoted == number and len(s.trials) == 2
     assert config.train_until_epoch == 9 and config.learning_rate == first.learning_rate
+
+
+@pytest.mark.parametrize("epochs, stops", [(9, [3, 9]), (12, [3, 12]), (5, [3, 5]), (2, [2, 2])])
+def test_the_baseline_is_the_base_run_stopped_at_the_rungs_on_its_way_to_its_own_epochs(epochs, stops):
+    base = replace(BASE, epochs=epochs)
+    baseline = TrialRecord(0, {}, baseline=True)
+    configs = [trial_config(base, baseline, budget, 9) for budget in (3, 9)]
+    assert [config.train_until_epoch for config in configs] == stops
+    assert all(replace(config, train_until_epoch=0) == base for config in configs)
 
 
 def test_a_rung_records_its_metric_curve_and_seconds():

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from tasks.core.tuning.rungs import next_round, order_for, promoted, rung_budgets, rung_sizes
-from tasks.core.tuning.study import COMPLETED, STOPPED, Study, TrialRecord, TuningSettings, finish
+from tasks.core.tuning.study import COMPLETED, STOPPED, Study, TrialRecord, TuningSettings, finish, new_study
 
 
 @pytest.mark.parametrize(
@@ -41,9 +41,42 @@ def with_results(s: Study, rung0: list[float]) -> Study:
 def test_rung_zero_fills_in_waves_of_the_concurrency():
     s = study(5, 2, [1, 3])
     assert next_round(s).new == 2
-    s.trials = [TrialRecord(n, {}) for n in range(4)]
+    s.trials = [TrialRecord(n, {}, rung_metrics=[0.5]) for n in range(4)]
     work = next_round(s)
     assert (work.rung, work.new) == (0, 1)
+
+
+def baseline_study(trials: int, concurrency: int, budgets: list[int]) -> Study:
+    return new_study(
+        TuningSettings(trials=trials, concurrency=concurrency), "val_macro_f1", "maximize", budgets
+    )
+
+
+def test_the_baseline_trains_in_the_first_wave_beside_the_proposed_trials():
+    s = baseline_study(4, 2, [1, 3])
+    assert [(t.number, t.baseline) for t in s.trials] == [(0, True)]
+    work = next_round(s)
+    assert (work.rung, work.promoted, work.new) == (0, [0], 1)
+    s.trials[0].rung_metrics.append(0.5)
+    s.trials += [TrialRecord(1, {}, rung_metrics=[0.6])]
+    assert (next_round(s).promoted, next_round(s).new) == ([], 2)  # the baseline is not one of the 4 trials
+    s.trials += [TrialRecord(n, {}, rung_metrics=[0.6]) for n in (2, 3, 4)]
+    assert len(s.proposed) == 4 and next_round(s).rung == 1
+
+
+def test_the_baseline_trains_every_rung_and_the_best_must_beat_it():
+    s = baseline_study(6, 6, [1, 3, 9])
+    s.trials[0].rung_metrics.append(0.1)  # the worst at the first rung, and promoted all the same
+    s.trials += [TrialRecord(n, {}, rung_metrics=[0.1 * n + 0.2]) for n in range(1, 7)]
+    assert promoted(s, 1) == [0, 6, 5]  # the baseline, then the best third of the 6 proposed
+    for number, value in ((0, 0.9), (6, 0.8), (5, 0.7)):
+        s.trial(number).rung_metrics.append(value)
+    assert promoted(s, 2) == [0, 6]
+    for number, value in ((0, 0.95), (6, 0.9)):
+        s.trial(number).rung_metrics.append(value)
+    assert next_round(s) is None
+    finish(s, order_for(s))
+    assert s.best == 0 and s.trial(0).state == COMPLETED and s.trial(5).state == STOPPED
 
 
 def test_the_best_third_is_promoted_and_ties_go_to_the_earlier_trial():

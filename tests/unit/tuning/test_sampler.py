@@ -38,3 +38,12 @@ def test_proposals_stay_in_the_space():
 def test_recorded_values_read_back_exactly():
     values = propose(SPACE, [], "maximize", 0, 1)[0]
     assert TrialRecord(0, as_params(values)).values() == values
+
+
+def test_the_sampler_is_not_told_the_baseline():
+    """The base configuration is no point of the space: the proposals are those of the proposed trials alone."""
+    baseline = TrialRecord(0, {}, rung_metrics=[0.99], baseline=True)
+    proposed = [TrialRecord(n + 1, t.params, rung_metrics=t.rung_metrics) for n, t in enumerate(history(4))]
+    assert propose(SPACE, [baseline, *proposed], "maximize", 0, 2) == propose(
+        SPACE, [TrialRecord(0, {}, rung_metrics=[0.1], baseline=True), *proposed], "maximize", 0, 2
+    )

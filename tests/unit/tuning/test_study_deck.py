@@ -113,3 +113,15 @@ def test_best_trial_draws_its_deck():
     from tasks.tune import best_trial
 
     assert best_trial.enable_deck
+
+
+def test_the_baseline_is_a_dashed_line_in_each_panel_and_named_in_its_row(monkeypatch):
+    study = finished_study()
+    study.trials.insert(0, TrialRecord(9, {}, "l4", 0.71, baseline=True))
+    study.trial(9).add_rung(0.95, [0.2], 10.0)  # the best first rung: the sampler never saw it
+    pages: dict[str, str] = {}
+    monkeypatch.setattr(study_deck, "Deck", lambda name, html: pages.__setitem__(name, html))
+    study_deck.study_deck(study)
+    assert "<!-- base config -->" in chart(pages["Study"], "param-width")
+    assert "<td>9 (base)</td>" in pages["Study"][pages["Study"].index("<h2>Trials</h2>") :]
+    assert study_plots.best_so_far(study) == ([0, 1, 2], [0.8, 0.8, 0.8])
