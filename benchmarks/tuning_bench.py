@@ -203,16 +203,15 @@ def trained_trial(
 def halving(table: Table, base: TrainConfig, settings: TuningSettings) -> tuple[Study, Sweep]:
     """The study as the tuning workflow runs it, round after round, in this process."""
     from tasks.core.tuning.rounds import open_study, round_configs
-    from tasks.core.tuning.rungs import next_round, order_for
-    from tasks.core.tuning.study import finish
+    from tasks.core.tuning.rungs import finish, next_round
 
-    study, runs = open_study(settings, base, table.regression), {}
+    study, runs = open_study(settings, base, table.regression, table.prepared.table.rows["val"]), {}
     while (work := next_round(study)) is not None:
         for number, config in round_configs(study, work, base):
             runs[number] = trained_trial(
                 table, study, study.trial(number), config, table.folder / f"trial-{number}"
             )
-    finish(study, order_for(study))
+    finish(study)
     best = str(table.folder / f"trial-{study.best}" / "model.pt")
     return study, Sweep(study.trials, study.best, test_score(table, best, runs[study.best], "tuned"))
 

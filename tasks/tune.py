@@ -20,8 +20,8 @@ from tasks.core.messages import raise_for
 from tasks.core.training.config import TrainConfig
 from tasks.core.tuning.checks import metric_problems, tuning_problems
 from tasks.core.tuning.rounds import open_study, record_rung, round_configs
-from tasks.core.tuning.rungs import Round, next_round, order_for
-from tasks.core.tuning.study import Study, TrialRecord, TuningSettings, finish
+from tasks.core.tuning.rungs import Round, finish, next_round
+from tasks.core.tuning.study import Study, TrialRecord, TuningSettings
 from tasks.core.validation import batch_problems
 from tasks.hardware import CPU_RETRIES, LAUNCHER_RETRIES, ML_CPU_IMAGE, SMALL_CPU, guaranteed
 from tasks.plumbing.decks import DECKS
@@ -82,7 +82,8 @@ def start_study(
     begin_task()
     target = prepared.table.target
     raise_for(metric_problems(settings.metric, target.problem_type))
-    return TuningState(open_study(settings, hyperparameters, target.regression))
+    rows = prepared.table.rows["val"]
+    return TuningState(open_study(settings, hyperparameters, target.regression, rows))
 
 
 @dynamic(container_image=ML_CPU_IMAGE, **guaranteed(SMALL_CPU), **DECKS, retries=LAUNCHER_RETRIES)
@@ -185,7 +186,7 @@ def best_trial(state: TuningState) -> tuple[TrainedModel, ResourcePlan, Study]:
     """The study finished: each trial completed or stopped, the totals, and the best trial's run; its
     Deck draws the study (tasks/plumbing/study_deck.py)."""
     begin_task()
-    study = finish(state.study, order_for(state.study))
+    study = finish(state.study)
     best = state.model(study.best)
     log.info("%s", study.summary())
     study_deck(study)

@@ -5,6 +5,8 @@ curve with its rung marks, and a row per trial. Sections, tables and charts as t
 
 from __future__ import annotations
 
+from html import escape
+
 from flytekit import Deck
 
 from tasks.core.evaluation import study_plots
@@ -22,7 +24,7 @@ def study_page(study) -> str:
     keys = study_plots.searched_keys(study)
     panels = [figure(study_plots.parameter_panel(study, key), f"param-{key}") for key in keys]
     return (
-        section("Study", totals(study))
+        section("Study", totals(study) + f"<p>Best: trial {study.best}, {escape(study.choice)}.</p>")
         + section("Optimisation history", figure(study_plots.optimisation_history(study), "history"))
         + section(
             "Search space against the metric",

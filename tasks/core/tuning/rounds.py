@@ -30,15 +30,15 @@ def round_configs(study: Study, work: Round, base: TrainConfig) -> list[tuple[in
     ]
 
 
-def open_study(settings: TuningSettings, base: TrainConfig, regression: bool) -> Study:
+def open_study(settings: TuningSettings, base: TrainConfig, regression: bool, val_rows: int) -> Study:
     """A new study of `base`: the metric for the problem type (the settings' own where they name one),
-    and the rungs' budgets from the space's epoch range."""
+    the rungs' budgets from the space's epoch range, and the validation split's rows."""
     from tasks.core.tuning.checks import METRICS, default_metric
 
     metric = settings.metric or default_metric(regression)
     space = parse_space(settings.search_space, base)
     budgets = rung_budgets(space.min_epochs, space.max_epochs, settings.reduction_factor)
-    return new_study(settings, metric, METRICS[metric][1], budgets)
+    return new_study(settings, metric, METRICS[metric][1], budgets, val_rows)
 
 
 def trial_config(base: TrainConfig, record: TrialRecord, budget: int, last: int) -> TrainConfig:

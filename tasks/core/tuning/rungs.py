@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
-from tasks.core.tuning.study import Study, TrialRecord, sort_value
+from tasks.core.tuning.study import COMPLETED, STOPPED, Study, TrialRecord, full_budget_cost, sort_value
 
 
 @dataclass
@@ -66,6 +67,46 @@ def next_round(study: Study) -> Round | None:
     return None
 
 
-def order_for(study: Study):
-    """`finish`'s ranking of the trials that got furthest."""
-    return lambda records, rung: ranked(records, rung, study.direction)
+def finish(study: Study) -> Study:
+    """The trials' states, the best trial (`best_of`) and the totals."""
+    for record in study.trials:
+        record.state = COMPLETED if len(record.rung_metrics) == len(study.budgets) else STOPPED
+    study.best, study.choice = best_of(study)
+    study.wall_seconds = sum(t.wall_seconds for t in study.trials)
+    study.cost_usd = sum(t.cost_usd for t in study.trials)
+    study.full_budget_cost_usd = sum(
+        full_budget_cost(t, t.epochs_trained if t.state == COMPLETED else study.budgets[-1])
+        for t in study.trials
+    )
+    return study
+
+
+def best_of(study: Study) -> tuple[int, str]:
+    """The best of the trials that got furthest, and why. The baseline stays the best unless a trial
+    beats it by more than one standard error of its metric over the validation rows (the
+    one-standard-error rule): on a small validation split the best of many trials wins partly by
+    chance, and the base configuration is the run a user gets without the study."""
+    furthest = max(len(record.rung_metrics) for record in study.trials)
+    finalists = [record for record in study.trials if len(record.rung_metrics) == furthest]
+    top = ranked(finalists, furthest - 1, study.direction)[0]
+    baseline = next((record for record in finalists if record.baseline), None)
+    metric = lambda record: record.rung_metrics[-1]  # noqa: E731
+    if baseline is None or top is baseline:
+        return top.number, f"the best {study.metric}, {metric(top):.4g}"
+    error = standard_error(study.metric, metric(baseline), study.val_rows)
+    versus = f"{study.metric} {metric(top):.4g} against the base configuration's {metric(baseline):.4g}"
+    margin = f"one standard error ({error:.2g} over {study.val_rows:,} validation rows)"
+    if sort_value(metric(top), study.direction) < sort_value(metric(baseline), study.direction) - error:
+        return top.number, f"{versus}: better by more than {margin}"
+    return baseline.number, f"the base configuration kept: trial {top.number}'s {versus} is within {margin}"
+
+
+def standard_error(metric: str, value: float, rows: int) -> float:
+    """The standard error of `metric` at `value` over `rows` validation rows: a proportion's
+    sqrt(p(1 - p) / n) for accuracy, and for macro-F1 as an approximation; an RMSE's value / sqrt(2n)
+    (normal errors). 0 for val_loss, which has none in closed form, and where rows are unknown."""
+    if rows <= 0 or not math.isfinite(value) or metric == "val_loss":
+        return 0.0
+    if metric == "val_rmse":
+        return value / math.sqrt(2 * rows)
+    return math.sqrt(max(value * (1 - value), 0.0) / rows)

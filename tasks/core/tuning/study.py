@@ -60,7 +60,9 @@ class Study:
     direction: str  # "maximize" or "minimize"
     budgets: list[int]  # epochs at the end of each rung
     trials: list[TrialRecord] = field(default_factory=list)
+    val_rows: int = 0  # the validation split's, which the metric's standard error depends on
     best: int = -1  # the best trial's number, once the study is finished
+    choice: str = ""  # why the best trial is the best
     wall_seconds: float = 0.0
     cost_usd: float = 0.0
     full_budget_cost_usd: float = 0.0  # had every trial trained all budgets[-1] epochs
@@ -76,7 +78,7 @@ class Study:
     def summary(self) -> str:
         lines = [
             f"study: {len(self.trials)} trials, rungs at {self.budgets} epochs, {self.metric} ({self.direction}); "
-            f"best trial {self.best}",
+            f"best trial {self.best}: {self.choice}",
             f"{'trial':>8} {'state':>9} {'epochs':>6} {self.metric:>13} {'hardware':>18} {'seconds':>8} {'cost $':>9}",
         ]
         for t in self.trials:
@@ -95,25 +97,13 @@ class Study:
         return f"\n{self.summary()}\n"
 
 
-def new_study(settings: TuningSettings, metric: str, direction: str, budgets: list[int]) -> Study:
+def new_study(
+    settings: TuningSettings, metric: str, direction: str, budgets: list[int], val_rows: int = 0
+) -> Study:
     """A study whose trial 0 is the base configuration: the run training_pipeline trains with it, its
     own epochs, stopped at the rungs on the way. It trains every rung beside the promoted trials, so the
     study's best is never a trial that the base configuration beats on the study's metric."""
-    return Study(settings, metric, direction, budgets, trials=[TrialRecord(0, {}, baseline=True)])
-
-
-def finish(study: Study, order) -> Study:
-    """The trials' states, the best trial (`order` ranks records, best first) and the totals."""
-    for record in study.trials:
-        record.state = COMPLETED if len(record.rung_metrics) == len(study.budgets) else STOPPED
-    furthest = max(len(record.rung_metrics) for record in study.trials)
-    study.best = order([t for t in study.trials if len(t.rung_metrics) == furthest], furthest - 1)[0].number
-    study.wall_seconds = sum(t.wall_seconds for t in study.trials)
-    study.cost_usd = sum(t.cost_usd for t in study.trials)
-    study.full_budget_cost_usd = sum(
-        full_budget_cost(t, t.epochs_trained if t.state == COMPLETED else study.budgets[-1]) for t in study.trials
-    )
-    return study
+    return Study(settings, metric, direction, budgets, [TrialRecord(0, {}, baseline=True)], val_rows)
 
 
 def full_budget_cost(record: TrialRecord, epochs: int) -> float:

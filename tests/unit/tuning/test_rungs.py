@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from tasks.core.tuning.rungs import next_round, order_for, promoted, rung_budgets, rung_sizes
-from tasks.core.tuning.study import COMPLETED, STOPPED, Study, TrialRecord, TuningSettings, finish, new_study
+from tasks.core.tuning.rungs import finish, next_round, promoted, rung_budgets, rung_sizes, standard_error
+from tasks.core.tuning.study import COMPLETED, STOPPED, Study, TrialRecord, TuningSettings, new_study
 
 
 @pytest.mark.parametrize(
@@ -75,7 +75,7 @@ def test_the_baseline_trains_every_rung_and_the_best_must_beat_it():
     for number, value in ((0, 0.95), (6, 0.9)):
         s.trial(number).rung_metrics.append(value)
     assert next_round(s) is None
-    finish(s, order_for(s))
+    finish(s)
     assert s.best == 0 and s.trial(0).state == COMPLETED and s.trial(5).state == STOPPED
 
 
@@ -107,7 +107,7 @@ def test_a_finished_study_marks_states_and_costs_against_the_full_budget():
     s.trial(1).epochs_trained, s.trial(1).wall_seconds = 3, 3.0
     for record in s.trials:
         record.cost_usd = record.wall_seconds
-    finish(s, order_for(s))
+    finish(s)
     assert [t.state for t in s.trials] == [STOPPED, COMPLETED, STOPPED]
     assert s.best == 1
     assert s.cost_usd == pytest.approx(5.0)
@@ -120,3 +120,31 @@ def test_a_rung_adds_its_metric_epochs_seconds_and_cost():
     record.add_rung(0.7, [1.0, 0.8, 0.6], 20.0)
     assert record.rung_metrics == [0.5, 0.7] and record.epochs_trained == 3
     assert record.wall_seconds == 30.0 and record.cost_usd == pytest.approx(0.06)
+
+
+def finalists(metrics: dict[int, float], direction: str, metric: str, val_rows: int) -> Study:
+    """A finished study's last rung: trial 0 the baseline, the others proposed."""
+    s = new_study(TuningSettings(trials=len(metrics) - 1), metric, direction, [1], val_rows)
+    s.trials[0].rung_metrics.append(metrics[0])
+    s.trials += [TrialRecord(n, {}, rung_metrics=[value]) for n, value in metrics.items() if n]
+    return finish(s)
+
+
+def test_a_trial_replaces_the_baseline_only_beyond_one_standard_error():
+    error = standard_error("val_accuracy", 0.7, 300)
+    assert error == pytest.approx(math.sqrt(0.7 * 0.3 / 300))  # 0.026
+    kept = finalists({0: 0.7, 1: 0.72, 2: 0.6}, "maximize", "val_accuracy", 300)
+    assert kept.best == 0 and kept.choice.startswith(
+        "the base configuration kept: trial 1's val_accuracy 0.72"
+    )
+    assert "over 300 validation rows" in kept.choice
+    assert finalists({0: 0.7, 1: 0.73, 2: 0.6}, "maximize", "val_accuracy", 300).best == 1
+    assert finalists({0: 0.7, 1: 0.72}, "maximize", "val_accuracy", 3000).best == 1  # 0.0084 on more rows
+
+
+def test_a_lower_rmse_must_beat_the_baseline_by_its_standard_error_and_val_loss_by_anything():
+    assert standard_error("val_rmse", 50.0, 50) == pytest.approx(5.0)
+    assert finalists({0: 50.0, 1: 46.0}, "minimize", "val_rmse", 50).best == 0
+    assert finalists({0: 50.0, 1: 44.0}, "minimize", "val_rmse", 50).best == 1
+    assert finalists({0: 0.50, 1: 0.49}, "minimize", "val_loss", 50).best == 1  # no standard error: 0
+    assert finalists({0: 0.5, 1: math.nan}, "maximize", "val_accuracy", 50).best == 0

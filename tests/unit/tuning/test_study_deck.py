@@ -11,8 +11,8 @@ import re
 import pytest
 
 from tasks.core.evaluation import study_plots
-from tasks.core.tuning.rungs import order_for
-from tasks.core.tuning.study import COMPLETED, STOPPED, Study, TrialRecord, TuningSettings, finish
+from tasks.core.tuning.rungs import finish
+from tasks.core.tuning.study import COMPLETED, STOPPED, Study, TrialRecord, TuningSettings
 from tasks.plumbing import study_deck
 
 SPACE = {
@@ -41,7 +41,7 @@ def finished_study() -> Study:
             study.trial(number).add_rung(
                 metric, losses[: study.budgets[rung]], 10.0 * epochs
             )  # 10 s an epoch
-    return finish(study, order_for(study))
+    return finish(study)
 
 
 @pytest.fixture
@@ -107,6 +107,7 @@ def test_the_totals_and_a_row_per_trial(page):
     assert "<td>0.8, 0.9</td>" in trials and "<td>nan</td>" in trials
     # Trial 0 trained 3 epochs, the rest 1: 6 epochs of the 12 that every trial to the full budget costs.
     assert "<td>50%</td>" in page[: page.index("<h2>Optimisation history</h2>")]
+    assert "<p>Best: trial 0, the best val_macro_f1, 0.9.</p>" in page
 
 
 def test_best_trial_draws_its_deck():
