@@ -102,11 +102,14 @@ def best_of(study: Study) -> tuple[int, str]:
 
 
 def standard_error(metric: str, value: float, rows: int) -> float:
-    """The standard error of `metric` at `value` over `rows` validation rows: a proportion's
-    sqrt(p(1 - p) / n) for accuracy, and for macro-F1 as an approximation; an RMSE's value / sqrt(2n)
-    (normal errors). 0 for val_loss, which has none in closed form, and where rows are unknown."""
+    """The standard error of `metric` at `value` over `rows` validation rows. Accuracy (and macro-F1, as
+    an approximation) is a proportion: Agresti and Coull's sqrt(p(1 - p) / (n + 4)) with p = (x + 2) /
+    (n + 4), which, unlike the plain sqrt(p(1 - p) / n), is not 0 at a perfect score; an RMSE's is
+    value / sqrt(2n) (normal errors). 0 for val_loss, which has none in closed form, and where the rows
+    are unknown."""
     if rows <= 0 or not math.isfinite(value) or metric == "val_loss":
         return 0.0
     if metric == "val_rmse":
         return value / math.sqrt(2 * rows)
-    return math.sqrt(max(value * (1 - value), 0.0) / rows)
+    adjusted = (value * rows + 2) / (rows + 4)
+    return math.sqrt(adjusted * (1 - adjusted) / (rows + 4))

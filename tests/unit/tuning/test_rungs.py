@@ -132,7 +132,7 @@ def finalists(metrics: dict[int, float], direction: str, metric: str, val_rows: 
 
 def test_a_trial_replaces_the_baseline_only_beyond_one_standard_error():
     error = standard_error("val_accuracy", 0.7, 300)
-    assert error == pytest.approx(math.sqrt(0.7 * 0.3 / 300))  # 0.026
+    assert error == pytest.approx(math.sqrt(212 / 304 * (92 / 304) / 304))  # Agresti-Coull's: 0.026
     kept = finalists({0: 0.7, 1: 0.72, 2: 0.6}, "maximize", "val_accuracy", 300)
     assert kept.best == 0 and kept.choice.startswith(
         "the base configuration kept: trial 1's val_accuracy 0.72"
@@ -140,6 +140,9 @@ def test_a_trial_replaces_the_baseline_only_beyond_one_standard_error():
     assert "over 300 validation rows" in kept.choice
     assert finalists({0: 0.7, 1: 0.73, 2: 0.6}, "maximize", "val_accuracy", 300).best == 1
     assert finalists({0: 0.7, 1: 0.72}, "maximize", "val_accuracy", 3000).best == 1  # 0.0084 on more rows
+    # A perfect score one row better than 85 of 86 is no evidence: the plain formula's error (0.0116)
+    # is below the row's 0.0116, Agresti-Coull's (0.019) is not.
+    assert finalists({0: 85 / 86, 1: 1.0}, "maximize", "val_accuracy", 86).best == 0
 
 
 def test_a_lower_rmse_must_beat_the_baseline_by_its_standard_error_and_val_loss_by_anything():
