@@ -111,7 +111,7 @@ class DdpModel:
 
 
 DDP_MODELS = {
-    "MLP 256x128": DdpModel((256, 128), 512, 160_000, 15),  # about 200 steps a rank, 4 ms each
+    "MLP 256x128": DdpModel((256, 128), 512, 160_000, 40),  # about 200 steps a rank, 4 ms each
     "MLP 4096x4096x2048": DdpModel((4096, 4096, 2048), 64, 4_000, 5),  # about 40 steps a rank, 0.5 s each
 }
 
