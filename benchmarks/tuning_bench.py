@@ -219,7 +219,7 @@ def halving(table: Table, base: TrainConfig, settings: TuningSettings) -> tuple[
 def full_budget(table: Table, base: TrainConfig, study: Study) -> Sweep:
     """The study's trials, the same values, each trained to the whole budget in one run."""
     from tasks.core.tuning.rounds import whole_config
-    from tasks.core.tuning.rungs import ranked
+    from tasks.core.tuning.rungs import best_of
 
     records, runs = [], {}
     for trial in study.trials:
@@ -229,7 +229,8 @@ def full_budget(table: Table, base: TrainConfig, study: Study) -> Sweep:
             table, study, record, config, table.folder / f"full-{record.number}"
         )
         records.append(record)
-    best = ranked(records, 0, study.direction)[0].number
+    swept = Study(study.settings, study.metric, study.direction, study.budgets[-1:], records, study.val_rows)
+    best = best_of(swept)[0]  # as the study chooses: the baseline unless beaten beyond one standard error
     artifact = str(table.folder / f"full-{best}" / "model.pt")
     return Sweep(records, best, test_score(table, artifact, runs[best], "full-budget"))
 

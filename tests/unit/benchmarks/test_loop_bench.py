@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.loop_bench import DDP_MODELS, CpuClock, halves, paired_figure
+from benchmarks.loop_bench import DDP_MODELS, CpuClock, fastest, halves, paired_figure
 from tasks.core.data.split_config import SplitConfig
 from tasks.core.training import torch_loop
 from tasks.core.training.config import TrainConfig
@@ -17,6 +17,12 @@ def test_a_figure_is_the_median_of_its_rounds_ratios_with_their_spread():
     figure = paired_figure("small", rates, "project")
     assert figure.ratio == pytest.approx(1.0) and figure.spread == "0.900-1.200"
     assert (figure.value, figure.baseline) == (100.0, 100.0)
+
+
+def test_the_fastest_rounds_figure_compares_each_sides_fastest_round():
+    rates = {"project": [90.0, 100.0, 120.0], "bare DDP": [100.0, 125.0, 110.0]}
+    figure = paired_figure("small", fastest(rates), "project")
+    assert figure.ratio == pytest.approx(120.0 / 125.0) and (figure.value, figure.baseline) == (120.0, 125.0)
 
 
 def test_the_halves_are_the_medians_of_the_first_and_the_last_rounds():
