@@ -148,7 +148,7 @@ def describe_trial(record: TrialRecord, report: ResourcePlan, target: str) -> No
         record.hardware, record.price_per_hour = plan.choice.name, plan.choice.price_per_hour
     else:
         record.hardware, record.price_per_hour = declared_option(target)
-    log.info("trial %d on %s: %s", record.number, record.hardware, record.params)
+    log.info("trial %s on %s: %s", record.label, record.hardware, record.params or "the base configuration")
 
 
 def declared_option(target: str) -> tuple[str, float]:
