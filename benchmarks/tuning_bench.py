@@ -31,7 +31,6 @@ import pyarrow.parquet as pq
 
 from benchmarks import tables
 from benchmarks.measure import Figure
-from tasks.core.data.column_kinds import BOOLEAN, CATEGORICAL, DATE, NUMERIC
 from tasks.core.data.prepare import PreparedSplits, prepare_dataset
 from tasks.core.training.config import TrainConfig
 from tasks.core.training.records import TrainingRun
@@ -42,9 +41,6 @@ FULL = {"rows": 2_000, "trials": 16, "space": "", "default_epochs": TrainConfig.
 SMOKE_SPACE = {"learning_rate": {"low": 1e-3, "high": 1e-2, "log": True}, "batch_size": {"choices": [32, 64]},
                "width": {"choices": [16, 32]}, "epochs": {"low": 1, "high": 3}}  # fmt: skip
 SMOKE = {"rows": 600, "trials": 3, "space": json.dumps(SMOKE_SPACE), "default_epochs": 2}
-# HistGradientBoosting reads these kinds as they are; any other (free text) as categories of its most
-# frequent values, so a kind the pipeline learns to read needs no change here.
-HGB_KINDS = (NUMERIC, BOOLEAN, CATEGORICAL, DATE)
 # Each trial is priced alike, so the study's cost is its training seconds in a common unit.
 PRICE_PER_HOUR = 1.0
 GOAL_HGB, GOAL_EPOCHS, GOAL_SAME_BEST = 0.98, 0.5, 0.99
@@ -154,29 +150,6 @@ def default_score(table: Table, base: TrainConfig) -> float:
     artifact = str(table.folder / "default.pt")
     run = train(base, table.prepared.split_paths(), artifact).run
     return test_score(table, artifact, run, "default")
-
-
-def hgb_score(table: Table) -> float:
-    """HistGradientBoosting (native categories) on the same train rows, scored on the same test rows."""
-    from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
-
-    columns = {c.name: hgb_kind(c.kind) for c in table.prepared.table.fitted_encoding().columns}
-    train, targets = raw_train_rows(table)
-    vocabularies = tables.train_vocabularies(columns, train)
-    features, categorical = tables.hgb_features(columns, train, vocabularies)
-    kind = HistGradientBoostingRegressor if table.regression else HistGradientBoostingClassifier
-    model = kind(categorical_features=categorical, random_state=0).fit(features, targets)
-    test = pq.read_table(table.prepared.paths["test"])
-    test_features = tables.hgb_features(columns, test, vocabularies)[0]
-    return float(model.score(test_features, test.column(table.label).to_numpy()))
-
-
-def hgb_kind(kind: str) -> str:
-    return kind if kind in HGB_KINDS else CATEGORICAL
-
-
-def raw_train_rows(table: Table) -> tuple[pa.Table, np.ndarray]:
-    return tables.train_rows(table.data, table.prepared, table.label)
 
 
 def trained_trial(
@@ -294,7 +267,7 @@ def study_settings(sizes: dict, regression: bool) -> TuningSettings:
 def tuning_table(work: Path, name: str, sizes: dict) -> list[Figure]:
     table, base = open_table(work, name, sizes["rows"]), TrainConfig(epochs=sizes["default_epochs"])
     settings = study_settings(sizes, table.regression)
-    hgb, default = hgb_score(table), default_score(table, base)
+    hgb, default = tables.hgb_score(table.data, table.prepared, table.label), default_score(table, base)
     study, tuned = halving(table, base, settings)
     full = full_budget(table, base, study)
     figures = table_figures(table, hgb, default, tuned, full)

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from benchmarks import tuning_bench
+from benchmarks import tables, tuning_bench
 from tasks.core.data.column_kinds import CATEGORICAL, NUMERIC
 
 pytestmark = pytest.mark.slow
@@ -50,5 +50,5 @@ def test_the_group_prints_each_tables_block_and_marks_every_goal(tmp_path, capsy
 
 
 def test_gradient_boosting_reads_a_kind_it_does_not_know_as_categories():
-    assert tuning_bench.hgb_kind(NUMERIC) == NUMERIC
-    assert tuning_bench.hgb_kind("text") == CATEGORICAL
+    assert tables.hgb_kind(NUMERIC) == NUMERIC
+    assert tables.hgb_kind("text") == CATEGORICAL
