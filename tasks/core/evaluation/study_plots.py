@@ -100,8 +100,8 @@ def categories_of(study: Study, key: str, values: list) -> dict[str, int]:
 def parameter_panel(study: Study, key: str) -> str:
     """Every trial's value of `key` against its first-rung metric (every trial has one, measured alike),
     coloured by the furthest rung it reached; the best trial ringed, the base configuration's metric
-    dashed. A range is a numeric axis
-    (logarithmic where the space samples it so), choices are categories."""
+    dashed. A range is a numeric axis (logarithmic where the space samples it so), choices are
+    categories."""
     figure, axes = new_axes((3.6, 2.8))
     trials = [t for t in reached(study, 0) if key in t.params]
     values = [t.values()[key] for t in trials]

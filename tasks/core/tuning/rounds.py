@@ -15,19 +15,30 @@ from tasks.core.tuning.study import Study, TrialRecord, TuningSettings, new_stud
 
 def round_configs(study: Study, work: Round, base: TrainConfig) -> list[tuple[int, TrainConfig]]:
     """The round's (trial number, config) pairs: the trials it names, which keep their values, then its
-    new ones, proposed from the study so far (Optuna's seeded sampler) and added to `study.trials`."""
+    new ones, proposed from the study so far (Optuna's seeded sampler) and added to `study.trials`. A
+    trial whose run ended at an earlier rung is not run again (`ended_earlier`)."""
     from tasks.core.tuning.sampler import as_params, propose
 
-    numbers = list(work.promoted)
+    numbers = list(work.existing)
     if work.new:
         space = parse_space(study.settings.search_space, base)
         proposals = propose(space, study.trials, study.direction, study.settings.seed, work.new)
         first = len(study.trials)
         study.trials += [TrialRecord(first + i, as_params(values)) for i, values in enumerate(proposals)]
         numbers += range(first, first + work.new)
-    return [
+    jobs = [
         (n, trial_config(base, study.trial(n), study.budgets[work.rung], study.budgets[-1])) for n in numbers
     ]
+    return [(n, config) for n, config in jobs if not ended_earlier(study.trial(n), config)]
+
+
+def ended_earlier(record: TrialRecord, config: TrainConfig) -> bool:
+    """Whether `record` already trained every epoch `config` asks for: the baseline, whose own epochs
+    ended at an earlier rung. Its run is done, so it gets that rung's metric again instead of a run."""
+    if record.epochs_trained < config.train_until_epoch:
+        return False
+    record.rung_metrics.append(record.rung_metrics[-1])
+    return True
 
 
 def open_study(settings: TuningSettings, base: TrainConfig, regression: bool, val_rows: int) -> Study:

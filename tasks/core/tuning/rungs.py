@@ -16,7 +16,7 @@ class Round:
 
     rung: int
     new: int = 0  # trials to propose
-    promoted: list[int] = field(default_factory=list)  # trial numbers trained to this rung's budget
+    existing: list[int] = field(default_factory=list)  # trials in the study trained to this rung's budget
 
 
 def rung_budgets(min_epochs: int, max_epochs: int, reduction_factor: int) -> list[int]:
@@ -59,11 +59,11 @@ def next_round(study: Study) -> Round | None:
     untrained = [record.number for record in study.trials if not record.rung_metrics][: settings.concurrency]
     to_propose = settings.trials - len(study.proposed)
     if untrained or to_propose:
-        return Round(0, new=min(settings.concurrency - len(untrained), to_propose), promoted=untrained)
+        return Round(0, new=min(settings.concurrency - len(untrained), to_propose), existing=untrained)
     for rung in range(1, len(study.budgets)):
         pending = [n for n in promoted(study, rung) if len(study.trial(n).rung_metrics) <= rung]
         if pending:
-            return Round(rung, promoted=pending[: settings.concurrency])
+            return Round(rung, existing=pending[: settings.concurrency])
     return None
 
 

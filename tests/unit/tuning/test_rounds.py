@@ -41,7 +41,7 @@ def test_a_round_of_new_trials_proposes_them_into_the_study_each_stopping_at_the
 def test_a_promoted_trial_keeps_its_values_and_stops_at_its_new_rung():
     s = study()
     (number, first), _ = round_configs(s, Round(0, new=2), BASE)
-    (promoted, config), = round_configs(s, Round(1, promoted=[number]), BASE)  # fmt: skip
+    (promoted, config), = round_configs(s, Round(1, existing=[number]), BASE)  # fmt: skip
     assert promoted == number and len(s.trials) == 2
     assert config.train_until_epoch == 9 and config.learning_rate == first.learning_rate
 
@@ -53,6 +53,15 @@ def test_the_baseline_is_the_base_run_stopped_at_the_rungs_on_its_way_to_its_own
     configs = [trial_config(base, baseline, budget, 9) for budget in (3, 9)]
     assert [config.train_until_epoch for config in configs] == stops
     assert all(replace(config, train_until_epoch=0) == base for config in configs)
+
+
+def test_a_baseline_whose_epochs_ended_at_an_earlier_rung_is_not_run_again():
+    s = study()  # rungs at 3 and 9 epochs
+    baseline = TrialRecord(0, {}, baseline=True, rung_metrics=[0.4], epochs_trained=2)
+    s.trials = [baseline]
+    assert round_configs(s, Round(1, existing=[0]), replace(BASE, epochs=2)) == []
+    assert baseline.rung_metrics == [0.4, 0.4] and baseline.epochs_trained == 2
+    assert len(round_configs(s, Round(1, existing=[0]), replace(BASE, epochs=5))) == 1
 
 
 def test_a_rung_records_its_metric_curve_and_seconds():

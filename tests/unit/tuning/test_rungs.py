@@ -56,10 +56,10 @@ def test_the_baseline_trains_in_the_first_wave_beside_the_proposed_trials():
     s = baseline_study(4, 2, [1, 3])
     assert [(t.number, t.baseline) for t in s.trials] == [(0, True)]
     work = next_round(s)
-    assert (work.rung, work.promoted, work.new) == (0, [0], 1)
+    assert (work.rung, work.existing, work.new) == (0, [0], 1)
     s.trials[0].rung_metrics.append(0.5)
     s.trials += [TrialRecord(1, {}, rung_metrics=[0.6])]
-    assert (next_round(s).promoted, next_round(s).new) == ([], 2)  # the baseline is not one of the 4 trials
+    assert (next_round(s).existing, next_round(s).new) == ([], 2)  # the baseline is not one of the 4 trials
     s.trials += [TrialRecord(n, {}, rung_metrics=[0.6]) for n in (2, 3, 4)]
     assert len(s.proposed) == 4 and next_round(s).rung == 1
 
@@ -89,12 +89,12 @@ def test_the_best_third_is_promoted_and_ties_go_to_the_earlier_trial():
 def test_promotions_run_in_waves_then_the_study_ends():
     s = with_results(study(9, 2, [1, 3, 9]), [0.1 * n for n in range(9)])
     work = next_round(s)
-    assert (work.rung, work.promoted) == (1, [8, 7])
+    assert (work.rung, work.existing) == (1, [8, 7])
     for number, value in ((8, 0.5), (7, 0.95)):
         s.trial(number).rung_metrics.append(value)
-    assert next_round(s).promoted == [6]
+    assert next_round(s).existing == [6]
     s.trial(6).rung_metrics.append(0.2)
-    assert (next_round(s).rung, next_round(s).promoted) == (2, [7])
+    assert (next_round(s).rung, next_round(s).existing) == (2, [7])
     s.trial(7).rung_metrics.append(0.96)
     assert next_round(s) is None
 
