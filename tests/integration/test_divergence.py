@@ -43,6 +43,24 @@ def test_on_the_fast_path_the_ranks_stop_together_at_most_one_step_after_the_los
     assert "the training loss is not finite on another rank;" in ranks[0]["error"]
 
 
+def test_under_on_divergence_stop_the_ranks_leave_the_loop_together_and_hand_back_their_runs(blob_splits):
+    from tasks.core.training.torch_loop import GUARDED_STEPS
+    from tests.workers.ddp_workers import launch_local, train_until_one_rank_diverges
+
+    config = TrainConfig(
+        epochs=3, batch_size=32, model=mlp_spec([16]), seed=5, collective_timeout_s=60, on_divergence="stop"
+    )
+    diverging = GUARDED_STEPS + 3  # on the fast path: the ranks then take the kept weights back together
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OMP_NUM_THREADS", "1")
+        ranks = launch_local(train_until_one_rank_diverges, config, blob_splits, 1, diverging, nproc=2,
+                             run_id="diverged-stop")  # fmt: skip
+    assert [ranks[rank]["error"] for rank in (0, 1)] == [None, None]
+    assert ranks[0]["steps_run"] == ranks[1]["steps_run"] and ranks[0]["epochs"] == ranks[1]["epochs"] < 3
+    assert "the training loss is not finite on another rank;" in ranks[0]["diverged"]
+    assert "the training loss is nan;" in ranks[1]["diverged"]
+
+
 def test_the_training_task_ends_at_once_on_divergence_with_its_message_restarting_nothing(
     blobs, write_table, tmp_path
 ):

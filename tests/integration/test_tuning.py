@@ -1,19 +1,21 @@
-"""Tuning end to end: a 4-trial, 2-rung study on the embedded digits, and bad input refused first."""
+"""Tuning end to end: a 4-trial, 2-rung study on the embedded digits, one trial of which diverges, and
+bad input refused first."""
 
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
 from tasks.core.messages import InputError
 from tasks.core.models.plugins import ModelSpec
 from tasks.core.training.config import TrainConfig
-from tasks.core.tuning.study import COMPLETED, STOPPED
+from tasks.core.tuning.study import COMPLETED, DIVERGED, STOPPED
 
 pytestmark = pytest.mark.slow
 SPACE = {
-    "learning_rate": {"low": 1e-3, "high": 3e-2, "log": True},
+    "learning_rate": {"choices": [3e-3, 1e-2, 1e9]},  # 1e9 diverges: the study goes on without it
     "width": {"choices": [16, 32]},
     "epochs": {"low": 1, "high": 3},
 }
@@ -26,7 +28,9 @@ def study_run():
     base = TrainConfig(epochs=3, batch_size=64, model=ModelSpec("mlp", options={"hidden_sizes": "32"}))
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("MIXEDML_LOCAL_CPU_WORKERS", "1")  # one process a trial: the study is small and quick
-        return tuning_pipeline(trials=4, concurrency=2, search_space=json.dumps(SPACE), hyperparameters=base)
+        return tuning_pipeline(
+            trials=4, concurrency=2, search_space=json.dumps(SPACE), hyperparameters=base, seed=3
+        )
 
 
 def test_a_four_trial_two_rung_study_runs_end_to_end_on_the_digits(study_run):
@@ -34,7 +38,11 @@ def test_a_four_trial_two_rung_study_runs_end_to_end_on_the_digits(study_run):
     assert study.budgets == [1, 3] and study.metric == "val_macro_f1" and len(study.proposed) == 4
     baseline = study.trial(0)  # the base configuration, trained every rung as the reference
     assert baseline.baseline and baseline.state == COMPLETED and not baseline.params
-    assert sorted(t.state for t in study.proposed) == [COMPLETED, STOPPED, STOPPED, STOPPED]
+    assert sorted(t.state for t in study.proposed) == [COMPLETED, DIVERGED, STOPPED, STOPPED]
+    # Seed 3 proposes learning rate 1e9 for trial 1 alone: it diverges, and the study goes on.
+    diverged = study.trial(1)
+    assert diverged.state == DIVERGED and diverged.params["learning_rate"] == "1000000000.0"
+    assert math.isnan(diverged.rung_metrics[0]) and diverged.epochs_trained == 0
     (promoted,) = (t for t in study.proposed if t.state == COMPLETED)
     assert promoted.epochs_trained == 3 and len(promoted.rung_metrics) == 2
     stopped = [t for t in study.trials if t.state == STOPPED]

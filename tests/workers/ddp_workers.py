@@ -108,7 +108,8 @@ def train_until_one_rank_is_signalled(
 
 def train_until_one_rank_diverges(config, splits, diverging_rank: int, diverging_step: int) -> dict[str, Any]:
     """Train; on `diverging_rank` alone the `diverging_step`-th optimizer step's loss is NaN.
-    Returns the error each rank stopped with and the optimizer steps it ran."""
+    Returns the error each rank stopped with (or, under `on_divergence: stop`, its run's `diverged` and
+    epochs) and the optimizer steps it ran."""
     import os
 
     from tasks.core.models.plugins import TrainingDiverged
@@ -126,12 +127,12 @@ def train_until_one_rank_diverges(config, splits, diverging_rank: int, diverging
 
     torch_training.LoopState.optimizer_step, torch_loop.mean_loss = step, loss
     try:
-        torch_training.train(config, splits)
+        run = torch_training.train(config, splits).run
     except TrainingDiverged as error:
         return {"error": str(error), "steps_run": len(calls)}
     finally:
         torch_ddp.shutdown_distributed()
-    return {"error": None, "steps_run": len(calls)}
+    return {"error": None, "diverged": run.diverged, "epochs": len(run.history), "steps_run": len(calls)}
 
 
 def train_recording_reads(config, splits) -> dict[str, Any]:

@@ -108,7 +108,10 @@ class BundleRecord:
     def of(
         cls, table: PreparedTable, run: TrainingRun, billed: Hardware, data_fingerprint: str
     ) -> BundleRecord:
-        """From what the prepared splits hold (`PreparedSplits.table`, `PreparedData.table`)."""
+        """From what the prepared splits hold (`PreparedSplits.table`, `PreparedData.table`). A run
+        that diverged (`on_divergence: stop`) has no model to bundle."""
+        if run.diverged:
+            raise ValueError(f"the run has no model to bundle: {run.diverged}")
         return cls(
             framework=run.framework, feature_names=table.feature_names, scaler=table.scaler,
             class_labels=table.class_labels, label_kind=table.label_kind, label_column=table.label_column,

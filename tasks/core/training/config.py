@@ -29,6 +29,9 @@ SELECTION_METRICS = {"val_loss": "lowest", "val_accuracy": "highest"}
 # How each class's rows weigh in the loss: alike ("none"), or "balanced", scikit-learn's
 # n_rows / (n_classes x class rows), counted on the train split (`class_weights`).
 CLASS_WEIGHTS = ("none", "balanced")
+# What a training loss that is not finite does: "fail" raises TrainingDiverged; "stop" ends the run
+# there, its record saying so (`TrainingRun.diverged`): a tuning trial, which must not end the study.
+ON_DIVERGENCE = ("fail", "stop")
 # Each integer field's range: the seed is numpy's; the others fit int64 arithmetic and timedelta with room.
 INT_RANGES = {
     "epochs": (1, 10**6),
@@ -92,6 +95,8 @@ class TrainConfig:
     # `epochs`: a tuning rung, which a later run resumes from its checkpoint (docs/tuning.md). A torch
     # run given it hands its checkpoint back beside the model.
     train_until_epoch: int = 0
+    # ON_DIVERGENCE: a run that diverges fails (the default) or stops with a record that says so.
+    on_divergence: str = "fail"
 
     @classmethod
     def from_json(cls, text: str) -> TrainConfig:
@@ -117,6 +122,7 @@ class TrainConfig:
              f"not one of {', '.join(SELECTION_METRICS)}"),
             ("class_weight", self.class_weight in CLASS_WEIGHTS, f"not one of {', '.join(CLASS_WEIGHTS)}"),
             ("train_until_epoch", self.train_until_epoch <= self.epochs, f"must be at most epochs ({self.epochs})"),
+            ("on_divergence", self.on_divergence in ON_DIVERGENCE, f"not one of {', '.join(ON_DIVERGENCE)}"),
         ]  # fmt: skip
         found: dict[str, str] = {}
         for name, ok, rule in rules:

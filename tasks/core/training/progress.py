@@ -7,12 +7,29 @@ import logging
 import math
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
+from tasks.core.models.plugins import TrainingDiverged
 from tasks.core.training.config import SELECTION_METRICS, TrainConfig
 from tasks.core.training.records import EpochMetrics
 
 log = logging.getLogger(__name__)
+
+
+@contextmanager
+def ending_on_divergence(config: TrainConfig) -> Iterator[list[str]]:
+    """The epochs' block: where `config.on_divergence` is "stop", a TrainingDiverged (raised alike on
+    every rank) ends the block, not the run, and its message lands in the list yielded."""
+    said: list[str] = []
+    try:
+        yield said
+    except TrainingDiverged as error:
+        if config.on_divergence != "stop":
+            raise
+        log.warning("%s; the run stops here (on_divergence: stop)", error)
+        said.append(str(error))
 
 
 @dataclass

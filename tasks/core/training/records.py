@@ -44,6 +44,9 @@ class TrainingRun:
     kept_reason: str = ""
     # Whether the run learnt a number (a regression: its losses are squared errors, it has no accuracy).
     regression: bool = False
+    # Where a run with `on_divergence: stop` diverged: TrainingDiverged's message ("" for a run that did
+    # not). Its model is the weights it diverged with, for no use.
+    diverged: str = ""
 
     @property
     def on_cpu(self) -> bool:

@@ -26,7 +26,7 @@ from tasks.core.training.keras_callbacks import (
 )
 from tasks.core.training.keras_data import KerasData, read_keras_data
 from tasks.core.training.preemption import PreemptionNotice
-from tasks.core.training.progress import EpochChoice
+from tasks.core.training.progress import EpochChoice, ending_on_divergence
 from tasks.core.training.records import TrainingRun
 from tasks.core.training.tf_strategy import Environment, detect_environment, select_strategy
 
@@ -229,7 +229,8 @@ def train_keras(
         clock = TrainClock()
         guard = StopOnDivergence(tracker, config.learning_rate)
         every_fit = [guard, tracker, clock, *(options.callbacks or [])]
-        fit_epochs(model, tracker, data, every_fit, options.log_dir, config.last_epoch)
+        with ending_on_divergence(config) as diverged:
+            fit_epochs(model, tracker, data, every_fit, options.log_dir, config.last_epoch)
         tracker.take_kept_weights(model)
         seconds = time.perf_counter() - start
     if artifact_path:
@@ -253,5 +254,6 @@ def train_keras(
         kept_epoch=kept_epoch,
         kept_reason=kept_reason,
         regression=splits.regression,
+        diverged="".join(diverged),
     )
     return KerasOutcome(run=run, model=model)

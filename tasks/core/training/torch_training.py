@@ -19,7 +19,7 @@ from tasks.core.models.torch_models import save_torch_artifact
 from tasks.core.training.checkpoint import TrainingCheckpoint
 from tasks.core.training.config import TrainConfig
 from tasks.core.training.preemption import PreemptionNotice
-from tasks.core.training.progress import log_epoch
+from tasks.core.training.progress import ending_on_divergence, log_epoch
 from tasks.core.training.rank_part import rank_part, row_groups
 from tasks.core.training.records import EpochMetrics
 from tasks.core.training.rows import TrainingRows, auto_placement
@@ -65,27 +65,28 @@ def train(
 
     ctx.family.reset_peak_memory(ctx.device)
     samples, training_seconds, start = 0, 0.0, time.perf_counter()
-    for epoch in range(progress.epoch, config.last_epoch):
-        if state.choice.stops_early(progress.history):  # a resumed run too, saved after its last epoch
-            break
-        epoch_start = time.perf_counter()
-        train_loss, train_acc, seen = state.train_epoch(epoch)
-        training_seconds += time.perf_counter() - epoch_start  # the loop alone: no validation, no saving
-        share_rank0_buffers(model, ctx)
-        val_loss, val_acc = evaluate_shard(
-            state.ddp_model, training_rows.validation(eval_batch), ctx, state.dtype, state.class_weights
-        )
-        samples += seen
-        metrics = EpochMetrics(epoch + 1, train_loss, train_acc, val_loss, val_acc, val_rows)
-        progress.finish_epoch(metrics)
-        state.copy_if_best()
-        state.reporter.epoch_end()
-        if board is not None:
-            write_epoch_scalars(board, metrics, samples / max(training_seconds, 1e-9))
-        if checkpoint is not None:
-            state.save()
-        if ctx.rank == 0:
-            log_epoch(metrics, config.epochs, splits.regression)
+    with ending_on_divergence(config) as diverged:
+        for epoch in range(progress.epoch, config.last_epoch):
+            if state.choice.stops_early(progress.history):  # a resumed run too, saved after its last epoch
+                break
+            epoch_start = time.perf_counter()
+            train_loss, train_acc, seen = state.train_epoch(epoch)
+            training_seconds += time.perf_counter() - epoch_start  # the loop alone: no validation, no saving
+            share_rank0_buffers(model, ctx)
+            val_loss, val_acc = evaluate_shard(
+                state.ddp_model, training_rows.validation(eval_batch), ctx, state.dtype, state.class_weights
+            )
+            samples += seen
+            metrics = EpochMetrics(epoch + 1, train_loss, train_acc, val_loss, val_acc, val_rows)
+            progress.finish_epoch(metrics)
+            state.copy_if_best()
+            state.reporter.epoch_end()
+            if board is not None:
+                write_epoch_scalars(board, metrics, samples / max(training_seconds, 1e-9))
+            if checkpoint is not None:
+                state.save()
+            if ctx.rank == 0:
+                log_epoch(metrics, config.epochs, splits.regression)
     state.close()
     state.take_kept_weights()
     if ctx.rank == 0:
@@ -98,7 +99,9 @@ def train(
     if ctx.rank == 0 and artifact_path:
         spec = input_spec_for(config.model, len(splits.feature_names), splits.n_outputs)
         save_torch_artifact(model, config.model, spec, artifact_path)
-    return state.outcome(training_rows.train.row_ids(), samples, training_seconds, seconds, splits.regression)
+    done = state.outcome(training_rows.train.row_ids(), samples, training_seconds, seconds, splits.regression)
+    done.run.diverged = "".join(diverged)
+    return done
 
 
 def set_up(

@@ -55,10 +55,11 @@ def open_study(settings: TuningSettings, base: TrainConfig, regression: bool, va
 def trial_config(base: TrainConfig, record: TrialRecord, budget: int, last: int) -> TrainConfig:
     """The trial's run to the end of a rung: its whole run (`whole_config`), its learning rate
     scheduled over all of it, stopped after `budget` epochs (all of them at the `last` rung) and
-    checkpointed for the next."""
+    checkpointed for the next. A trial that diverges stops with a record that says so, and the study
+    goes on without it."""
     whole = whole_config(base, record, last)
     stop = whole.epochs if budget == last else min(budget, whole.epochs)
-    return replace(whole, train_until_epoch=stop)
+    return replace(whole, train_until_epoch=stop, on_divergence="stop")
 
 
 def whole_config(base: TrainConfig, record: TrialRecord, last: int) -> TrainConfig:

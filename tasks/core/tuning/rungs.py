@@ -6,7 +6,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from tasks.core.tuning.study import COMPLETED, STOPPED, Study, TrialRecord, full_budget_cost, sort_value
+from tasks.core.tuning.study import (
+    COMPLETED,
+    DIVERGED,
+    STOPPED,
+    Study,
+    TrialRecord,
+    full_budget_cost,
+    sort_value,
+)
 
 
 @dataclass
@@ -44,8 +52,9 @@ def ranked(records: list[TrialRecord], rung: int, direction: str) -> list[TrialR
 
 def promoted(study: Study, rung: int) -> list[int]:
     """The trials that train in `rung` (> 0): the baseline, and the best proposed trials of those that
-    finished the rung before."""
+    finished the rung before; never one that diverged."""
     below = [record for record in study.trials if len(record.rung_metrics) >= rung]
+    below = [record for record in below if math.isfinite(record.rung_metrics[rung - 1])]
     size = rung_sizes(study.settings.trials, len(study.budgets), study.settings.reduction_factor)[rung]
     best = ranked([record for record in below if not record.baseline], rung - 1, study.direction)[:size]
     return [record.number for record in below if record.baseline] + [record.number for record in best]
@@ -68,26 +77,43 @@ def next_round(study: Study) -> Round | None:
 
 
 def finish(study: Study) -> Study:
-    """The trials' states, the best trial (`best_of`) and the totals."""
+    """The trials' states, the best trial (`best_of`) and the totals. A trial that diverged would have
+    diverged at the same step of its unbroken run, so in the full budget's cost it costs what it did."""
     for record in study.trials:
-        record.state = COMPLETED if len(record.rung_metrics) == len(study.budgets) else STOPPED
+        record.state = state_of(record, len(study.budgets))
     study.best, study.choice = best_of(study)
     study.wall_seconds = sum(t.wall_seconds for t in study.trials)
     study.cost_usd = sum(t.cost_usd for t in study.trials)
-    study.full_budget_cost_usd = sum(
-        full_budget_cost(t, t.epochs_trained if t.state == COMPLETED else study.budgets[-1])
-        for t in study.trials
-    )
+    study.full_budget_cost_usd = sum(full_cost(t, study.budgets[-1]) for t in study.trials)
     return study
 
 
+def full_cost(record: TrialRecord, last: int) -> float:
+    """The trial's cost had it trained to the `last` rung's budget in one run."""
+    if record.state == DIVERGED:
+        return record.cost_usd
+    return full_budget_cost(record, record.epochs_trained if record.state == COMPLETED else last)
+
+
+def state_of(record: TrialRecord, rungs: int) -> str:
+    if record.diverged:
+        return DIVERGED
+    return COMPLETED if len(record.rung_metrics) == rungs else STOPPED
+
+
 def best_of(study: Study) -> tuple[int, str]:
-    """The best of the trials that got furthest, and why. The baseline stays the best unless a trial
+    """The best of the trials that got furthest without diverging, and why. The baseline stays the best unless a trial
     beats it by more than one standard error of its metric over the validation rows (the
     one-standard-error rule): on a small validation split the best of many trials wins partly by
     chance, and the base configuration is the run a user gets without the study."""
-    furthest = max(len(record.rung_metrics) for record in study.trials)
-    finalists = [record for record in study.trials if len(record.rung_metrics) == furthest]
+    usable = [record for record in study.trials if record.rung_metrics and not record.diverged]
+    if not usable:
+        raise ValueError(
+            f"all {len(study.trials)} trials of the study diverged (the training loss became NaN or "
+            "infinite): lower the search space's learning_rate, or train with precision 'fp32'"
+        )
+    furthest = max(len(record.rung_metrics) for record in usable)
+    finalists = [record for record in usable if len(record.rung_metrics) == furthest]
     top = ranked(finalists, furthest - 1, study.direction)[0]
     baseline = next((record for record in finalists if record.baseline), None)
     metric = lambda record: record.rung_metrics[-1]  # noqa: E731

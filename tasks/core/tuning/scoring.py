@@ -15,7 +15,9 @@ CHUNK_ROWS = 8192  # rows scored at a time: a large validation split is never on
 
 def trial_metric(metric: str, artifact: str, splits: SplitPaths, run: TrainingRun, label_std: float) -> float:
     """`metric` of the model at `artifact`: val_loss is the kept epoch's, the others are scored here
-    (a regression's RMSE in the label's units)."""
+    (a regression's RMSE in the label's units); NaN for a run that diverged, whose model is no use."""
+    if run.diverged:
+        return math.nan
     if metric == "val_loss":
         kept = run.kept_epoch or len(run.history)
         return run.history[kept - 1].val_loss if run.history else math.nan

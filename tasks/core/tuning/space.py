@@ -23,8 +23,9 @@ from tasks.core.training.config import TrainConfig
 BUDGET = "epochs"
 MLP_SHAPE = ("width", "depth")
 MODEL_OPTION = "model."
-# Fields a trial does not choose: the model is varied through its options, and the rung sets the stop.
-NOT_SEARCHED = ("model", "train_until_epoch")
+# Fields a trial does not choose: the model is varied through its options, the rung sets the stop, and
+# every trial stops where it diverges.
+NOT_SEARCHED = ("model", "train_until_epoch", "on_divergence")
 FIELD_TYPES = {
     f.name: type(f.default) for f in dataclasses.fields(TrainConfig) if f.name not in (*NOT_SEARCHED, BUDGET)
 }

@@ -6,7 +6,7 @@ import json
 import math
 from dataclasses import dataclass, field
 
-COMPLETED, STOPPED, RUNNING = "completed", "stopped", "running"
+COMPLETED, STOPPED, DIVERGED, RUNNING = "completed", "stopped", "diverged", "running"
 
 
 @dataclass
@@ -34,8 +34,13 @@ class TrialRecord:
     val_losses: list[float] = field(default_factory=list)  # per epoch: the learning curve
     wall_seconds: float = 0.0
     cost_usd: float = 0.0
-    state: str = RUNNING  # completed (trained the whole budget) or stopped (not promoted)
+    state: str = RUNNING  # completed (trained the whole budget), stopped (not promoted) or diverged
     baseline: bool = False  # the base configuration itself: no searched values, trains every rung
+
+    @property
+    def diverged(self) -> bool:
+        """Whether its last run diverged: its metric is not a number, and it is never promoted or chosen."""
+        return bool(self.rung_metrics) and not math.isfinite(self.rung_metrics[-1])
 
     @property
     def label(self) -> str:

@@ -4,6 +4,9 @@ rows refuses non-finite logits."""
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
+
 import pytest
 
 from tasks.core.models.plugins import ModelError, ModelSpec, TrainingDiverged, check_model, mlp_spec
@@ -119,3 +122,42 @@ def test_keras_stops_on_a_non_finite_loss_and_saves_no_model(case, blob_splits, 
     assert not artifact.exists()
     if case == "nan-logits":
         assert not any(checkpoint.glob("*.weights.h5"))
+
+
+def assert_stopped_with_a_record_that_says_so(run, artifact: str, splits, where: str) -> None:
+    """The run handed back instead of raising: its record names the step, the tuning metric of its
+    model is not a number whatever the metric, and no bundle is written from it."""
+    from tasks.core.bundle.manifest import BundleRecord
+    from tasks.core.training.records import Hardware
+    from tasks.core.tuning.scoring import trial_metric
+
+    assert run.diverged.startswith(f"training diverged at {where}") and run.history == []
+    for metric in ("val_accuracy", "val_macro_f1", "val_loss"):
+        assert math.isnan(trial_metric(metric, artifact, splits, run, 1.0))
+    with pytest.raises(ValueError, match="the run has no model to bundle: training diverged at epoch 1"):
+        BundleRecord.of(None, run, Hardware("cpu", 1), "")
+
+
+@pytest.mark.parametrize("case", list(DIVERGING))
+def test_torch_with_on_divergence_stop_hands_back_a_run_that_says_it_diverged(case, blob_splits, tmp_path):
+    from tasks.core.training.torch_training import train
+
+    config, where = DIVERGING[case]
+    artifact = str(tmp_path / "model.pt")
+    run = train(replace(config, on_divergence="stop"), blob_splits, artifact).run
+    assert_stopped_with_a_record_that_says_so(run, artifact, blob_splits, where)
+
+
+@pytest.mark.slow
+def test_keras_with_on_divergence_stop_hands_back_a_run_that_says_it_diverged(blob_splits, tmp_path):
+    from tasks.core.training.tf_training import train_keras
+
+    config, where = DIVERGING["nan-logits"]
+    artifact = str(tmp_path / "model.npz")
+    run = train_keras(replace(config, on_divergence="stop"), blob_splits, artifact).run
+    assert_stopped_with_a_record_that_says_so(run, artifact, blob_splits, where)
+
+
+def test_on_divergence_is_fail_or_stop():
+    assert TrainConfig().on_divergence == "fail"
+    assert TrainConfig(on_divergence="skip").problems() == {"on_divergence": "not one of fail, stop"}

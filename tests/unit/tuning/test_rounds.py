@@ -52,7 +52,8 @@ def test_the_baseline_is_the_base_run_stopped_at_the_rungs_on_its_way_to_its_own
     baseline = TrialRecord(0, {}, baseline=True)
     configs = [trial_config(base, baseline, budget, 9) for budget in (3, 9)]
     assert [config.train_until_epoch for config in configs] == stops
-    assert all(replace(config, train_until_epoch=0) == base for config in configs)
+    assert all(replace(config, train_until_epoch=0, on_divergence="fail") == base for config in configs)
+    assert all(config.on_divergence == "stop" for config in configs)  # a diverged trial ends no study
 
 
 def test_a_baseline_whose_epochs_ended_at_an_earlier_rung_is_not_run_again():

@@ -7,7 +7,15 @@ import math
 import pytest
 
 from tasks.core.tuning.rungs import finish, next_round, promoted, rung_budgets, rung_sizes, standard_error
-from tasks.core.tuning.study import COMPLETED, STOPPED, Study, TrialRecord, TuningSettings, new_study
+from tasks.core.tuning.study import (
+    COMPLETED,
+    DIVERGED,
+    STOPPED,
+    Study,
+    TrialRecord,
+    TuningSettings,
+    new_study,
+)
 
 
 @pytest.mark.parametrize(
@@ -151,3 +159,26 @@ def test_a_lower_rmse_must_beat_the_baseline_by_its_standard_error_and_val_loss_
     assert finalists({0: 50.0, 1: 44.0}, "minimize", "val_rmse", 50).best == 1
     assert finalists({0: 0.50, 1: 0.49}, "minimize", "val_loss", 50).best == 1  # no standard error: 0
     assert finalists({0: 0.5, 1: math.nan}, "maximize", "val_accuracy", 50).best == 0
+
+
+def test_a_trial_that_diverged_is_never_promoted_nor_chosen_and_the_study_goes_on():
+    s = baseline_study(4, 4, [1, 3])
+    s.trials[0].rung_metrics.append(math.nan)  # the baseline diverged: it is not resumed
+    s.trials += [TrialRecord(n, {}, rung_metrics=[value]) for n, value in ((1, 0.4), (2, math.nan), (3, 0.3))]
+    s.trials += [TrialRecord(4, {}, rung_metrics=[0.2])]
+    assert promoted(s, 1) == [1]
+    s.trial(1).rung_metrics.append(math.nan)  # and the promoted one diverged at the last rung
+    s.trial(1).epochs_trained, s.trial(1).cost_usd = 2, 2.0
+    assert next_round(s) is None
+    finish(s)
+    assert [t.state for t in s.trials] == [DIVERGED, DIVERGED, DIVERGED, STOPPED, STOPPED]
+    assert s.best == 3 and s.choice.startswith("the best val_macro_f1, 0.3")  # the furthest that did not
+    assert s.full_budget_cost_usd == pytest.approx(2.0)  # it diverged where its whole run would have
+
+
+def test_a_study_whose_every_trial_diverged_fails_saying_so():
+    s = baseline_study(2, 3, [1, 3])
+    s.trials[0].rung_metrics.append(math.nan)
+    s.trials += [TrialRecord(n, {}, rung_metrics=[math.inf]) for n in (1, 2)]
+    with pytest.raises(ValueError, match="all 3 trials of the study diverged .*lower the search space's"):
+        finish(s)

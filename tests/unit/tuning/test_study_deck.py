@@ -12,7 +12,7 @@ import pytest
 
 from tasks.core.evaluation import study_plots
 from tasks.core.tuning.rungs import finish
-from tasks.core.tuning.study import COMPLETED, STOPPED, Study, TrialRecord, TuningSettings
+from tasks.core.tuning.study import COMPLETED, DIVERGED, STOPPED, Study, TrialRecord, TuningSettings
 from tasks.plumbing import study_deck
 
 SPACE = {
@@ -49,7 +49,7 @@ def page(monkeypatch) -> str:
     pages: dict[str, str] = {}
     monkeypatch.setattr(study_deck, "Deck", lambda name, html: pages.__setitem__(name, html))
     study = finished_study()
-    assert study.best == 0 and [t.state for t in study.trials] == [COMPLETED, STOPPED, STOPPED, STOPPED]
+    assert study.best == 0 and [t.state for t in study.trials] == [COMPLETED, STOPPED, STOPPED, DIVERGED]
     study_deck.study_deck(study)
     return pages["Study"]
 
@@ -105,8 +105,9 @@ def test_the_totals_and_a_row_per_trial(page):
     trials = page[page.index("<h2>Trials</h2>") :]
     assert trials.count("<tr>") == 1 + len(TRIALS)
     assert "<td>0.8, 0.9</td>" in trials and "<td>nan</td>" in trials
-    # Trial 0 trained 3 epochs, the rest 1: 6 epochs of the 12 that every trial to the full budget costs.
-    assert "<td>50%</td>" in page[: page.index("<h2>Optimisation history</h2>")]
+    # Trial 0 trained 3 epochs, the rest 1: 6 epochs of the 10 that every trial to the full budget costs, 40% saved
+    # (trial 3 diverged in its first epoch, as its whole run would have).
+    assert "<td>40%</td>" in page[: page.index("<h2>Optimisation history</h2>")]
     assert "<p>Best: trial 0, the best val_macro_f1, 0.9.</p>" in page
 
 
