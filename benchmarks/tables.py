@@ -369,7 +369,7 @@ def train_rows(data: str, prepared: PreparedSplits, label: str = LABEL) -> tuple
     dataset = open_dataset(data, label)
     from_csv = isinstance(dataset.format, ds.CsvFileFormat)
     labels = clean_labels(scan_labels(dataset, data, label), data, label, from_csv)
-    rows = RowSplit.of(labels, data, label, SPLIT)
+    rows = RowSplit.of(labels, data, label, prepared.table.split or SPLIT)
     train = rows.assignment == SPLITS.index("train")
     if rows.class_labels != prepared.table.class_labels or train.sum() != prepared.table.rows["train"]:
         raise AssertionError("the split made here is not the one preprocessing made")

@@ -39,13 +39,19 @@ def test_a_promoted_trial_resumed_rung_after_rung_ends_as_the_same_trial_trained
 
 def test_the_group_prints_each_tables_block_and_marks_every_goal(tmp_path, capsys):
     figures = tuning_bench.tuning(tmp_path, tuning_bench.SMOKE, ["cars"])
-    assert len(figures) == 5
+    assert len(figures) == 5 + 2  # the split's five, then the means over the splits (one at this size)
     for figure in figures:
-        assert figure.name.startswith("tuning: cars ")
+        assert figure.name.startswith(
+            ("tuning: cars (split seed 0) ", "tuning: cars, mean over split seeds 0,")
+        )
         assert math.isfinite(figure.value) and math.isfinite(figure.baseline) and figure.baseline > 0
         assert figure.goal.endswith((": met", ": missed")), figure.goal
+    versus_hgb, versus_default = figures[5:]
+    assert versus_hgb.name.startswith("tuning: cars, mean over split seeds 0, tuned vs HistGradientBoosting")
+    assert (versus_hgb.value, versus_hgb.baseline) == (figures[0].value, figures[0].baseline)
+    assert (versus_default.value, versus_default.baseline) == (figures[1].value, figures[1].baseline)
     printed = capsys.readouterr().out
-    assert "cars (cars.parquet, 406 rows: 284 train, 61 val, 61 test): test accuracy" in printed
+    assert "cars (cars.parquet, 406 rows: 284 train, 61 val, 61 test; split seed 0): test accuracy" in printed
     assert "| trial-epochs vs full budget | 7 | 11 | 0.636 | ratio <= 0.5: missed |" in printed
 
 
