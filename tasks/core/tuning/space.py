@@ -32,7 +32,7 @@ FIELD_TYPES = {
 DEFAULT_SPACE = {
     "learning_rate": {"low": 1e-4, "high": 1e-1, "log": True},
     "batch_size": {"choices": [32, 64, 128, 256]},
-    "width": {"choices": [64, 128, 256, 512]},
+    "width": {"choices": [16, 32, 64, 128, 256, 512]},
     "depth": {"low": 1, "high": 3},
     "dropout": {"low": 0.0, "high": 0.5},
     "weight_decay": {"low": 1e-6, "high": 1e-1, "log": True},

@@ -31,7 +31,7 @@ def test_another_seed_or_wave_proposes_others():
 def test_proposals_stay_in_the_space():
     for values in propose(SPACE, history(8), "maximize", 0, 8):
         assert 1e-4 <= values["learning_rate"] <= 1e-1
-        assert values["batch_size"] in (32, 64, 128, 256) and values["width"] in (64, 128, 256, 512)
+        assert values["batch_size"] in (32, 64, 128, 256) and values["width"] in (16, 32, 64, 128, 256, 512)
         assert 1 <= values["depth"] <= 3 and isinstance(values["depth"], int)
 
 
