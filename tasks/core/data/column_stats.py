@@ -270,11 +270,10 @@ class CategoryStats:
         alone = sum(1 for count in self.counts.values() if count == 1)
         return 2 * (alone + self.other) > self.count
 
-    def most_frequent(self, limit: int, min_rows: int = 1) -> list[str]:
-        """Up to `limit` values of at least `min_rows` rows each, the most frequent first; ties by value,
-        so the choice is deterministic."""
+    def most_frequent(self, limit: int) -> list[str]:
+        """Up to `limit` values, the most frequent first; ties by value, so the choice is deterministic."""
         ranked = sorted(self.counts.items(), key=lambda item: (-item[1], item[0]))
-        return [value for value, count in ranked[:limit] if count >= min_rows]
+        return [value for value, _ in ranked[:limit]]
 
     def to_dict(self) -> dict:
         words = None if self.words is None else self.words.to_dict()

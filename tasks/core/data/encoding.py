@@ -17,12 +17,11 @@ The rules:
   pieces; a median needs every value, or a sketch whose answer depends on the split. An infinite
   value is refused by column and row.
 - Categories: one-hot over a vocabulary of the `VOCABULARY_CAP` most frequent train values (ties broken
-  by value) of at least `MIN_CATEGORY_ROWS` (5) train rows each, then `name=<other>` for any other
-  value, unseen ones included (never an error), then `name=<missing>` where a train value was missing
-  (elsewhere a missing value counts as other). Counting holds at most `COUNT_CAP` distinct values per
-  column: exact while the train rows hold no more, and beyond that a Misra-Gries summary that keeps
-  every value in more than 1/(COUNT_CAP+1) of the rows (see `CategoryStats`), which may then depend on
-  how the rows were split into pieces.
+  by value), then `name=<other>` for any other value, unseen ones included (never an error), then
+  `name=<missing>` where a train value was missing (elsewhere a missing value counts as other). Counting
+  holds at most `COUNT_CAP` distinct values per column: exact while the train rows hold no more, and
+  beyond that a Misra-Gries summary that keeps every value in more than 1/(COUNT_CAP+1) of the rows
+  (see `CategoryStats`), which may then depend on how the rows were split into pieces.
 - Booleans: 0/1; a missing value takes the train share of true, with `name<missing>` as for numbers.
 - Dates: `name:days` (days since the earliest train instant, fractional), `name:month` (1-12) and
   `name:weekday` (0 = Monday ... 6 = Sunday), as plain numbers; a missing date takes the midpoint of
@@ -60,7 +59,7 @@ from tasks.core.data.encoders import ColumnEncoder
 from tasks.core.data.encoders import DateEncoding as DateEncoding
 from tasks.core.data.encoders import NumberEncoding as NumberEncoding
 from tasks.core.data.files import DatasetError
-from tasks.core.data.kind_records import MIN_CATEGORY_ROWS, RECORDS, VocabularyRule
+from tasks.core.data.kind_records import RECORDS
 from tasks.core.messages import preview
 
 ENCODING_VERSION = 1
@@ -99,13 +98,9 @@ class EncodingStats:
         )
 
     def fit(
-        self,
-        vocabulary_cap: int = VOCABULARY_CAP,
-        min_identifier_rows: int = MIN_IDENTIFIER_ROWS,
-        min_category_rows: int = MIN_CATEGORY_ROWS,
+        self, vocabulary_cap: int = VOCABULARY_CAP, min_identifier_rows: int = MIN_IDENTIFIER_ROWS
     ) -> FittedEncoding:
         """The encoding these statistics give; a column left out gets a note instead."""
-        vocabulary = VocabularyRule(vocabulary_cap, min_category_rows)
         columns, left_out = [], {}
         for name, proposed in self.kinds.items():
             stats = self.columns.get(name)  # none where dropped
@@ -114,7 +109,7 @@ class EncodingStats:
             if reason:
                 left_out[name] = f"column {name!r} is left out of the features: {reason}"
             else:
-                encoder = RECORDS[kind.kind].fit(stats, vocabulary)
+                encoder = RECORDS[kind.kind].fit(stats, vocabulary_cap)
                 columns.append(ColumnEncoding(name, kind.kind, encoder, missing_share(stats)))
         if not columns:
             raise DatasetError(f"no feature column is left to encode: {'; '.join(left_out.values())}")

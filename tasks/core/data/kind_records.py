@@ -45,22 +45,6 @@ def its_own_kind(kind: ColumnKind, stats: ColumnStats, min_identifier_rows: int)
     return kind.kind
 
 
-# A value has a one-hot column of its own only where it is in at least this many train rows; rarer ones
-# are <other>. A column that is 1 in one or two rows lets a network learn those rows by heart: on
-# 2,000-row tables of long-tailed categories the default network's test accuracy rose by 0.01-0.07
-# without such columns (docs/benchmarks.md#tuning).
-MIN_CATEGORY_ROWS = 5
-
-
-@dataclass(frozen=True)
-class VocabularyRule:
-    """Which values of a category have a one-hot column: the `cap` most frequent of those in at least
-    `min_rows` train rows."""
-
-    cap: int
-    min_rows: int = MIN_CATEGORY_ROWS
-
-
 @dataclass(frozen=True)
 class KindRecord:
     values: KindValues  # reading a column as the kind, and the exports' input (kind_values.py)
@@ -68,7 +52,7 @@ class KindRecord:
     stats_of: Callable[[np.ndarray | pa.Array, int], ColumnStats]  # a batch's; the int: COUNT_CAP
     empty_stats: Callable[[int], ColumnStats]
     encoder: type  # what the column's values become (encoders.py)
-    fit: Callable[[ColumnStats, VocabularyRule], ColumnEncoder]  # from the statistics
+    fit: Callable[[ColumnStats, int], ColumnEncoder]  # from the statistics; the int: VOCABULARY_CAP
     moments: Callable[[ColumnEncoder, ColumnStats], list[FeatureMoments]]  # its features', indicator aside
     # Why the kind's own rules leave a column out, if they do; the int: MIN_IDENTIFIER_ROWS.
     left_out: Callable[[ColumnKind, ColumnStats, int], str | None]
@@ -83,23 +67,23 @@ class KindRecord:
         return self.values.name
 
 
-def fit_number(stats: NumberStats, vocabulary: VocabularyRule) -> NumberEncoding:
+def fit_number(stats: NumberStats, vocabulary_cap: int) -> NumberEncoding:
     return NumberEncoding(stats.mean, stats.missing > 0)
 
 
-def fit_boolean(stats: BooleanStats, vocabulary: VocabularyRule) -> NumberEncoding:
+def fit_boolean(stats: BooleanStats, vocabulary_cap: int) -> NumberEncoding:
     return NumberEncoding(stats.true / stats.count, stats.missing > 0)
 
 
-def fit_category(stats: CategoryStats, vocabulary: VocabularyRule) -> CategoryEncoding:
-    return CategoryEncoding(stats.most_frequent(vocabulary.cap, vocabulary.min_rows), stats.missing > 0)
+def fit_category(stats: CategoryStats, vocabulary_cap: int) -> CategoryEncoding:
+    return CategoryEncoding(stats.most_frequent(vocabulary_cap), stats.missing > 0)
 
 
-def fit_date(stats: DateStats, vocabulary: VocabularyRule) -> DateEncoding:
+def fit_date(stats: DateStats, vocabulary_cap: int) -> DateEncoding:
     return DateEncoding(stats.low, stats.low + (stats.high - stats.low) // 2, stats.missing > 0)
 
 
-def fit_text(stats: CategoryStats, vocabulary: VocabularyRule) -> TextEncoding:
+def fit_text(stats: CategoryStats, vocabulary_cap: int) -> TextEncoding:
     """Every word counted, so that the statistics' sums are those of the features; the vocabulary cap
     is a category's."""
     words, buckets = stats.words.most_frequent(), len(stats.words.sums)

@@ -44,8 +44,7 @@ def description(feature_names: list[str]) -> ExportDescription:
 
 
 def fitted(table: pa.Table) -> FittedEncoding:
-    """The encoding of a table of a few rows, a one-hot column for every value however rare."""
-    return batch_stats(propose_kinds(table.schema, sample=table), table).fit(min_category_rows=1)
+    return batch_stats(propose_kinds(table.schema, sample=table), table).fit()
 
 
 def model_of(framework: str, n_features: int, seed: int = 1):

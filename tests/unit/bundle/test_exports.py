@@ -208,9 +208,7 @@ def test_keras_onnx_takes_raw_rows_and_gives_the_model_s_logits(keras_export, ro
 
 
 def fitted(table: pa.Table, overrides: dict[str, str] | None = None) -> FittedEncoding:
-    """The encoding of a table of a few rows, a one-hot column for every value however rare."""
-    stats = batch_stats(propose_kinds(table.schema, overrides=overrides, sample=table), table)
-    return stats.fit(min_category_rows=1)
+    return batch_stats(propose_kinds(table.schema, overrides=overrides, sample=table), table).fit()
 
 
 NUMBERS = {f"f{index}": [float(index + row) for row in range(4)] for index in range(N_FEATURES)}

@@ -231,9 +231,7 @@ def test_the_onnx_and_tensorflow_encodings_give_the_bundle_s_features(indicators
     table = many_dates_table()
     # Without a missing train value there is no indicator, and a value missing at scoring is filled.
     train = table if indicators else complete_rows(table)
-    encoding = batch_stats(propose_kinds(train.schema, sample=train), train).fit(
-        vocabulary_cap=2, min_category_rows=1
-    )
+    encoding = batch_stats(propose_kinds(train.schema, sample=train), train).fit(vocabulary_cap=2)
     assert any(name.endswith("<missing>") for name in encoding.encoded_names()) == indicators
     expected = encoding.transform(table)
     feeds = raw_feeds(table, encoding)

@@ -7,7 +7,7 @@ import numpy as np
 import pyarrow as pa
 
 from tasks.core.data.column_kinds import KINDS, Place, canonical, read_as_dictionary
-from tasks.core.data.kind_records import RECORDS, VocabularyRule
+from tasks.core.data.kind_records import RECORDS
 from tasks.core.data.kind_values import CATEGORICAL, VALUES
 
 
@@ -37,9 +37,7 @@ def test_only_categories_are_read_as_dictionaries_and_stored_as_codes():
 
 def test_the_deck_names_a_vocabulary_for_categories_and_text_only():
     fitted = {
-        kind: record.fit(
-            record.stats_of(canonical(kind, pa.array(["1", "0"] * 5), Place("c")), 10), VocabularyRule(5)
-        )
+        kind: record.fit(record.stats_of(canonical(kind, pa.array(["1", "0"]), Place("c")), 10), 5)
         for kind, record in RECORDS.items()
         if kind != "date"
     }
