@@ -102,10 +102,10 @@ def state_of(record: TrialRecord, rungs: int) -> str:
 
 
 def best_of(study: Study) -> tuple[int, str]:
-    """The best of the trials that got furthest without diverging, and why. The baseline stays the best unless a trial
-    beats it by more than one standard error of its metric over the validation rows (the
-    one-standard-error rule): on a small validation split the best of many trials wins partly by
-    chance, and the base configuration is the run a user gets without the study."""
+    """The best of the trials that got furthest without diverging, and why. The baseline stays the
+    best unless a trial beats it by more than one standard error of its metric over the validation
+    rows (the one-standard-error rule): on a small validation split the best of many trials wins
+    partly by chance, and the base configuration is the run a user gets without the study."""
     usable = [record for record in study.trials if record.rung_metrics and not record.diverged]
     if not usable:
         raise ValueError(
