@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import typing
 
 import pytest
@@ -15,7 +16,7 @@ from tasks.core.data.config import DataConfig
 from tasks.core.data.split_config import SplitConfig
 from tasks.core.models.plugins import mlp_spec
 from tasks.core.training.config import TrainConfig
-from tasks.core.tuning.study import COMPLETED, STOPPED, TuningSettings
+from tasks.core.tuning.study import COMPLETED, DIVERGED, STOPPED, TuningSettings
 from tasks.targets import TARGETS
 
 
@@ -73,15 +74,16 @@ def test_the_workflows_flat_study_inputs_default_to_the_settings_record(workflow
 @pytest.mark.slow
 def test_a_two_rung_study_trains_on_the_tensorflow_target(blobs, write_table):
     """The study's tasks in this process, without the evaluation and publishing any run has: the
-    baseline and two trials of one epoch; the baseline and the better trial resumed from their Keras
-    checkpoints to three."""
+    baseline and three trials of one epoch, one of which diverges (seed 3 proposes learning rate 1e9 for
+    trial 1 alone); the baseline and the better of the other two resumed from their Keras checkpoints
+    to three."""
     from tasks.right_sizing import prepare_data
     from tasks.tune import best_trial, check_tuning, start_study, tuning_round
 
     data = DataConfig(write_table(blobs), "species", split=SplitConfig(0.2, 0.2))
     base = TrainConfig(epochs=3, batch_size=32, model=mlp_spec([16]))
-    space = {"learning_rate": {"low": 1e-3, "high": 3e-2, "log": True}, "epochs": {"low": 1, "high": 3}}
-    settings = check_tuning(trials=2, concurrency=2, search_space=json.dumps(space), metric="", seed=0,
+    space = {"learning_rate": {"choices": [3e-3, 1e-2, 1e9]}, "epochs": {"low": 1, "high": 3}}
+    settings = check_tuning(trials=3, concurrency=2, search_space=json.dumps(space), metric="", seed=3,
                             reduction_factor=3, hyperparameters=base)  # fmt: skip
     prepared, preprocess_plan = prepare_data(
         data=data, target="gpu-tf", hyperparameters=base, plan_resources=True
@@ -93,6 +95,8 @@ def test_a_two_rung_study_trains_on_the_tensorflow_target(blobs, write_table):
     assert study.budgets == [1, 3] and [t.state for t in study.trials if t.baseline] == [COMPLETED]
     (promoted,) = (t for t in study.proposed if t.state == COMPLETED)
     (stopped,) = (t for t in study.proposed if t.state == STOPPED)
+    (diverged,) = (t for t in study.proposed if t.state == DIVERGED)
+    assert diverged.number == 1 and math.isnan(diverged.rung_metrics[0]) and diverged.epochs_trained == 0
     assert promoted.epochs_trained == 3 and len(promoted.rung_metrics) == 2 and stopped.epochs_trained == 1
     assert promoted.rung_metrics[0] >= stopped.rung_metrics[0]
     best = study.trial(study.best)
