@@ -57,6 +57,8 @@ class KindRecord:
     # Why the kind's own rules leave a column out, if they do; the int: MIN_IDENTIFIER_ROWS.
     left_out: Callable[[ColumnKind, ColumnStats, int], str | None]
     coded: bool  # a standardised split stores its features as one column of codes (split_codes.py)
+    # Its features scaled to mean 0 and deviation 1 on the train rows, or left as they are (`train_scaler`).
+    standardised: bool
     deck_vocabulary: Callable[[ColumnEncoder], int | str]  # the data Deck's "vocabulary" cell
     # The kind the column is encoded as, from its statistics: its own, or one that encodes its values
     # better (text, for a proposed category of free text); the int: MIN_IDENTIFIER_ROWS.
@@ -156,6 +158,7 @@ RECORDS = {
             moments=number_moments,
             left_out=kept,
             coded=False,
+            standardised=True,
             deck_vocabulary=no_vocabulary,
         ),
         KindRecord(
@@ -168,6 +171,7 @@ RECORDS = {
             moments=category_moments,
             left_out=constant_or_identifier,
             coded=True,
+            standardised=False,
             deck_vocabulary=lambda encoder: len(encoder.vocabulary),
             encoded_as=text_where_words_recur,
         ),
@@ -181,6 +185,7 @@ RECORDS = {
             moments=boolean_moments,
             left_out=kept,
             coded=False,
+            standardised=True,
             deck_vocabulary=no_vocabulary,
         ),
         KindRecord(
@@ -193,6 +198,7 @@ RECORDS = {
             moments=date_moments,
             left_out=constant,
             coded=False,
+            standardised=True,
             deck_vocabulary=no_vocabulary,
         ),
         KindRecord(
@@ -205,6 +211,7 @@ RECORDS = {
             moments=text_moments,
             left_out=constant_or_wordless,
             coded=False,
+            standardised=True,
             deck_vocabulary=lambda encoder: len(encoder.words),
         ),
     )

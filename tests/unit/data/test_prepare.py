@@ -132,10 +132,12 @@ def test_a_messy_table_prepares_and_says_what_it_left_out(tmp_path, suffix, piec
         features = batch_features(splits[name], table.feature_names)
         assert features.dtype == np.float32 and np.isfinite(features).all()
     train = batch_features(splits["train"], table.feature_names)
-    varies = np.array([name not in ("rate", "colour=<other>") for name in table.feature_names])
-    np.testing.assert_allclose(train.mean(axis=0), 0.0, atol=1e-5)
-    np.testing.assert_allclose(train.std(axis=0)[varies], 1.0, rtol=1e-4)
-    np.testing.assert_array_equal(train[:, ~varies], 0.0)  # constant in the train rows
+    one_hot = np.array(["=" in name for name in table.feature_names])  # a category's columns: 0 and 1
+    constant = np.array([name == "rate" for name in table.feature_names])  # in the train rows
+    assert one_hot.any() and np.isin(train[:, one_hot], [0.0, 1.0]).all()
+    np.testing.assert_allclose(train[:, ~one_hot].mean(axis=0), 0.0, atol=1e-5)
+    np.testing.assert_allclose(train.std(axis=0)[~one_hot & ~constant], 1.0, rtol=1e-4)
+    np.testing.assert_array_equal(train[:, constant], 0.0)
 
 
 @pytest.mark.parametrize("suffix", [".parquet", ".csv"])
