@@ -114,8 +114,9 @@ def train_scaler(stats: EncodingStats, encoding: FittedEncoding, uri: str) -> Sc
     """The standardisation of the encoded features that the train rows' statistics give. A category's
     one-hot columns stay 0 and 1 (mean 0, scale 1), as scikit-learn's pipelines leave a OneHotEncoder's
     output: standardised, a value in 2 of 1,400 train rows becomes 26 where it is present, an input a
-    network fits those rows by (the default network's test accuracy on 2,000-row tables of long-tailed
-    categories rose by 0.01-0.08 without it; docs/benchmarks.md#tuning)."""
+    network fits those rows by (on 2,000-row tables of long-tailed categories the default network's mean
+    test accuracy over three splits rose from 0.603 to 0.676 and from 0.689 to 0.708 without it;
+    docs/benchmarks.md#tuning)."""
     scaler = fitted_scaler(encoded_moments(stats, encoding), encoding.encoded_names(), uri)
     kept = np.concatenate(
         [
