@@ -26,19 +26,21 @@ def round_configs(study: Study, work: Round, base: TrainConfig) -> list[tuple[in
         first = len(study.trials)
         study.trials += [TrialRecord(first + i, as_params(values)) for i, values in enumerate(proposals)]
         numbers += range(first, first + work.new)
-    jobs = [
-        (n, trial_config(base, study.trial(n), study.budgets[work.rung], study.budgets[-1])) for n in numbers
-    ]
-    return [(n, config) for n, config in jobs if not ended_earlier(study.trial(n), config)]
+    jobs = []
+    for number in numbers:
+        record = study.trial(number)
+        config = trial_config(base, record, study.budgets[work.rung], study.budgets[-1])
+        if ended_earlier(record, config):
+            record.rung_metrics.append(record.rung_metrics[-1])  # its run is done: that rung's metric again
+        else:
+            jobs.append((number, config))
+    return jobs
 
 
 def ended_earlier(record: TrialRecord, config: TrainConfig) -> bool:
     """Whether `record` already trained every epoch `config` asks for: the baseline, whose own epochs
-    ended at an earlier rung. Its run is done, so it gets that rung's metric again instead of a run."""
-    if record.epochs_trained < config.train_until_epoch:
-        return False
-    record.rung_metrics.append(record.rung_metrics[-1])
-    return True
+    ended at an earlier rung."""
+    return record.epochs_trained >= config.train_until_epoch
 
 
 def open_study(settings: TuningSettings, base: TrainConfig, regression: bool, val_rows: int) -> Study:
