@@ -94,21 +94,28 @@ def epoch_order(block_rows: list[int], seed: int, epoch: int, buffer_rows: int) 
 
 
 class EpochOrders:
-    """Each epoch's `epoch_order`, the next epoch's computed on a background thread while the one
-    before it trains: permuting millions of rows on the host takes a tenth of a second, which would
-    otherwise hold up every epoch's first step while the device waits."""
+    """Each epoch's `epoch_order`, computed on a background thread ahead of its epoch: permuting
+    millions of rows on the host takes a tenth of a second, which would otherwise hold up the epoch's
+    first step while the device waits. The next epoch's is computed while one trains, and the
+    `first` (seed, epoch, buffer_rows), where given, from the start: for the first epoch, while its
+    rows are read and placed."""
 
-    def __init__(self, block_rows: list[int]):
+    def __init__(self, block_rows: list[int], first: tuple[int, int, int] | None = None):
         self.block_rows = block_rows
         self.ahead: tuple[tuple[int, int, int], Future] | None = None
+        if first is not None:
+            self.start(first)
+
+    def start(self, key: tuple[int, int, int]) -> None:
+        """Begin computing the order of `key` (seed, epoch, buffer_rows) on a background thread."""
+        self.ahead = (key, in_background(epoch_order, self.block_rows, *key))
 
     def order(self, seed: int, epoch: int, buffer_rows: int, epochs: int) -> np.ndarray:
         key, ahead = (seed, epoch, buffer_rows), self.ahead
         order = ahead[1].result() if ahead and ahead[0] == key else epoch_order(self.block_rows, *key)
         self.ahead = None
         if epoch + 1 < epochs:
-            following = (seed, epoch + 1, buffer_rows)
-            self.ahead = (following, in_background(epoch_order, self.block_rows, *following))
+            self.start((seed, epoch + 1, buffer_rows))
         return order
 
 
@@ -221,8 +228,16 @@ class TrainingRows:
     each optimizer step's (x, y) on the device, `validation` the validation rows in batches."""
 
     def __init__(
-        self, placement: str, train: RankPart, val: RankPart, columns: tuple[list[str], str], device
+        self,
+        placement: str,
+        train: RankPart,
+        val: RankPart,
+        columns: tuple[list[str], str],
+        device,
+        first_order: tuple[int, int, int] | None = None,
     ):
+        """`first_order`: the (seed, epoch, buffer_rows) of the first epoch to train, whose order
+        is then computed while the rows are read (not for streamed rows, which need none)."""
         self.placement, self.train, self.val, self.columns, self.device = (
             placement,
             train,
@@ -231,7 +246,7 @@ class TrainingRows:
             device,
         )
         self.block_rows = [block.rows for block in train.blocks]
-        self.orders = EpochOrders(self.block_rows)
+        self.orders = EpochOrders(self.block_rows, first_order if placement != "stream" else None)
         self.held: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         if placement != "stream":
             # Not pinned as a whole: each gathered batch is a new tensor, which `prefetched` pins.

@@ -127,4 +127,6 @@ def load_shards(config: TrainConfig, splits: SplitPaths, ctx: DistributedContext
         if ctx.rank == 0:
             log.info("training rows: %s (auto, %s rows a rank on %s)", placement, f"{n_rows:,}", ctx.device)
     columns = (splits.feature_names, splits.label_column)
-    return TrainingRows(placement, train_part, val_part, columns, ctx.device)
+    # A resumed run starts at a later epoch, whose order is then computed when it starts.
+    first_order = (config.seed, 0, config.shuffle_buffer_rows)
+    return TrainingRows(placement, train_part, val_part, columns, ctx.device, first_order)

@@ -14,7 +14,7 @@ from tasks.core.data.splits import read_split
 from tasks.core.data.writing import SPLIT_ROW_GROUP_ROWS
 from tasks.core.models.plugins import measure_footprint, mlp_spec
 from tasks.core.planning.planner import CatalogEntry, PlanError, Workload, plan_training
-from tasks.core.training import rows
+from tasks.core.training import rows, torch_training
 from tasks.core.training.config import TrainConfig
 from tasks.core.training.rank_part import RankPart, rank_part
 from tasks.core.training.rows import epoch_order, epoch_windows, streamed_rows
@@ -238,3 +238,27 @@ def test_an_order_asked_for_out_of_turn_is_computed_on_demand():
     orders = rows.EpochOrders([100])
     orders.order(seed=1, epoch=0, buffer_rows=10**6, epochs=5)
     np.testing.assert_array_equal(orders.order(1, 3, 10**6, 5), epoch_order([100], 1, 3, 10**6))
+
+
+def test_the_first_epochs_order_is_computed_from_the_start_and_is_the_one_on_demand():
+    orders = rows.EpochOrders([23] * 12 + [4], first=(3, 0, 40))
+    assert orders.ahead is not None and orders.ahead[0] == (3, 0, 40)
+    orders.ahead[1].result(timeout=30)  # done before the epoch asks for it
+    np.testing.assert_array_equal(orders.order(3, 0, 40, 2), epoch_order([23] * 12 + [4], 3, 0, 40))
+
+
+def test_a_resumed_run_starts_at_a_later_epoch_whose_order_is_computed_on_demand():
+    orders = rows.EpochOrders([100], first=(1, 0, 10**6))
+    np.testing.assert_array_equal(orders.order(1, 2, 10**6, 5), epoch_order([100], 1, 2, 10**6))
+
+
+@pytest.mark.parametrize("placement", ["device", "host", "stream"])
+def test_the_loop_orders_its_first_epoch_while_reading_its_rows(row_group_splits, placement):
+    config = TrainConfig(seed=4, data_placement=placement, shuffle_buffer_rows=50)
+    ctx = torch_training.init_distributed(config.collective_timeout_s)
+    training_rows = torch_training.load_shards(config, row_group_splits, ctx)
+    ahead = training_rows.orders.ahead
+    if placement == "stream":  # streamed windows are permuted as they are read
+        assert ahead is None
+    else:
+        assert ahead is not None and ahead[0] == (4, 0, 50)
