@@ -29,7 +29,7 @@ PACKAGE := dist/mixedml-flyte-package.tgz
 SCHEDULES ?= deploy/schedules.yaml
 SCHEDULES_ENV = MIXEDML_SCHEDULES=$(abspath $(SCHEDULES))
 
-.PHONY: install run test test-heavy test-all test-fast test-cpus lint format clean images images-check push package register browser bench gpu-check serving-check
+.PHONY: install run test test-heavy test-all test-fast test-cpus lint format clean images images-check push package register browser bench gpu-check gpu-wheels serving-check
 
 install: $(STAMP)
 
@@ -94,9 +94,17 @@ bench: install
 	$(BIN)/python -m benchmarks
 
 # On a CUDA machine: the CUDA-only checks and the GPU figures, one summary (GPU_CHECK_ARGS="--smoke"
-# for small sizes). No install step: it needs only torch, numpy, pandas, pyarrow and scikit-learn.
+# for small sizes). It needs only torch, numpy, pandas, pyarrow and scikit-learn, except the steps that
+# `pyflyte run` the pipeline: where flytekit is missing, it installs .gpu-wheels (`make gpu-wheels`,
+# built elsewhere) offline into .gpu-site first (benchmarks/gpu_wheels.py).
 gpu-check:
 	$(if $(wildcard $(BIN)/python),$(BIN)/python,python3) -m benchmarks.gpu_check $(GPU_CHECK_ARGS)
+
+# Here, for a GPU machine without Flyte or an index: the wheels `pyflyte run` of the pipeline imports,
+# less what its image has, for its Python (GPU_PYTHON_VERSION) and x86-64 Linux, into .gpu-wheels.
+GPU_PYTHON_VERSION ?= 3.12
+gpu-wheels: install
+	$(BIN)/python -m benchmarks.gpu_wheels --python-version $(GPU_PYTHON_VERSION) --dest .gpu-wheels
 
 # A bundle's MLflow model served by a real `mlflow models serve` on 127.0.0.1, checked against the bundle and
 # timed against onnxruntime in-process (SERVING_CHECK_ARGS="--smoke" for few requests). mlflow installs

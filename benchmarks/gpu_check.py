@@ -27,8 +27,9 @@ from textwrap import indent
 import torch
 
 from benchmarks import gpu_figures as gpu
-from benchmarks import gpu_scoring
+from benchmarks import gpu_pipeline, gpu_scoring, gpu_trials
 from benchmarks.gpu_profile import ProfileSummary, profile_training
+from benchmarks.gpu_wheels import use_carried_wheels
 from benchmarks.measure import REPO
 from tasks.core.training.config import TrainConfig
 
@@ -172,6 +173,10 @@ def gpu_steps(work: gpu.Workspace, peak_flops: float) -> list[Step]:
         Step("single-GPU DDP over NCCL, end to end", lambda: gpu.nccl_ddp(work.memory_splits)),
         Step("figure: scoring on the GPU vs the CPU", lambda: gpu_scoring.scoring_on_gpu(work.root, sizes)),
         Step("NVML telemetry", gpu.nvml_telemetry),
+        Step("pyflyte run of the pipeline on the GPU: embedded digits", lambda: gpu_pipeline.embedded_digits(work.root)),
+        Step("figure: pyflyte run of the pipeline on the GPU, large table",
+             lambda: gpu_pipeline.large_table(work.root, sizes)),
+        Step("figure: trials sharing one GPU", lambda: gpu_trials.trials_sharing_gpu(work.root, sizes)),
     ]  # fmt: skip
 
 
@@ -280,6 +285,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None, steps: list[Step] | None = None) -> int:
     """`steps` replaces the GPU steps (the tests give their own)."""
     args = parse_args(argv)
+    installed = use_carried_wheels()
+    if installed:
+        print(installed, flush=True)
     sizes = gpu.SMOKE if args.smoke else gpu.FULL
     overrides = {"rows": args.rows, "rounds": args.rounds}
     sizes = replace(sizes, **{key: value for key, value in overrides.items() if value})

@@ -142,7 +142,9 @@ HEAVY_MODULES = {
     "integration/test_best_epoch_ddp.py",  # early stopping and the best epoch across two DDP ranks
     "integration/test_tf_mirrored.py",  # Keras mirrored over two logical CPU devices
     "unit/benchmarks/test_gpu_check.py",  # the GPU check's logic, on CPU
+    "unit/benchmarks/test_gpu_trials.py",  # the GPU check's trials sharing a GPU, worker processes on CPU
     "integration/test_gpu_check.py",  # the GPU check's harness and its DDP steps, in processes of their own
+    "integration/test_gpu_pipeline.py",  # the GPU check's pyflyte run of the pipeline, on CPU
 }
 # Shared runs (`SHARED_RUNS`) whose every reader is heavy: the hardware comparison (a CNN through
 # both frameworks) and the Decks it writes.
