@@ -78,8 +78,12 @@ def imported_by_a_run(command: list[str]) -> set[str]:
 
 def distributions_of(modules: set[str]) -> dict[str, str]:
     """{distribution: installed version} for the distributions providing `modules`, this project aside."""
-    providers = metadata.packages_distributions()
-    names = {dist for module in modules for dist in providers.get(module, [])}
+    providers: dict[str, set[str]] = {}
+    # A top-level name as a distribution declares it, which may be a path ("protoc_gen_openapiv2/options",
+    # flyteidl's namespace package): its first part is the module imported.
+    for declared, dists in metadata.packages_distributions().items():
+        providers.setdefault(declared.split("/")[0], set()).update(dists)
+    names = {dist for module in modules for dist in providers.get(module, ())}
     return {name: metadata.version(name) for name in names if normalised(name) != PROJECT}
 
 

@@ -30,6 +30,12 @@ def test_modules_map_to_their_installed_distributions_and_this_project_is_left_o
     assert found == {"PyYAML": metadata.version("PyYAML"), "flytekit": metadata.version("flytekit")}
 
 
+def test_a_namespace_package_declared_as_a_path_maps_to_its_distribution():
+    """flyteidl's generated code imports protoc_gen_openapiv2, whose wheel declares its top level as
+    'protoc_gen_openapiv2/options'."""
+    assert "protoc-gen-openapiv2" in gpu_wheels.distributions_of({"protoc_gen_openapiv2"})
+
+
 def test_what_the_image_has_stays_and_the_rest_travels():
     versions = {"flytekit": "1", "torch": "2", "Scikit_Learn": "3", "nvidia-nccl-cu13": "4", "mashumaro": "5"}
     assert gpu_wheels.to_carry(versions) == {"flytekit": "1", "mashumaro": "5"}
