@@ -20,7 +20,7 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from tasks.core.data.splits import SplitPaths
-from tasks.core.training import torch_training
+from tasks.core.training import ranges, torch_training
 from tasks.core.training.config import TrainConfig
 
 # Below this the device idles for more than 40% of the run: the host, not the device, sets the pace.
@@ -93,6 +93,10 @@ class ProfileSummary:
     top_ops: list[OpTime] = field(default_factory=list)
     on_device: bool = False  # whether CUDA was profiled
     trace_path: str | None = None
+    # The loop's own parts (tasks/core/training/ranges.py): host time in each, and the time the device
+    # sat idle within the timed epochs, the part of an epoch the samples/s figure pays for nothing.
+    loop_parts: list[OpTime] = field(default_factory=list)
+    epoch_device_idle_s: float = 0.0
 
     @property
     def device_busy_fraction(self) -> float:
@@ -142,6 +146,17 @@ class ProfileSummary:
             f"top operators by self {timed_by} time:",
             *(f"  {op.name:<48} {op.calls:>7} calls {op.self_ms:>10.2f} ms" for op in self.top_ops),
         ]
+        if self.loop_parts:
+            parts = ", ".join(
+                f"{op.name.removeprefix(ranges.PREFIX)} {op.calls} x {op.self_ms:.1f} ms"
+                for op in self.loop_parts
+            )
+            idle = (
+                f"; the device idle {self.epoch_device_idle_s * 1e3:.1f} ms of the train epochs"
+                if self.on_device
+                else ""
+            )
+            lines.append(f"loop parts, host time: {parts}{idle}")
         if self.trace_path:
             lines.append(f"trace: {self.trace_path}")
         return "\n".join(lines)
@@ -188,7 +203,36 @@ def profile_training(
         top_ops=top_operators(averages, on_device),
         on_device=on_device,
         trace_path=str(export_trace(prof, trace_dir, name)) if trace_dir is not None else None,
+        loop_parts=loop_parts(events),
+        epoch_device_idle_s=epoch_device_idle(events) / 1e6 if on_device else 0.0,
     )
+
+
+def annotated(events: Iterable, name: str | None = None) -> list:
+    """The host-side ranges the loop marks (`ranges.PREFIX`), or only those called `name`."""
+    return [
+        event for event in host_calls(events, [name or ranges.PREFIX]) if name is None or event.name == name
+    ]
+
+
+def loop_parts(events: Iterable) -> list[OpTime]:
+    """Calls and host milliseconds of each of the loop's marked parts, in the order first entered."""
+    parts: dict[str, list[float]] = {}
+    for event in sorted(annotated(events), key=lambda event: event.time_range.start):
+        parts.setdefault(event.name, []).append(event.time_range.end - event.time_range.start)
+    return [OpTime(name, len(lengths), sum(lengths) / 1e3) for name, lengths in parts.items()]
+
+
+def epoch_device_idle(events: Iterable) -> float:
+    """Microseconds within the timed epochs (`ranges.TRAIN_EPOCH`) during which the device ran nothing."""
+    events = list(events)
+    work = device_intervals(events)
+    idle = 0.0
+    for epoch in annotated(events, ranges.TRAIN_EPOCH):
+        start, end = epoch.time_range.start, epoch.time_range.end
+        inside = [(max(a, start), min(b, end)) for a, b in work if b > start and a < end]
+        idle += (end - start) - union_length(inside)
+    return idle
 
 
 def export_trace(prof: profile, trace_dir: Path, name: str) -> Path:

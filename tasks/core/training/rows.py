@@ -17,7 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch.profiler import record_function
 
+from tasks.core.training import ranges
 from tasks.core.training.devices import family_of
 from tasks.core.training.rank_part import RankPart
 
@@ -268,9 +270,10 @@ class TrainingRows:
             )
             return prefetched(rebatched(rows, per_step, steps - first_step), self.device)
         x, y = self.held["train"]
-        order = self.orders.order(config.seed, epoch, config.shuffle_buffer_rows, config.epochs)
-        order = torch.from_numpy(order[first_step * per_step : steps * per_step])
-        gathered = ((x[rows], y[rows]) for rows in order.to(x.device).split(per_step))
+        with record_function(ranges.EPOCH_ORDER):
+            order = self.orders.order(config.seed, epoch, config.shuffle_buffer_rows, config.epochs)
+            order = torch.from_numpy(order[first_step * per_step : steps * per_step]).to(x.device)
+        gathered = ((x[rows], y[rows]) for rows in order.split(per_step))
         return gathered if self.placement == "device" else prefetched(gathered, self.device)
 
     def validation(self, batch: int) -> Iterator:

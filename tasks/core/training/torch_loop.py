@@ -38,8 +38,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.profiler import record_function
 
 from tasks.core.models.plugins import TrainingDiverged
+from tasks.core.training import ranges
 from tasks.core.training.checkpoint import TrainingCheckpoint
 from tasks.core.training.config import TrainConfig
 from tasks.core.training.progress import EpochChoice, ProgressReporter, TrainingProgress
@@ -174,9 +176,10 @@ class LoopState:
                 progress.step, self.optimizer_steps = step + 1, self.optimizer_steps + 1
                 self.reporter.step(epoch, progress.step, steps, mean_loss)
                 self.after_step(totals, self.checkpoint is not None and self.checkpoint.due(progress.step))
-        # The epoch's last flags, before anything reads or saves its result.
-        self.after_step(totals, due=False, last=True)
-        loss_total, correct_total, seen = totals.all_reduced(steps * per_step, ctx)
+        with record_function(ranges.EPOCH_END):
+            # The epoch's last flags, before anything reads or saves its result.
+            self.after_step(totals, due=False, last=True)
+            loss_total, correct_total, seen = totals.all_reduced(steps * per_step, ctx)
         return loss_total / seen, correct_total / seen, seen
 
     def after_step(self, totals: Totals, due: bool, last: bool = False) -> None:

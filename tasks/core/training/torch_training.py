@@ -12,10 +12,12 @@ import time
 
 import torch
 from torch import nn
+from torch.profiler import record_function
 
 from tasks.core.data.splits import SplitPaths
 from tasks.core.models.plugins import build, input_spec_for
 from tasks.core.models.torch_models import save_torch_artifact
+from tasks.core.training import ranges
 from tasks.core.training.checkpoint import TrainingCheckpoint
 from tasks.core.training.config import TrainConfig
 from tasks.core.training.preemption import PreemptionNotice
@@ -70,7 +72,8 @@ def train(
             if state.choice.stops_early(progress.history):  # a resumed run too, saved after its last epoch
                 break
             epoch_start = time.perf_counter()
-            train_loss, train_acc, seen = state.train_epoch(epoch)
+            with record_function(ranges.TRAIN_EPOCH):
+                train_loss, train_acc, seen = state.train_epoch(epoch)
             training_seconds += time.perf_counter() - epoch_start  # the loop alone: no validation, no saving
             share_rank0_buffers(model, ctx)
             val_loss, val_acc = evaluate_shard(

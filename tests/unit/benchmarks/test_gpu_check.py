@@ -277,15 +277,14 @@ def test_a_profile_that_fails_leaves_the_figures_standing(capsys):
 
 
 @pytest.mark.slow
-def test_the_timed_steps_profile_the_project_loop_on_a_cut_table(tmp_path):
-    """The profile the loop steps take: the project loop on the loop table's shape, PROFILED_STEPS
-    batches of it, with its trace written where asked."""
-    sizes = replace(gpu.SMOKE, batch=64, hidden=(16,), features=8)
+def test_the_loop_figures_profile_the_project_loop_on_their_own_table(tmp_path):
+    """The profile the loop steps take: the project loop on the figure's own table (a cost an epoch
+    shows at full size only), its parts timed, its trace written where asked."""
+    sizes = replace(gpu.SMOKE, rows=4096, batch=64, hidden=(16,), features=8)
     work = gpu.Workspace(tmp_path, sizes)
-    (loop_step,) = [
-        s for s in gpu_check.gpu_steps(work, 1e15) if s.name == "figure: project loop vs bare loop"
-    ]
-    summary = loop_step.profile(tmp_path / "traces")
-    assert summary.optimizer_steps == gpu.PROFILED_STEPS
-    assert gpu.table_rows(work.profile_splits.train) == gpu.PROFILED_STEPS * sizes.batch
+    steps = {s.name: s for s in gpu_check.gpu_steps(work, 1e15)}
+    summary = steps["figure: project loop vs bare loop"].profile(tmp_path / "traces")
+    assert summary.optimizer_steps == sizes.rows // sizes.batch
+    assert [part.calls for part in summary.loop_parts] == [1, 1, 1]  # one epoch: its order, its end
     assert (tmp_path / "traces" / "project-loop-bf16.json").stat().st_size > 0
+    assert not (tmp_path / "profile-train.parquet").exists()  # the cut table is written only when used

@@ -18,12 +18,14 @@ from benchmarks.gpu_profile import (
     ProfileSummary,
     count_launches,
     device_intervals,
+    epoch_device_idle,
     host_sync_calls,
+    loop_parts,
     profile_training,
     union_length,
 )
 from tasks.core.models.plugins import mlp_spec
-from tasks.core.training import torch_training
+from tasks.core.training import ranges, torch_training
 from tasks.core.training.config import TrainConfig
 
 TINY = TrainConfig(epochs=1, batch_size=32, model=mlp_spec([16]))
@@ -207,6 +209,8 @@ def test_a_cuda_run_profile_sees_the_device_work(blob_splits):
     assert found.kernel_launches_per_step > 0
     assert found.top_ops and found.top_ops[0].self_ms > 0
     assert {op.name for op in found.top_ops} & MATMUL_OPS
+    assert ranges.TRAIN_EPOCH in {op.name for op in found.loop_parts}
+    assert 0 <= found.epoch_device_idle_s <= found.wall_s
 
 
 @pytest.mark.cuda
@@ -215,3 +219,27 @@ def test_host_syncs_count_item_calls_on_cuda():
     item_reads(1, "cuda")  # warm up: the first call initialises CUDA
     # The profiler synchronises the device as it stops: a difference leaves that out.
     assert item_reads(5, "cuda") - item_reads(0, "cuda") == 5
+
+
+def test_a_cpu_run_profile_times_the_loops_marked_parts(cpu_profile):
+    parts = {op.name: op for op in cpu_profile.loop_parts}
+    assert set(parts) == {ranges.TRAIN_EPOCH, ranges.EPOCH_ORDER, ranges.EPOCH_END}
+    assert all(op.calls == TINY.epochs for op in parts.values())
+    # The order and the epoch's end are parts of the timed epoch.
+    epoch = parts[ranges.TRAIN_EPOCH].self_ms
+    assert 0 < parts[ranges.EPOCH_ORDER].self_ms + parts[ranges.EPOCH_END].self_ms < epoch
+    assert "loop parts, host time: train epoch 1 x" in cpu_profile.text()
+
+
+def test_the_device_idle_time_of_an_epoch_is_what_no_device_work_covers():
+    events = [
+        event(ranges.TRAIN_EPOCH, 10, 110),
+        event(ranges.EPOCH_ORDER, 10, 40),
+        event("gemm_kernel", 0, 20, DeviceType.CUDA),  # before the epoch from 10 on
+        event("gemm_kernel", 40, 70, DeviceType.CUDA),
+        event("Memcpy HtoD", 60, 80, DeviceType.CUDA),
+        event("gemm_kernel", 100, 130, DeviceType.CUDA),
+    ]
+    # Covered: 10-20, 40-80, 100-110 = 60 of the epoch's 100.
+    assert epoch_device_idle(events) == 40
+    assert loop_parts(events) == [OpTime(ranges.TRAIN_EPOCH, 1, 0.1), OpTime(ranges.EPOCH_ORDER, 1, 0.03)]
