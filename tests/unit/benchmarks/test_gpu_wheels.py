@@ -70,6 +70,7 @@ def wheel(folder, name: str, module: str) -> None:
     )  # fmt: skip
 
 
+@pytest.mark.heavy  # builds and installs a wheel with pip: the GPU check's harness, as its other tests
 @pytest.mark.slow
 def test_carried_wheels_are_installed_offline_where_flytekit_is_missing(tmp_path, monkeypatch):
     wheels, site = tmp_path / "wheels", tmp_path / "site"
