@@ -33,7 +33,7 @@ FROM_IMAGE = frozenset(
     {
         "torch", "triton", "numpy", "pandas", "pyarrow", "scipy", "scikit-learn", "onnx", "onnx-ir",
         "onnxruntime", "onnxscript", "tensorboard", "grpcio", "matplotlib", "pillow", "fonttools",
-        "kiwisolver", "contourpy", "sympy", "networkx", "mpmath", "aiohttp", "nvidia-ml-py", "setuptools",
+        "kiwisolver", "contourpy", "sympy", "networkx", "mpmath", "nvidia-ml-py", "setuptools",
     }
 )  # fmt: skip
 # pip matches a platform tag exactly: every tag a wheel for x86-64 Linux may carry.
