@@ -138,8 +138,8 @@ def described(run: PipelineRun, trained: dict) -> str:
     config = trained["config"]
     return (
         f"plan {run.plan()}; trained on {trained['device_name']} x{trained['world_size']} "
-        f"({trained['backend']}, {trained['precision']}, micro-batches of {config['batch_size']} "
-        f"x {config['grad_accum_steps']}, rows {config['data_placement']}) at "
+        f"({trained['backend']}, {trained['precision']}, batch {config['batch_size']} in "
+        f"{config['grad_accum_steps']} accumulation step(s), rows {config['data_placement']}) at "
         f"{trained['samples_per_second']:,.0f} samples/s; test accuracy {run.manifest['metrics']['accuracy']:.3f}; "
         f"Deck charts '{GPU_SERIES}'; run {run.seconds:.0f} s"
     )
