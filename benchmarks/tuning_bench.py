@@ -181,7 +181,9 @@ def trained_trial(
     checkpoint = TrainingCheckpoint(str(folder / "checkpoint")) if config.train_until_epoch else None
     run = train(config, splits, artifact, checkpoint).run
     record_rung(
-        record, trial_metric(study.metric, artifact, splits, run, table.prepared.table.target.std), run
+        record,
+        trial_metric(study.metric, lambda: artifact, splits, run, table.prepared.table.target.std),
+        run,
     )
     return run
 

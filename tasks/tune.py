@@ -174,7 +174,7 @@ def record_round(
     study, splits = state.study, prepared.local_splits()
     std = prepared.table.target.std
     for number, run, plan in zip(numbers, trained, plans, strict=True):
-        value = trial_metric(study.metric, run.artifact.download(), splits, run.run, std)
+        value = trial_metric(study.metric, run.artifact.download, splits, run.run, std)
         record_rung(study.trial(number), value, run.run)
         log.info("trial %d: %s %.4f after %d epochs", number, study.metric, value, len(run.run.history))
         state.models = [m for m in state.models if m.number != number] + [TrialModel(number, run, plan)]

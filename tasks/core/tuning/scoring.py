@@ -4,6 +4,7 @@ or a Keras artifact, scored by scikit-learn's metrics."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -13,16 +14,19 @@ from tasks.core.training.records import TrainingRun
 CHUNK_ROWS = 8192  # rows scored at a time: a large validation split is never one tensor
 
 
-def trial_metric(metric: str, artifact: str, splits: SplitPaths, run: TrainingRun, label_std: float) -> float:
-    """`metric` of the model at `artifact`: val_loss is the kept epoch's, the others are scored here
-    (a regression's RMSE in the label's units); NaN for a run that diverged, whose model is no use."""
+def trial_metric(
+    metric: str, artifact: Callable[[], str], splits: SplitPaths, run: TrainingRun, label_std: float
+) -> float:
+    """`metric` of the run's model, whose file `artifact` fetches (only where the model is scored):
+    val_loss is the kept epoch's, the others are scored here (a regression's RMSE in the label's units);
+    NaN for a run that diverged, whose model is no use."""
     if run.diverged:
         return math.nan
     if metric == "val_loss":
         kept = run.kept_epoch or len(run.history)
         return run.history[kept - 1].val_loss if run.history else math.nan
     features, truth = read_split(splits.val, splits.feature_names, splits.label_column)
-    outputs = model_outputs(artifact, run.framework, features)
+    outputs = model_outputs(artifact(), run.framework, features)
     return metric_of(metric, outputs, truth, label_std)
 
 

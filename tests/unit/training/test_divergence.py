@@ -124,7 +124,11 @@ def test_keras_stops_on_a_non_finite_loss_and_saves_no_model(case, blob_splits, 
         assert not any(checkpoint.glob("*.weights.h5"))
 
 
-def assert_stopped_with_a_record_that_says_so(run, artifact: str, splits, where: str) -> None:
+def not_fetched() -> str:
+    raise AssertionError("a diverged run's model file was fetched")
+
+
+def assert_stopped_with_a_record_that_says_so(run, splits, where: str) -> None:
     """The run handed back instead of raising: its record names the step, the tuning metric of its
     model is not a number whatever the metric, and no bundle is written from it."""
     from tasks.core.bundle.manifest import BundleRecord
@@ -133,7 +137,7 @@ def assert_stopped_with_a_record_that_says_so(run, artifact: str, splits, where:
 
     assert run.diverged.startswith(f"training diverged at {where}") and run.history == []
     for metric in ("val_accuracy", "val_macro_f1", "val_loss"):
-        assert math.isnan(trial_metric(metric, artifact, splits, run, 1.0))
+        assert math.isnan(trial_metric(metric, not_fetched, splits, run, 1.0))
     with pytest.raises(ValueError, match="the run has no model to bundle: training diverged at epoch 1"):
         BundleRecord.of(None, run, Hardware("cpu", 1), "")
 
@@ -145,7 +149,7 @@ def test_torch_with_on_divergence_stop_hands_back_a_run_that_says_it_diverged(ca
     config, where = DIVERGING[case]
     artifact = str(tmp_path / "model.pt")
     run = train(replace(config, on_divergence="stop"), blob_splits, artifact).run
-    assert_stopped_with_a_record_that_says_so(run, artifact, blob_splits, where)
+    assert_stopped_with_a_record_that_says_so(run, blob_splits, where)
 
 
 @pytest.mark.slow
@@ -155,7 +159,7 @@ def test_keras_with_on_divergence_stop_hands_back_a_run_that_says_it_diverged(bl
     config, where = DIVERGING["nan-logits"]
     artifact = str(tmp_path / "model.npz")
     run = train_keras(replace(config, on_divergence="stop"), blob_splits, artifact).run
-    assert_stopped_with_a_record_that_says_so(run, artifact, blob_splits, where)
+    assert_stopped_with_a_record_that_says_so(run, blob_splits, where)
 
 
 def test_on_divergence_is_fail_or_stop():

@@ -50,6 +50,19 @@ def test_a_trials_model_is_scored_from_its_artifact_whichever_framework_trained_
         with torch.no_grad():
             predicted = outcome.model(torch.from_numpy(features)).numpy().argmax(axis=1)
     assert outcome.run.framework == framework
-    accuracy = trial_metric("val_accuracy", artifact, blob_splits, outcome.run, 1.0)
+    accuracy = trial_metric("val_accuracy", lambda: artifact, blob_splits, outcome.run, 1.0)
     assert accuracy == pytest.approx(float(np.mean(predicted == truth)))
-    assert 0.0 < trial_metric("val_macro_f1", artifact, blob_splits, outcome.run, 1.0) <= 1.0
+    assert 0.0 < trial_metric("val_macro_f1", lambda: artifact, blob_splits, outcome.run, 1.0) <= 1.0
+
+
+def test_val_loss_is_the_kept_epochs_and_fetches_no_model_file():
+    from tasks.core.training.records import EpochMetrics, TrainingRun
+
+    history = [EpochMetrics(epoch, 1.0 / epoch, 0.5, 0.9 / epoch, 0.5, 10) for epoch in (1, 2, 3)]
+    run = TrainingRun("pytorch", "cpu", "cpu", 1, "none", "float32", "single-process", history, 1.0, 1.0,
+                      TrainConfig(), kept_epoch=2)  # fmt: skip
+
+    def not_fetched() -> str:
+        raise AssertionError("the model file was fetched for a metric the run already holds")
+
+    assert trial_metric("val_loss", not_fetched, None, run, 1.0) == pytest.approx(0.45)
