@@ -72,6 +72,9 @@ SMOKE = {
     "table_preprocess_rows": (4_000, 40_000),
 }
 FEATURES, BATCH = 64, 512
+# The order figure's table: ten times the loop table's rows (2,000,000 at full size, the GPU check's
+# smaller loop figure), narrow, since only the row count costs the order.
+ORDER_ROWS_PER_LOOP_ROW, ORDER_FEATURES = 10, 4
 
 
 # A run's totals, next to its phases: the whole process's wall, and the CPU seconds of the process and
@@ -219,7 +222,29 @@ def training_loops(work: Path, rows: int, epochs: int, rounds: int) -> list[Figu
         Figure("keras loop: samples/s, project train_keras vs bare model.fit", *keras_rates,
                "samples/s", "ratio >= 0.9"),
     ]  # fmt: skip
-    return figures + gpu_figures(splits, config)
+    return (
+        figures
+        + [first_batch_wait(work, rows * ORDER_ROWS_PER_LOOP_ROW, rounds)]
+        + gpu_figures(splits, config)
+    )
+
+
+def first_batch_wait(work: Path, rows: int, rounds: int) -> Figure:
+    """The first epoch's wait for its order (permuting millions of rows on the host), which a GPU sits
+    idle through: computed while the rows are read against computed when the epoch asks. Each side's
+    shortest wait of `rounds`, taken in turn."""
+    train = write_table(str(work / "order-train.parquet"), rows, ORDER_FEATURES)
+    val = write_table(str(work / "order-val.parquet"), 2048, ORDER_FEATURES)
+    splits = SplitPaths(train, val, [f"f{i}" for i in range(ORDER_FEATURES)], "label", 10)
+    config = TrainConfig(epochs=1, batch_size=8192)
+    sides = [
+        lambda ahead=ahead: loop_bench.first_batch_wait_seconds(splits, config, ahead)
+        for ahead in (True, False)
+    ]
+    ahead, on_demand = map(min, interleave(sides, rounds))
+    return Figure(f"torch loop: the first epoch's wait for its first batch, {rows:,} rows, its order "
+                  "computed while the rows are read vs when the epoch asks", ahead, on_demand, "s",
+                  "ratio < 1")  # fmt: skip
 
 
 def gpu_figures(splits: SplitPaths, config: TrainConfig) -> list[Figure]:

@@ -82,6 +82,25 @@ def project_keras_samples_per_second(splits: SplitPaths, config: TrainConfig) ->
     return train_keras(config, splits, env=Environment()).run.samples_per_second
 
 
+def first_batch_wait_seconds(splits: SplitPaths, config: TrainConfig, ordered_ahead: bool) -> float:
+    """Seconds the first epoch waits for its first batch once the loop asks: the rows read and placed on
+    this machine's device as the loop does, the epoch's order computed while they were read
+    (`ordered_ahead`, as the loop does now) or only when the epoch asks for it."""
+    import torch
+
+    from tasks.core.training.rank_part import rank_part
+    from tasks.core.training.rows import TrainingRows
+
+    train, val = rank_part(splits.train, 0, 1), rank_part(splits.val, 0, 1)
+    first = (config.seed, 0, config.shuffle_buffer_rows) if ordered_ahead else None
+    columns = (splits.feature_names, splits.label_column)
+    rows = TrainingRows("device", train, val, columns, torch.device("cpu"), first)
+    steps = config.steps_per_epoch(train.rows, 1)
+    start = time.perf_counter()
+    next(iter(rows.epoch(config, 0, 0, steps, config.batch_size)))
+    return time.perf_counter() - start
+
+
 def model_flops_per_sample(n_features: int, hidden_sizes: list[int], n_classes: int) -> float:
     """Forward + backward of the MLP's matmuls: 6 x multiply-adds per sample."""
     widths = [n_features, *hidden_sizes, n_classes]
