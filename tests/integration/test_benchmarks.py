@@ -28,7 +28,7 @@ GROUP_TOPICS = {
                       "overhead above the floor in CPU seconds (all processes of a run)",
                       "overhead above the floor in CPU seconds, this checkout vs baseline checkout"),
     "preprocess": ("preprocess: throughput", "peak RSS growth"),
-    "loops": ("torch loop", "keras loop"),
+    "loops": ("torch loop", "keras loop", "the first epoch's wait for its first batch"),
     "scoring": ("scoring: throughput", "scoring: peak RSS growth", "scoring: peak RSS at"),
     "tables": ("tables: churn", "tables: loans", "tables: homes", "tables: diabetes", "tables: preprocess throughput",
                "tables: preprocess rows per CPU second", "tables: preprocess peak RSS growth"),
