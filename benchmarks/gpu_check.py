@@ -262,7 +262,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--smoke", action="store_true", help="small sizes: checks the harness, not the GPU")
     parser.add_argument("--json", help="also write the machine, the figures and the steps to this file")
-    parser.add_argument("--rows", type=int, help=f"training rows on the device (default {gpu.FULL.rows:,})")
+    parser.add_argument(
+        "--rows", type=int, help=f"training rows of the loop figures (default {gpu.FULL.rows:,})"
+    )
     parser.add_argument(
         "--rounds", type=int, help=f"alternating rounds per figure (default {gpu.FULL.rounds})"
     )

@@ -113,11 +113,14 @@ class Sizes:
     memory_hidden: int
     scoring_rows: int  # the table the GPU scores (the CPU side scores a tenth of it)
     rounds: int
+    pipeline_rows: int = 4_000_000  # the table `pyflyte run` of the pipeline preprocesses and trains on
 
 
 # 4M x 256 float32 features: about 4 GB on the device; a step is milliseconds, far past launch overhead.
 FULL = Sizes(4_000_000, 256, 8192, (4096, 4096), 8192, 8192, 131_072, 16_384, 8192, 1_000_000, rounds=3)
-SMOKE = Sizes(32_768, 64, 1024, (512, 512), 1024, 1024, 16_384, 2048, 2048, 40_960, rounds=1)
+SMOKE = Sizes(
+    32_768, 64, 1024, (512, 512), 1024, 1024, 16_384, 2048, 2048, 40_960, rounds=1, pipeline_rows=32_768
+)
 
 
 def peak_bf16_flops() -> float:

@@ -171,10 +171,10 @@ def large_table_config(sizes: Sizes) -> TrainConfig:
 
 
 def large_table(root: Path, sizes: Sizes) -> list[GpuFigure]:
-    """The pipeline on `sizes.rows` rows: samples/s against the project loop on the same split."""
+    """The pipeline on `sizes.pipeline_rows` rows: samples/s against the project loop on the same split."""
     require_cuda()
     require_modules(("flytekit", FLYTEKIT_HINT))
-    table = write_table(str(root / "pipeline-table.parquet"), sizes.rows, PIPELINE_FEATURES)
+    table = write_table(str(root / "pipeline-table.parquet"), sizes.pipeline_rows, PIPELINE_FEATURES)
     config = large_table_config(sizes)
     data = json.dumps({"dataset": table, "label_column": "label"})
     run = pyflyte_run(
@@ -183,7 +183,7 @@ def large_table(root: Path, sizes: Sizes) -> list[GpuFigure]:
     trained = judged(run)
     direct = torch_training.train(config, run.prepared_splits()).run
     accuracy, rate = gpu_accuracy(run, table)
-    name = f"pyflyte run, {sizes.rows:,} x {PIPELINE_FEATURES}: {described(run, trained)}"
+    name = f"pyflyte run, {sizes.pipeline_rows:,} x {PIPELINE_FEATURES}: {described(run, trained)}"
     return [
         GpuFigure(f"{name}: samples/s vs the project loop called directly on its training split",
                   trained["samples_per_second"], direct.samples_per_second, "samples/s", low=0.9),
