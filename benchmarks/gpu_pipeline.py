@@ -44,7 +44,7 @@ FLYTEKIT_HINT = (
 )
 PIPELINE_FEATURES = 64  # the large table's width: 4M rows x 64 write and preprocess in under a minute
 PIPELINE_EPOCHS = 2
-RUN_TIMEOUT_S = 600
+RUN_TIMEOUT_S = 300  # a run that hangs fails its step, and the steps after it still run
 MIN_ACCURACY = 0.9
 LOCAL_MODELS = "MIXEDML_LOCAL_MODELS"  # where a local run writes its bundle (tasks/evaluate.py)
 PLAN_LINE = re.compile(r"resource plan \((\w[\w ]*)\) for target gpu: (.+)")
