@@ -113,7 +113,13 @@ def selected(steps: list[Step], only: list[str]) -> list[Step]:
     return [step if step in chosen else Step(step.name, not_selected) for step in steps]
 
 
-def run_all(steps: list[Step], profile_when: str = "missed", trace_dir: Path | None = None) -> list[Result]:
+def run_all(
+    steps: list[Step],
+    profile_when: str = "missed",
+    trace_dir: Path | None = None,
+    after_each: Callable[[list[Result]], None] = lambda results: None,
+) -> list[Result]:
+    """Each step in turn, its result printed; `after_each` is given the results so far after every step."""
     results = []
     for step in steps:
         result = run_step(step, profile_when, trace_dir)
@@ -123,6 +129,7 @@ def run_all(steps: list[Step], profile_when: str = "missed", trace_dir: Path | N
         if result.profile:
             print(indent(result.profile["text"], "    profile: "), flush=True)
         results.append(result)
+        after_each(results)
     return results
 
 
@@ -298,15 +305,20 @@ def main(argv: list[str] | None = None, steps: list[Step] | None = None) -> int:
     sizes = gpu.SMOKE if args.smoke else gpu.FULL
     overrides = {"rows": args.rows, "rounds": args.rounds}
     sizes = replace(sizes, **{key: value for key, value in overrides.items() if value})
+    machine = describe_machine()
+
+    def write_json(results: list[Result]) -> None:
+        """After every step: a check stopped part way still leaves the steps it finished."""
+        if args.json:
+            Path(args.json).write_text(json.dumps(as_json(machine, results), indent=2))
+
     with tempfile.TemporaryDirectory(prefix="mixedml-gpu-check-") as tmp:
         work = gpu.Workspace(Path(tmp), sizes)
         chosen = steps if steps is not None else gpu_steps(work, args.peak_bf16_flops)
         only = [part for part in args.only.split(",") if part]
-        results = run_all(selected(chosen, only), args.profile, args.trace_dir)
-    machine = describe_machine()
+        results = run_all(selected(chosen, only), args.profile, args.trace_dir, write_json)
     print(summary(machine, results), flush=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps(as_json(machine, results), indent=2))
+    write_json(results)
     return exit_code(results)
 
 

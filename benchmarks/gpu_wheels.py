@@ -118,12 +118,15 @@ def pipeline_command() -> list[str]:
 
 def use_carried_wheels(wheels: Path = WHEELS_DIR, site: Path = SITE_DIR) -> str:
     """Where flytekit is missing and `wheels` holds wheels: install them offline into `site` and put it
-    first on this process's path and on its children's (PYTHONPATH). Says what it did, or '' for nothing."""
+    first on this process's path and on its children's (PYTHONPATH). Says what it did or why it could
+    not, or '' where it had nothing to do."""
     if importlib.util.find_spec("flytekit") is not None or not any(wheels.glob("*.whl")):
         return ""
     install = [sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps", "--no-compile",
                "--upgrade", "--target", str(site), *map(str, sorted(wheels.glob("*.whl")))]  # fmt: skip
-    subprocess.run(install, check=True)
+    done = subprocess.run(install, capture_output=True, text=True)
+    if done.returncode != 0:  # the steps that need flytekit then skip, saying it is missing
+        return f"could not install the wheels in {wheels.name} (pip exited {done.returncode}): {done.stderr[-2000:]}"
     sys.path.insert(0, str(site))
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
     importlib.invalidate_caches()

@@ -107,6 +107,20 @@ def test_a_failing_check_makes_the_exit_code_non_zero(tmp_path, capsys):
     assert json.loads((tmp_path / "r.json").read_text())["exit_code"] == 1
 
 
+def test_the_json_holds_every_finished_step_while_the_next_one_runs(tmp_path, capsys):
+    """A check stopped part way (a time limit, a hung step) still leaves the steps it finished."""
+    report = tmp_path / "r.json"
+    seen = []
+
+    def reads_the_report() -> str:
+        seen.append([step["name"] for step in json.loads(report.read_text())["steps"]])
+        return "read"
+
+    gpu_check.main(["--json", str(report)], steps=[*STEPS, gpu_check.Step("reader", reads_the_report)])
+    assert seen == [["check ok", "figures", "skipped"]]
+    assert json.loads(report.read_text())["machine"]["torch"] == torch.__version__
+
+
 def test_an_unexpected_error_in_a_step_fails_it_and_the_next_steps_still_run():
     results = gpu_check.run_all([gpu_check.Step("broken", lambda: 1 / 0), *STEPS])
     assert [r.status for r in results] == ["FAIL", "pass", "pass", "skipped"]

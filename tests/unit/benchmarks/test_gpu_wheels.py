@@ -88,6 +88,18 @@ def test_carried_wheels_are_installed_offline_where_flytekit_is_missing(tmp_path
     assert child.stdout.strip() == "42"  # the processes it starts see them too
 
 
+@pytest.mark.heavy  # runs pip, as the install above
+def test_wheels_that_do_not_install_are_reported_and_the_path_is_left_alone(tmp_path, monkeypatch):
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    (wheels / "broken-1.0-py3-none-any.whl").write_text("not a zip file")
+    monkeypatch.setattr(gpu_wheels.importlib.util, "find_spec", lambda name: None)  # as without flytekit
+    before = list(sys.path)
+    said = gpu_wheels.use_carried_wheels(wheels, tmp_path / "site")
+    assert said.startswith("could not install the wheels in wheels (pip exited ")
+    assert sys.path == before
+
+
 def test_nothing_is_installed_where_flytekit_is_there_or_no_wheels_were_carried(tmp_path):
     wheels = tmp_path / "wheels"
     wheels.mkdir()
