@@ -78,10 +78,14 @@ class PipelineRun:
         return next((deck for deck in decks if "Learning curves" in deck), "")
 
     def prepared_splits(self) -> SplitPaths:
-        """The preprocessing task's training and validation splits, as the training task read them."""
-        (train,) = (self.work / "tmp").rglob("prepared/train/part-00000.parquet")
-        val = train.parent.parent / "val" / train.name
-        names = pq.read_schema(train).names
+        """The preprocessing task's training and validation splits, as the training task read them: a
+        folder holding a folder of parts per split (one part per piece the input was read in)."""
+        prepared = sorted(
+            folder.parent for folder in (self.work / "tmp").rglob("train") if (folder.parent / "val").is_dir()
+        )
+        expect(bool(prepared), f"no prepared splits under {self.work / 'tmp'}")
+        train, val = prepared[0] / "train", prepared[0] / "val"
+        names = pq.read_schema(min(train.glob("*.parquet"))).names
         label = self.manifest["label_column"]
         n_classes = len(self.manifest["class_labels"])
         return SplitPaths(str(train), str(val), [name for name in names if name != label], label, n_classes)
