@@ -31,7 +31,7 @@ from benchmarks.measure import (
 )
 from benchmarks.scale_bench import scale
 from benchmarks.scoring_bench import scoring
-from benchmarks.synthetic import write_table
+from benchmarks.synthetic import synthetic_splits, write_table
 from benchmarks.tables import tables
 from tasks.core.data.assignment import SplitConfig
 from tasks.core.data.prepare import prepare_dataset
@@ -233,9 +233,7 @@ def first_batch_wait(work: Path, rows: int, rounds: int) -> Figure:
     """The first epoch's wait for its order (permuting millions of rows on the host), which a GPU sits
     idle through: computed while the rows are read against computed when the epoch asks. Each side's
     shortest wait of `rounds`, taken in turn."""
-    train = write_table(str(work / "order-train.parquet"), rows, ORDER_FEATURES)
-    val = write_table(str(work / "order-val.parquet"), 2048, ORDER_FEATURES)
-    splits = SplitPaths(train, val, [f"f{i}" for i in range(ORDER_FEATURES)], "label", 10)
+    splits = synthetic_splits(work, "order", rows, ORDER_FEATURES)
     config = TrainConfig(epochs=1, batch_size=8192)
     sides = [
         lambda ahead=ahead: loop_bench.first_batch_wait_seconds(splits, config, ahead)

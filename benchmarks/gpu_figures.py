@@ -26,7 +26,7 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from benchmarks import loop_bench
 from benchmarks.measure import Figure, alternating_best_rates
-from benchmarks.synthetic import write_table
+from benchmarks.synthetic import synthetic_splits
 from tasks.core.data.splits import SplitPaths
 from tasks.core.models.memory import ESTIMATE_HIGH, ESTIMATE_LOW
 from tasks.core.models.plugins import measure_footprint, mlp_options, mlp_spec
@@ -147,12 +147,7 @@ class Workspace:
         return self._splits("profile", PROFILED_STEPS * self.sizes.batch)
 
     def _splits(self, name: str, rows: int) -> SplitPaths:
-        features = self.sizes.features
-        train = write_table(str(self.root / f"{name}-train.parquet"), rows, features)
-        # The same seed draws the same class centres; these figures measure speed and memory, so
-        # that the validation rows repeat the first training rows does not matter.
-        val = write_table(str(self.root / f"{name}-val.parquet"), max(rows // 32, 2048), features)
-        return SplitPaths(train, val, [f"f{i}" for i in range(features)], "label", 10)
+        return synthetic_splits(self.root, name, rows, self.sizes.features)
 
 
 def table_rows(path: str) -> int:

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass
 from functools import cached_property
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
 import torch
 
@@ -34,6 +35,7 @@ from benchmarks.gpu_figures import GpuFigure, Sizes, expect, require_cuda, requi
 from benchmarks.measure import REPO
 from benchmarks.synthetic import write_table
 from tasks.core.data.splits import SplitPaths
+from tasks.core.evaluation.metrics import metrics_from_confusion
 from tasks.core.models.plugins import mlp_spec
 from tasks.core.training import torch_training
 from tasks.core.training.config import TrainConfig
@@ -120,8 +122,9 @@ def gpu_accuracy(run: PipelineRun, table: str) -> tuple[float, float]:
     start = time.perf_counter()
     results = [score_piece(plan.job, piece, bundle) for piece in plan.pieces]
     seconds = time.perf_counter() - start
-    confusion = sum(torch.tensor(result.confusion) for result in results)
-    return float(confusion.trace() / confusion.sum()), sum(result.rows for result in results) / seconds
+    confusion = np.sum([np.array(result.confusion, dtype=np.int64) for result in results], axis=0)
+    metrics = metrics_from_confusion(confusion, [str(label) for label in bundle.class_labels])
+    return metrics.accuracy, sum(result.rows for result in results) / seconds
 
 
 def judged(run: PipelineRun) -> dict:

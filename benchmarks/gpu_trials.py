@@ -42,7 +42,7 @@ from benchmarks.gpu_figures import (
     table_rows,
 )
 from benchmarks.measure import REPO
-from benchmarks.synthetic import write_table
+from benchmarks.synthetic import synthetic_splits
 from tasks.core.data.splits import SplitPaths
 from tasks.core.models.plugins import measure_footprint, mlp_options, mlp_spec
 from tasks.core.planning.planner import CatalogEntry, Workload, plan_training
@@ -106,11 +106,7 @@ def widths(config: TrainConfig) -> str:
 
 
 def trial_splits(root: Path, rows: int) -> SplitPaths:
-    train = write_table(str(root / "trials-train.parquet"), rows, TRIAL_FEATURES)
-    # The same seed draws the same class centres: the validation rows repeat the first training rows,
-    # which is enough to tell a trial that learned from one that did not.
-    val = write_table(str(root / "trials-val.parquet"), max(rows // 32, 2048), TRIAL_FEATURES)
-    return SplitPaths(train, val, [f"f{i}" for i in range(TRIAL_FEATURES)], "label", 10)
+    return synthetic_splits(root, "trials", rows, TRIAL_FEATURES)
 
 
 def catalog_for(gpu_name: str) -> list[CatalogEntry]:

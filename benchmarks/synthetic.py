@@ -8,6 +8,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tasks.core.data.splits import SplitPaths
+
 CHUNK_ROWS = 250_000
 
 
@@ -37,3 +39,12 @@ def write_parts(
                 columns = [pa.array(values[:, i]) for i in range(features)] + [pa.array(labels)]
                 writer.write_table(pa.Table.from_arrays(columns, schema=schema))
     return files
+
+
+def synthetic_splits(root: Path, name: str, rows: int, features: int) -> SplitPaths:
+    """Training and validation splits of `write_table`'s classes under `root` (`name`-train/-val.parquet).
+    The same seed draws the same class centres, so the validation rows repeat the first training rows:
+    enough for figures of speed and memory, and to tell a run that learned from one that did not."""
+    train = write_table(str(root / f"{name}-train.parquet"), rows, features)
+    val = write_table(str(root / f"{name}-val.parquet"), max(rows // 32, 2048), features)
+    return SplitPaths(train, val, [f"f{i}" for i in range(features)], "label", 10)

@@ -226,16 +226,19 @@ def test_the_scoring_figures_run_the_whole_scorer_on_each_side(tmp_path, monkeyp
     assert not list(tmp_path.glob("scored-*"))
 
 
+def as_if_not_installed(monkeypatch, module: str) -> None:
+    """`require_modules` then finds no `module`, and every other module as it is."""
+    found = gpu.importlib.util.find_spec
+    monkeypatch.setattr(gpu.importlib.util, "find_spec", lambda name: None if name == module else found(name))
+
+
 def test_the_scoring_figures_are_skipped_without_the_manifest_decoder_saying_how_to_install_it(
     tmp_path, monkeypatch
 ):
     """A GPU machine with torch alone has no mashumaro, which loading a bundle needs: the step says so
     before it writes a table, instead of failing after."""
     monkeypatch.setattr(gpu_scoring, "require_cuda", lambda: None)
-    found = gpu.importlib.util.find_spec
-    monkeypatch.setattr(
-        gpu.importlib.util, "find_spec", lambda name: None if name == "mashumaro" else found(name)
-    )
+    as_if_not_installed(monkeypatch, "mashumaro")
     with pytest.raises(gpu.Skipped, match=r"mashumaro not installed \(loading a bundle .*--no-index"):
         gpu_scoring.scoring_on_gpu(tmp_path, gpu.SMOKE)
     assert not list(tmp_path.iterdir())

@@ -21,6 +21,7 @@ from benchmarks.gpu_trials import Device, PlannedTrial
 from benchmarks.measure import REPO
 from tasks.core.models.plugins import mlp_spec
 from tasks.core.training.config import TrainConfig
+from tests.unit.benchmarks.test_gpu_check import as_if_not_installed
 
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks what happens without CUDA")
 H200 = Device("NVIDIA H200", 141 * gpu.GIB)
@@ -213,10 +214,7 @@ def test_without_cuda_the_step_is_skipped_saying_why_before_it_writes_anything(t
 
 def test_without_flytekit_the_step_is_skipped_saying_how_to_install_it(tmp_path, monkeypatch):
     monkeypatch.setattr(gpu_trials, "require_cuda", lambda: None)
-    found = gpu.importlib.util.find_spec
-    monkeypatch.setattr(
-        gpu.importlib.util, "find_spec", lambda name: None if name == "flytekit" else found(name)
-    )
+    as_if_not_installed(monkeypatch, "flytekit")
     with pytest.raises(gpu.Skipped, match=r"flytekit not installed \(the planner's catalog.*make gpu-wheels"):
         gpu_trials.trials_sharing_gpu(tmp_path, gpu.SMOKE)
     assert not list(tmp_path.iterdir())
