@@ -9,8 +9,9 @@ as `DatasetError`s with the source and row (column_kinds.Place), the MLflow load
 `read_values` gives a column's values in the one form each kind reads:
 - numeric: float64, NaN where missing (null or NaN); text must parse as numbers; an infinite value is
   refused.
-- categorical: text, null where missing; integers as '3' (a float 3.0 too, as CSV reads integer codes),
-  booleans as 'true'/'false'.
+- categorical: text, null where missing; integers as '3' (a whole float too, of any size: 3.0 as '3',
+  4006381333905.0 as '4006381333905', as CSV and pandas read integer codes with a gap), booleans as
+  'true'/'false'.
 - boolean: float64 0/1, NaN where missing; numbers must be 0 or 1, text one of `TEXT_BOOLEANS` (any case).
 - date: int64 microseconds since 1970-01-01 UTC, `MISSING_INSTANT` where missing. A timestamp with a time
   zone is an instant (Arrow stores it in UTC); a naive timestamp or a date is taken as UTC; ISO text with
@@ -119,9 +120,21 @@ def as_numbers(column: pa.Array, where: Where) -> np.ndarray:
 
 def as_categories(column: pa.Array, where: Where) -> pa.Array:
     if pa.types.is_floating(column.type):
-        column = pc.add(column, pa.scalar(0.0, column.type))  # -0.0 as 0.0: the same category
-        column = null_where(pc.is_nan(column), column)
+        return float_categories(column)
     return pc.cast(column, pa.string())
+
+
+def float_categories(column: pa.Array) -> pa.Array:
+    """Floats as category text, NaN as missing: a whole number as its integer reads, whatever its size, so
+    a column of integer codes that a gap made float (pandas) or a float part beside it (a folder of parts)
+    gives the same categories: Arrow writes 4006381333905.0 as '4.006381333905e+12'."""
+    if pa.types.is_float16(column.type):  # no arithmetic kernels; float32 holds every value
+        column = pc.cast(column, pa.float32())
+    column = pc.add(column, pa.scalar(0.0, column.type))  # -0.0 as 0.0: the same category
+    column = null_where(pc.is_nan(column), column)
+    whole = pc.and_(pc.equal(pc.floor(column), column), pc.less(pc.abs(column), 2.0**63))
+    integers = pc.cast(pc.if_else(whole, column, pa.scalar(0.0, column.type)), pa.int64())
+    return pc.if_else(whole, pc.cast(integers, pa.string()), pc.cast(column, pa.string()))
 
 
 def distinct_categories(column: pa.DictionaryArray, where: Where) -> pa.DictionaryArray:

@@ -139,6 +139,22 @@ def test_integer_codes_marked_categorical_read_the_same_from_floats_and_text():
     assert csv_like.tolist() == expected and text.tolist() == expected
 
 
+def test_long_integer_codes_read_the_same_whether_a_gap_made_them_float():
+    """Arrow writes a float of 1e16 or more, and 4006381333905.0, in exponent form: a barcode column
+    that a gap made float must still read as its integers, in training and after."""
+    codes = [4006381333905, 4006381333912, 10**16]
+    as_integers = pa.table({"code": codes})
+    with_a_gap = pa.Table.from_pandas(pd.DataFrame({"code": [*codes, None]}))  # pandas: float64
+    assert with_a_gap.schema.field("code").type == pa.float64()
+    fitted = fit(as_integers, {"code": CATEGORICAL})
+    assert set(fitted.encoded_names()) == {*(f"code={code}" for code in codes), "code=<other>"}
+    assert fitted.transform(with_a_gap)[:3].tolist() == fitted.transform(as_integers).tolist()
+    from_floats = fit(with_a_gap, {"code": CATEGORICAL}).encoded_names()
+    assert set(from_floats) - {"code=<missing>"} == set(fitted.encoded_names())
+    halves = fit(pa.table({"code": [0.5, 2.0]}), {"code": CATEGORICAL})
+    assert set(halves.encoded_names()) == {"code=0.5", "code=2", "code=<other>"}
+
+
 @pytest.mark.parametrize(
     ("values", "kind", "rows"),
     [
