@@ -75,7 +75,7 @@ def parity_inputs(plan: ExportPlan) -> tuple[dict[str, np.ndarray], np.ndarray]:
         return raw_feeds(table, plan.encoding), plan.encoding.transform(table)
     rng = np.random.default_rng(0)
     mean, scale = np.asarray(plan.scaler.mean), np.asarray(plan.scaler.scale)
-    rows = (mean + scale * rng.normal(size=(PARITY_ROWS, len(mean)))).astype(np.float32)
+    rows = mean + scale * rng.normal(size=(PARITY_ROWS, len(mean)))
     if plan.fill is not None:
         rows[0, 0] = np.nan
     return {INPUT: rows}, rows

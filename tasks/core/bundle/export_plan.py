@@ -131,7 +131,7 @@ class ExportPlan:
     def features_rule(self) -> dict[str, Any]:
         rule = {
             "name": INPUT,
-            "dtype": "float32",
+            "dtype": "float64",
             "shape": [ROWS, len(self.scaler.mean)],
             "order": "feature_names",
         }

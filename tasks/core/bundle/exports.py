@@ -9,7 +9,7 @@ SavedModel's assets.extra/metadata.json, a folder TF Serving leaves alone. Its i
 in one of two forms:
 
 - Where the bundle's encoding is its numeric columns as they are (or it has none): one input,
-  "features", float32 `[rows, n_features]` in the manifest's feature order; a NaN takes the encoding's
+  "features", float64 `[rows, n_features]` in the manifest's feature order; a NaN takes the encoding's
   fill (the train mean), as the bundle fills it.
 - Otherwise (a categorical, boolean or date column, or a missing-value indicator): one input per raw
   column the encoding reads, `[rows, 1]`: text as strings ('' where missing), numbers, booleans (0/1)

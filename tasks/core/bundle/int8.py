@@ -259,7 +259,7 @@ def feeder(manifest: Manifest, inputs: list[str]) -> tuple[list[str], Callable[[
     record = manifest.record
     if inputs == [INPUT]:
         names = record.feature_names
-        return names, lambda batch: {INPUT: batch_features(batch, names, np.float32)}
+        return names, lambda batch: {INPUT: batch_features(batch, names, np.float64)}
     encoding = FittedEncoding.from_dict(record.encoding)
     return [column.name for column in encoding.columns], lambda batch: raw_feeds(batch, encoding)
 

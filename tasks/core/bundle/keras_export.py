@@ -31,8 +31,7 @@ def export_keras(model, plan: ExportPlan, directory: str) -> ExportResult:
     """A SavedModel and ONNX of `model` behind the scaler: from "features", or with an encoding, from
     the raw columns (the SavedModel encodes with TensorFlow ops, the ONNX file with ONNX ones)."""
     result = ExportResult()
-    exact = plan.encoding is not None
-    serve = keras_serving_function(model, plan.scaler, plan.fill, exact, plan.label_units())
+    serve = keras_serving_function(model, plan.scaler, plan.fill, plan.label_units())
     endpoint = serve if plan.encoding is None else keras_raw_row_function(serve, plan.encoding)
     if plan.description is not None and not plan.regression:
         endpoint = keras_labelled_function(endpoint, plan.description.class_labels)
@@ -62,11 +61,10 @@ def keras_serving_function(
     model,
     scaler: ScalerStats,
     fill: list[float] | None = None,
-    exact: bool = False,
     label_units: tuple[float, float] | None = None,
 ):
     """A `tf.function` from raw features to {"logits", "probabilities"}, traced on first use; with
-    `fill`, a NaN is filled as the bundle fills it; `exact`: the features are float64, else float32.
+    `fill`, a NaN is filled as the bundle fills it. The features are float64, as the bundle scales them.
     With a regression's `label_units` (mean, std): to {"prediction"}, float64 in the label's units."""
     import tensorflow as tf
 
@@ -85,8 +83,7 @@ def keras_serving_function(
             return {PREDICTION: tf.cast(logits[:, 0], tf.float64) * std + mean}
         return {"logits": logits, "probabilities": tf.nn.softmax(logits)}
 
-    dtype = tf.float64 if exact else tf.float32
-    signature = [tf.TensorSpec([None, len(scaler.mean)], dtype, name=INPUT)]
+    signature = [tf.TensorSpec([None, len(scaler.mean)], tf.float64, name=INPUT)]
     return tf.function(serve, input_signature=signature, autograph=False)
 
 

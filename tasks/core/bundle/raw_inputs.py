@@ -85,7 +85,7 @@ def takes_features(encoding: FittedEncoding) -> bool:
 def raw_feeds(table, encoding: FittedEncoding) -> dict[str, np.ndarray]:
     """The columns that `encoding` reads from `table` (a pandas DataFrame, a pyarrow Table or
     RecordBatch) as the ONNX export's inputs: each read as the bundle reads it, then in the inputs'
-    convention; where the export takes "features", the one feed float32 `[rows, columns]`, NaN where
+    convention; where the export takes "features", the one feed float64 `[rows, columns]`, NaN where
     missing. A missing column, and a value the bundle refuses, are refused here as there (DatasetError),
     naming the column and where it can, the row."""
 
@@ -93,7 +93,7 @@ def raw_feeds(table, encoding: FittedEncoding) -> dict[str, np.ndarray]:
     if takes_features(encoding):
         columns = encoding.columns
         numbers = [canonical(NUMERIC, table.column(column.name), Place(column.name)) for column in columns]
-        return {FEATURES: np.column_stack(numbers).astype(np.float32)}
+        return {FEATURES: np.column_stack(numbers).astype(np.float64)}
     names = onnx_input_names(encoding)
     return {names[column.name]: column_feed(column, table.column(column.name)) for column in encoding.columns}
 

@@ -36,7 +36,7 @@ def export_torch(model, plan: ExportPlan, directory: str) -> ExportResult:
             return tuple(output.numpy() for output in serving(torch.from_numpy(features)))
 
     def write(path: str) -> dict[str, Any]:
-        write_torch_onnx(serving, len(plan.scaler.mean), path, plan.encoding is not None, plan.outputs)
+        write_torch_onnx(serving, len(plan.scaler.mean), path, plan.outputs)
         finish_onnx(path, plan)
         return check_parity(path, live, plan)
 
@@ -86,17 +86,16 @@ def torch_serving_module(
     return Serving().eval()
 
 
-def write_torch_onnx(
-    serving, n_features: int, path: str, exact: bool = False, outputs: tuple[str, ...] = OUTPUTS
-) -> None:
-    """`exact`: "features" in float64, as the raw-row encoding gives them; else float32."""
+def write_torch_onnx(serving, n_features: int, path: str, outputs: tuple[str, ...] = OUTPUTS) -> None:
+    """The input "features" in float64, as the bundle standardises them: float32 would round a raw
+    number before its scaling (17-digit ids a few hundred apart would all read as one)."""
     import torch
 
     with quiet_exporter():
         torch.onnx.export(
             serving,
             # two rows: torch.export specialises a dimension of size 1
-            (torch.zeros(2, n_features, dtype=torch.float64 if exact else torch.float32),),
+            (torch.zeros(2, n_features, dtype=torch.float64),),
             path,
             dynamo=True,
             dynamic_shapes={INPUT: {0: torch.export.Dim(ROWS)}},

@@ -111,7 +111,7 @@ def test_the_exports_label_is_empty_where_the_outputs_are_not_finite(tmp_path, f
         model, framework, scaler, str(tmp_path), numeric_encoding(FEATURES), description=description
     )
     assert "onnx" in result.files, result.notes
-    rows = rows_with_huge_values([1, 3]).to_numpy(np.float32)
+    rows = rows_with_huge_values([1, 3]).to_numpy(np.float64)
     session = onnxruntime.InferenceSession(str(tmp_path / result.files["onnx"]))
     labels, probabilities = session.run(["label", "probabilities"], {"features": rows})
     unanswered = ~np.isfinite(probabilities).all(axis=1)

@@ -66,9 +66,7 @@ def run(path, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 def rows(count: int = 9) -> np.ndarray:
     rng = np.random.default_rng(count)
-    return (
-        np.asarray(SCALER.mean) + 3 * np.asarray(SCALER.scale) * rng.normal(size=(count, N_FEATURES))
-    ).astype(np.float32)
+    return np.asarray(SCALER.mean) + 3 * np.asarray(SCALER.scale) * rng.normal(size=(count, N_FEATURES))
 
 
 @pytest.fixture(scope="module", params=["pytorch", "tensorflow"])
@@ -101,7 +99,7 @@ def test_the_onnx_metadata_describes_the_model_and_its_inputs(described):
     assert json.loads(props["bundle_format_version"]) == 2
     assert props["onnxruntime_floor"] == "1.15"
     assert json.loads(props["inputs"]) == [
-        {"name": "features", "dtype": "float32", "shape": ["rows", N_FEATURES], "order": "feature_names",
+        {"name": "features", "dtype": "float64", "shape": ["rows", N_FEATURES], "order": "feature_names",
          "missing": "NaN"}
     ]  # fmt: skip
     assert set(json.loads(props["outputs"])) == {"logits", "probabilities", "label"}

@@ -44,7 +44,7 @@ EXPORT_PATHS = {"onnx": "model.onnx", "saved_model": "saved_model"}
 
 def raw_rows(count: int) -> np.ndarray:
     rng = np.random.default_rng(count)
-    return rng.normal(loc=SCALER.mean, scale=SCALER.scale, size=(count, N_FEATURES)).astype(np.float32)
+    return rng.normal(loc=SCALER.mean, scale=SCALER.scale, size=(count, N_FEATURES))
 
 
 def standardised(raw: np.ndarray) -> np.ndarray:
@@ -352,13 +352,47 @@ def test_raw_feeds_of_an_export_that_takes_features_are_its_one_input(tmp_path):
     (tmp_path / "export").mkdir()
     assert_exported(export_model(model, "pytorch", scaler, str(tmp_path / "export"), encoding), ["onnx"])
     feeds = raw_feeds(frame, encoding)
-    assert list(feeds) == ["features"] and feeds["features"].dtype == np.float32
+    assert list(feeds) == ["features"] and feeds["features"].dtype == np.float64
     session = onnxruntime.InferenceSession(
         str(tmp_path / "export" / "model.onnx"), providers=["CPUExecutionProvider"]
     )
     (probabilities,) = session.run(["probabilities"], feeds)
     with torch.no_grad():
         logits = model(torch.from_numpy(standardise(encoded, scaler))).numpy()
+    assert_scored_alike(probabilities, torch.softmax(torch.from_numpy(logits), dim=1).numpy())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
+def test_numbers_far_from_zero_reach_the_export_as_the_bundle_scales_them(tmp_path, framework):
+    """17-digit ids a few hundred apart (docs/inputs.md) standardise by their spread: float32 "features"
+    would round every one of them to one number before the scaler, so the export took "features" in
+    float64, as raw_feeds gives them and the bundle scales them."""
+    from tasks.core.bundle.raw_inputs import raw_feeds
+    from tasks.core.data.scaling import standardise
+    from tests.floats import assert_scored_alike
+
+    rng = np.random.default_rng(0)
+    table = pa.table(
+        {"customer_id": 10**16 + 100 * rng.integers(0, 10, 40), "seconds": 1.7e9 + rng.normal(size=40)}
+    )
+    encoding = fitted(table)
+    encoded = encoding.transform(table)
+    scaler = ScalerStats(encoded.mean(axis=0).tolist(), encoded.std(axis=0).tolist())
+    model = build(SPECS["mlp"], 2, N_CLASSES, framework)
+    result = export_model(
+        model.eval() if framework == "pytorch" else model, framework, scaler, str(tmp_path), encoding
+    )
+    assert "onnx" in result.files, result.notes
+    session = onnxruntime.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
+    (probabilities,) = session.run(["probabilities"], raw_feeds(table, encoding))
+    standardised_rows = standardise(encoded, scaler)
+    assert np.ptp(standardised_rows, axis=0).min() > 1  # the ids, and the seconds, apart once scaled
+    if framework == "pytorch":
+        with torch.no_grad():
+            logits = model(torch.from_numpy(standardised_rows)).numpy()
+    else:
+        logits = np.asarray(model(standardised_rows, training=False))
     assert_scored_alike(probabilities, torch.softmax(torch.from_numpy(logits), dim=1).numpy())
 
 

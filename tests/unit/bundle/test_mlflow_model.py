@@ -235,13 +235,16 @@ def test_a_missing_column_is_refused_by_name(model_dir):
 
 
 def softmax_onnx(path: Path, n_features: int) -> None:
-    """An export that takes one "features" input, float32 `[rows, n]`: probabilities = softmax(features)."""
+    """An export that takes one "features" input, float64 `[rows, n]`: probabilities = softmax(features)."""
     from onnx import TensorProto, helper, save
 
-    features = helper.make_tensor_value_info("features", TensorProto.FLOAT, ["rows", n_features])
+    features = helper.make_tensor_value_info("features", TensorProto.DOUBLE, ["rows", n_features])
     probabilities = helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, ["rows", n_features])
     graph = helper.make_graph(
-        [helper.make_node("Softmax", ["features"], ["probabilities"], axis=1)],
+        [
+            helper.make_node("Cast", ["features"], ["single"], to=TensorProto.FLOAT),
+            helper.make_node("Softmax", ["single"], ["probabilities"], axis=1),
+        ],
         "g",
         [features],
         [probabilities],
@@ -251,7 +254,7 @@ def softmax_onnx(path: Path, n_features: int) -> None:
     save(model, str(path))
 
 
-def test_an_export_of_numeric_features_gets_the_numbers_in_order_as_float32(tmp_path):
+def test_an_export_of_numeric_features_gets_the_numbers_in_order_as_float64(tmp_path):
     bundle = tmp_path / "bundle"
     bundle.mkdir()
     softmax_onnx(bundle / "model.onnx", 2)

@@ -212,7 +212,7 @@ def triton_batch(session: onnxruntime.InferenceSession, config, request: bytes) 
 def feeds_of(kind: str, bundle_folder: str, rows: int = 5) -> dict[str, np.ndarray]:
     if kind == "raw columns":
         return raw_feeds(messy_table(rows, seed=5), load_bundle(bundle_folder).encoding)
-    return {"features": blobs_frame(n_rows=rows)[FEATURES].to_numpy(np.float32)}
+    return {"features": blobs_frame(n_rows=rows)[FEATURES].to_numpy(np.float64)}
 
 
 @pytest.mark.parametrize("kind", ["torch", "raw columns", "keras"])
@@ -293,7 +293,7 @@ def test_tf_serving_loads_the_latest_saved_model_from_its_integer_folder(exporte
 
     signature = tf.saved_model.load(str(base / first)).signatures["serving_default"]
     rows = blobs_frame(n_rows=6)[FEATURES]
-    outputs = signature(features=tf.constant(rows.to_numpy(np.float32)))
+    outputs = signature(features=tf.constant(rows.to_numpy(np.float64)))
     expected = load_bundle(exported["keras"]).predict_proba(rows)
     np.testing.assert_allclose(outputs["probabilities"].numpy(), expected, atol=1e-5)
 
