@@ -161,6 +161,9 @@ package: install
 	$(SCHEDULES_ENV) $(BIN)/pyflyte --pkgs workflows package $(IMAGE_FLAGS) $(SETTINGS_FLAGS) \
 		--output $(PACKAGE) --force
 
+# --copy none: the images hold the code, tagged by it. pyflyte register uploads the tree by default
+# (--copy all) and every pod then unpacks it into --destination-dir, /root unless set, which the images'
+# user cannot write: each task would fail before it ran (flytekit clis/sdk_in_container/register.py).
 # No --activate-launchplans: it activates every launch plan registered, complete or not. A scheduled
 # launch plan with all its inputs is defined with auto_activate, which pyflyte register honours
 # (flytekit/remote/remote.py, FlyteRemote.raw_register), so only those are activated.
@@ -173,7 +176,7 @@ REGISTER_VERSION = $(VERSION)$(if $(SETTINGS_CHANGED),-settings-$(shell { echo "
 register: install
 	@test -n "$(VERSION)" || { echo "make register: no git commit to name the version after; pass VERSION=..." >&2; exit 1; }
 	$(SCHEDULES_ENV) $(BIN)/pyflyte --config flyte.config.yaml register workflows $(IMAGE_FLAGS) \
-		$(SETTINGS_FLAGS) --version $(REGISTER_VERSION)
+		$(SETTINGS_FLAGS) --copy none --version $(REGISTER_VERSION)
 
 clean:
 	rm -rf $(VENV) .venv-serving dist .pytest_cache

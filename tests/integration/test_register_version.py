@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -208,3 +209,19 @@ def test_gpudirect_reaches_every_task_and_registers_under_a_version_of_its_own(c
     assert len({plain, on, extra, both}) == 4
     package = " ".join(dry_run(checkout, "package", "MIXEDML_GPUDIRECT=1"))
     assert '--env MIXEDML_GPUDIRECT="1"' in package
+
+
+def test_registration_runs_the_code_the_images_hold(checkout):
+    """`pyflyte register` uploads the tree by default (--copy all), and every pod first unpacks it into
+    --destination-dir, /root unless set, which the images' user cannot write: each task would fail before
+    it ran. The images hold the code, tagged by it, so `make register` copies none: read here as
+    pyflyte's own command line reads the flags."""
+    from flytekit.clis.sdk_in_container.register import register as register_command_line
+    from flytekit.constants import CopyFileDetection
+
+    words = shlex.split(register_command(checkout))
+    arguments = words[words.index("register") + 1 :]
+    parsed = register_command_line.make_context("register", arguments).params
+    assert parsed["copy"] == CopyFileDetection.NO_COPY, parsed
+    users = re.findall(r"^USER (\S+)", (REPO / "Dockerfile").read_text(), re.MULTILINE)
+    assert users and "root" not in users  # why an upload into /root would fail

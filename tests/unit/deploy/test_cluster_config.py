@@ -34,6 +34,7 @@ def test_readme_cluster_commands_match_the_project():
     named = set(re.findall(r"--image ([\w-]+)=", section))
     assert named == built
     assert "pyflyte --config flyte.config.yaml register workflows" in section
+    assert "--copy none" in section  # test_register_version.py: the images hold the code
     assert "make package" in section
     # Registration activates only the scheduled launch plans deploy/schedules.yaml completes;
     # --activate-launchplans would activate every one of them.
