@@ -234,11 +234,11 @@ TRAIN_GPU_MULTINODE = GpuTrainingProfile(
     image=TORCH_GPU_IMAGE,
     environment=TORCH_DDP_ENVIRONMENT,
     rendezvous_timeout_s=1800,
-    # Spot first, as the single-node tasks: a reclaimed node fails the whole PyTorchJob as a user
-    # error, which under deploy/'s `ignore-retry-cause` moves the retries on demand too. One retry
-    # more than theirs: twice the nodes to lose, and GPU VMs stop for host maintenance
-    # (docs/reliability.md).
-    attempts=Attempts(retries=3),
+    # On demand, unlike the single-node tasks: a PyTorchJob whose pods wait for spot capacity stays
+    # Created, which propeller reports as Queued, and pod-pending-timeout applies to plain pods only,
+    # so its first attempt would wait out the 12 h timeout (docs/reliability.md). One retry more than
+    # theirs: twice the nodes to lose, and GPU VMs stop for host maintenance.
+    attempts=Attempts(retries=3, interruptible=False),
     gpudirect=os.environ.get(GPUDIRECT_VARIABLE, "") == "1",
 )
 

@@ -93,7 +93,7 @@ def test_training_tasks_carry_timeout_retries_and_the_preemption_grace_period(na
     spec = template(task)
     assert spec.metadata.timeout.ToTimedelta() == profile.attempts.timeout
     assert spec.metadata.retries.retries == profile.attempts.retries
-    assert spec.metadata.interruptible is profile.attempts.interruptible is True
+    assert spec.metadata.interruptible is profile.attempts.interruptible is (name != "torch-multinode")
     pod = MessageToDict(spec.k8s_pod.pod_spec)
     expected = profile.attempts.preemption_grace_s + LAUNCHER_EXIT_MARGIN_S
     assert pod["terminationGracePeriodSeconds"] == expected == profile.attempts.termination_grace_s
