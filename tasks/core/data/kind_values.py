@@ -12,7 +12,8 @@ as `DatasetError`s with the source and row (column_kinds.Place), the MLflow load
 - categorical: text, null where missing; integers as '3' (a whole float too, of any size: 3.0 as '3',
   4006381333905.0 as '4006381333905', as CSV and pandas read integer codes with a gap), booleans as
   'true'/'false'.
-- boolean: float64 0/1, NaN where missing; numbers must be 0 or 1, text one of `TEXT_BOOLEANS` (any case).
+- boolean: float64 0/1, NaN where missing; numbers must be 0 or 1, text one of `TEXT_BOOLEANS` (any case)
+  or, for missing, one of pyarrow's CSV null tokens (`NULL_TOKENS`: 'NA', 'null', 'NaN', ...), as dates.
 - date: int64 microseconds since 1970-01-01 UTC, `MISSING_INSTANT` where missing. A timestamp with a time
   zone is an instant (Arrow stores it in UTC); a naive timestamp or a date is taken as UTC; ISO text with
   a zone offset ('Z', '+02:00') is converted to UTC, and text without one is taken as UTC.
@@ -31,6 +32,7 @@ from typing import Protocol
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.csv as pa_csv
 
 NUMERIC, CATEGORICAL, BOOLEAN, DATE, TEXT = "numeric", "categorical", "boolean", "date", "text"
 TEXT_BOOLEANS = ("false", "true", "0", "1", "no", "yes")  # a word's index modulo 2 is its truth
@@ -39,6 +41,9 @@ ZONE_SUFFIX = r"(Z|\d\d:\d\d(:\d\d(\.\d*)?)?[+-]\d\d(:?\d\d)?)$"
 MICROS_PER_UNIT = {"s": 1_000_000, "ms": 1_000, "us": 1}
 MICROS_PER_SECOND = 1_000_000
 MISSING_INSTANT = np.iinfo(np.int64).min
+# What pyarrow's CSV reader takes for missing in a typed column ('NA', 'null', 'NaN', ...): a boolean
+# or date read from text takes them so too, as it would typed.
+NULL_TOKENS = pa.array(pa_csv.ConvertOptions().null_values, pa.string())
 
 
 class Where(Protocol):
@@ -155,6 +160,7 @@ def category_indices(categories: pa.DictionaryArray) -> np.ndarray:
 
 def as_booleans(column: pa.Array, where: Where) -> np.ndarray:
     if is_text(column.type):
+        column = tokens_as_null(column)
         words = pc.utf8_lower(pc.utf8_trim_whitespace(column))
         index = pc.index_in(words, value_set=pa.array(TEXT_BOOLEANS))
         unknown = np.flatnonzero(
@@ -172,6 +178,7 @@ def as_booleans(column: pa.Array, where: Where) -> np.ndarray:
 
 def as_instants(column: pa.Array, where: Where) -> np.ndarray:
     if is_text(column.type):
+        column = tokens_as_null(column)
         try:
             column = text_instants(column)
         except pa.ArrowInvalid:
@@ -179,6 +186,10 @@ def as_instants(column: pa.Array, where: Where) -> np.ndarray:
     elif pa.types.is_null(column.type):
         column = pa.nulls(len(column), pa.timestamp("us"))
     return instant_micros(column)
+
+
+def tokens_as_null(text: pa.Array) -> pa.Array:
+    return null_where(pc.is_in(pc.utf8_trim_whitespace(text), value_set=NULL_TOKENS), text)
 
 
 def instant_micros(column: pa.Array) -> np.ndarray:
@@ -225,10 +236,13 @@ class KindValues:
     distinct: Callable[[pa.DictionaryArray, Where], pa.DictionaryArray] | None = None
 
 
-def text_valued(kind: str) -> bool:
-    """Whether `kind` (or 'drop') reads its values as text: a CSV column declared so is read as the file
-    writes it ('00123' stays '00123')."""
-    return kind in VALUES and VALUES[kind].feed_type == "string"
+def csv_reads_as_text(kind: str) -> bool:
+    """Whether a CSV column known to be of `kind` (declared, or a bundle's) is read as text, its values
+    then read by the kind, rather than typed from the file's first block: every kind but numbers. A
+    category or text as the file writes it ('00123' stays '00123'); a boolean or date so that what the
+    first block showed cannot refuse a value the kind reads further down ('yes' under 'true' and
+    'false', a zoned time under naive ones, a date under an empty block)."""
+    return kind in VALUES and kind != NUMERIC
 
 
 VALUES = {

@@ -30,7 +30,7 @@ from tasks.core.data.files import (
     part_files,
     remote_errors,
 )
-from tasks.core.data.kind_values import text_valued
+from tasks.core.data.kind_values import csv_reads_as_text
 from tasks.core.data.part_types import (
     check_same_columns,
     column_kind,
@@ -167,8 +167,9 @@ def csv_format_and_schema(
     declared: Mapping[str, str] | None = None,
 ) -> tuple[ds.CsvFileFormat, pa.Schema]:
     """CSV options for this file: its delimiter and decimal point, the label and the columns `declared`
-    categorical or text (column -> the kind the user gave) read as text, numeric columns as floats; and the
-    schema they give, so that opening the dataset reads no block of the large size.
+    (column -> the kind the user gave) of any kind but numeric read as text (`csv_reads_as_text`), numeric
+    columns as floats; and the schema they give, so that opening the dataset reads no block of the large
+    size.
 
     pyarrow guesses column types from the first block only, so a column of integers holding 0.5
     further down would fail to convert; reading every numeric column as float64 avoids that. A text
@@ -180,7 +181,7 @@ def csv_format_and_schema(
     header = header_line(pa_fs.PyFileSystem(pa_fs.FSSpecHandler(filesystem)), first)
     parse = pa_csv.ParseOptions(delimiter=sniff_delimiter(header))
     read_as_text = [label_column] if label_column else []
-    read_as_text += [name for name, kind in declared.items() if text_valued(kind)]
+    read_as_text += [name for name, kind in declared.items() if csv_reads_as_text(kind)]
     text = dict.fromkeys(read_as_text, pa.string())
     guess = csv_guess(filesystem, source, parse, text, part_name(uri, first))
     types = {f.name: read_type(f, guess, retype=f.name not in declared) for f in guess.schema}

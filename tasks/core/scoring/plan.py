@@ -288,7 +288,9 @@ def open_scoring_dataset(
     read = set(model_columns)
     if detect_format(uri) == "csv":
         as_text = (
-            {c.name: c.kind for c in encoding.columns if kind_values.text_valued(c.kind)} if encoding else {}
+            {c.name: c.kind for c in encoding.columns if kind_values.csv_reads_as_text(c.kind)}
+            if encoding
+            else {}
         )
         return open_dataset(uri, typed_columns=read, column_kinds=as_text)
     return widened_passthrough(open_dataset(uri), uri, read)

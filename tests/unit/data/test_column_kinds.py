@@ -159,6 +159,7 @@ def test_long_integer_codes_read_the_same_whether_a_gap_made_them_float():
     ("values", "kind", "rows"),
     [
         (["yes", "No", " TRUE ", "0", None], BOOLEAN, [[1, 0], [0, 0], [1, 0], [0, 0], [0.5, 1]]),
+        (["true", "NA", " null ", "no"], BOOLEAN, [[1, 0], [0.5, 1], [0.5, 1], [0, 0]]),  # CSV null tokens
         ([1, 0, 0, 1, 1], BOOLEAN, [[1], [0], [0], [1], [1]]),
         (["1.5", " 2 ", "", "1e1", None], NUMERIC, [[1.5, 0], [2, 0], [4.5, 1], [10, 0], [4.5, 1]]),
         ([True, False, True, True, False], NUMERIC, [[1], [0], [1], [1], [0]]),

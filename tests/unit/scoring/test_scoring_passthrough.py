@@ -140,3 +140,37 @@ def test_parquet_parts_whose_id_types_cannot_be_one_column_are_refused_naming_th
         assert word in str(refused.value)
     assert file_bytes(dataset) == before
     assert not (tmp_path / "predictions").exists()
+
+
+# ---- CSV: the model's columns read by the bundle's kinds, whatever the first rows hold -------------------
+
+
+def test_a_csv_is_scored_by_the_bundle_s_kinds_whatever_its_first_block_holds(
+    raw_row_bundles, tmp_path, monkeypatch
+):
+    """pyarrow types a CSV column from the file's first block, which scoring sees only a few rows of
+    here. The bundle knows each model column's kind: a date under an empty first block, a 'yes' and an
+    'NA' under 'true' and 'false', a zoned time under naive ones are read as the bundle reads them, where
+    the guess refused them as 'not a number' or a zone 'not expected'."""
+    import numpy as np
+
+    from tasks.core.bundle.loading import load_bundle
+    from tasks.core.data import reading
+    from tests.floats import assert_scored_alike
+
+    monkeypatch.setattr(reading, "GUESS_BLOCK_BYTES", 256)
+    rows = 60
+    frame = pd.DataFrame({
+        "amount": np.linspace(-1e6, 9e6, rows),
+        "home city": ["oslo", "rome"] * (rows // 2),
+        "member": ["true", "false"] * (rows // 2 - 1) + ["yes", "NA"],
+        "joined": [""] * (rows - 2) + ["2001-02-03", "1969-12-31"],
+        "last_seen": ["2023-01-01T08:00:00"] * (rows - 2) + ["2023-01-01T10:00:00+02:00", ""],
+    })  # fmt: skip
+    source = tmp_path / "users.csv"
+    frame.to_csv(source, index=False)
+    assert source.stat().st_size > 4 * reading.GUESS_BLOCK_BYTES
+    predictions = scored(raw_row_bundles["pytorch"], source, tmp_path / "predictions").to_pandas()
+    columns = [name for name in predictions.columns if name.startswith("probability_")]
+    expected = load_bundle(raw_row_bundles["pytorch"]).predict_proba(frame)
+    assert_scored_alike(predictions[columns].to_numpy(), expected)
