@@ -13,6 +13,7 @@ import logging
 from dataclasses import dataclass, field
 
 from flytekit import Cache, dynamic, task
+from flytekit.core.task import Echo
 
 from tasks.catalog import DEFAULT_PRICES_PER_HOUR
 from tasks.core.accelerators.rule import on_flyte_cluster
@@ -35,6 +36,13 @@ log = logging.getLogger(__name__)
 # A trial's run is cached under this version and its inputs (the data, its config, the checkpoint it
 # resumes): a rerun of a study reuses its finished trials. Change it when training changes its results.
 TRIAL_CACHE = Cache(version="tuning-trial-2")
+# A @dynamic's nodes are written for propeller (futures.pb) with a copy of each value a task is called
+# with, and propeller reads that file only up to storage.limits.maxDownloadMBs (2 MiB unless set;
+# flytestdlib/storage/stow_store.go, ReadRaw). `prepared` holds the fitted encoding, a text column's
+# words among it, so a round of 4 trials on 3 text columns held 2.5 MiB of copies. Echoed once, the
+# round's nodes bind to the echo's output instead: propeller's echo plugin copies it, with no pod
+# (flyteplugins/go/tasks/plugins/testing/echo.go; enabled in deploy/flyte-binary-values.yaml).
+share_prepared = Echo(name="tasks.tune.share_prepared", inputs={"prepared": PreparedData})
 
 
 @dataclass
@@ -101,13 +109,14 @@ def tuning_round(
     if work is None:
         return state
     jobs = round_jobs(state, work, hyperparameters, prepared, target)
+    shared = share_prepared(prepared=prepared)
     trained, plans = [], []
     for number, config in jobs:
         report = plan_report(target, workload(prepared, target, config), preprocess_plan, plan_resources)
         if report.applied:
             config = planned_hyperparameters(config, report.training, on_flyte_cluster())
         resume = state.model(number).trained.checkpoint if work.rung else None
-        run = TARGETS[target].task(prepared=prepared, hyperparameters=config, resume_from=resume)
+        run = TARGETS[target].task(prepared=shared, hyperparameters=config, resume_from=resume)
         overrides = TARGETS[target].profile.overrides_for(report.training.choice) if report.applied else {}
         trained.append(
             run.with_overrides(**overrides, cache=TRIAL_CACHE, node_name=f"trial-{number}-rung-{work.rung}")
@@ -115,10 +124,10 @@ def tuning_round(
         plans.append(report)
         describe_trial(state.study.trial(number), report, target)
     state = record_round(
-        state=state, numbers=[n for n, _ in jobs], trained=trained, plans=plans, prepared=prepared
+        state=state, numbers=[n for n, _ in jobs], trained=trained, plans=plans, prepared=shared
     )
     return tuning_round(
-        state=state, prepared=prepared, preprocess_plan=preprocess_plan, target=target,
+        state=state, prepared=shared, preprocess_plan=preprocess_plan, target=target,
         hyperparameters=hyperparameters, plan_resources=plan_resources,
     )  # fmt: skip
 

@@ -18,7 +18,8 @@ SCHEDULES = REPO / "tests" / "schedules.yaml"
 
 @dataclass
 class Package:
-    tasks: dict[str, task_pb2.TaskSpec] = field(default_factory=dict)
+    tasks: dict[str, task_pb2.TaskSpec] = field(default_factory=dict)  # those that run in a pod
+    podless: dict[str, task_pb2.TaskSpec] = field(default_factory=dict)  # run by a propeller plugin (echo)
     workflows: dict[str, workflow_pb2.WorkflowSpec] = field(default_factory=dict)
     launch_plans: dict[str, launch_plan_pb2.LaunchPlan] = field(default_factory=dict)
 
@@ -42,7 +43,8 @@ def read_package(archive: Path) -> Package:
             stem = member.name.removesuffix(".pb")
             if stem.endswith("_1"):
                 spec = task_pb2.TaskSpec.FromString(data)
-                package.tasks[spec.template.id.name] = spec
+                runs_in = package.tasks if spec.template.WhichOneof("target") else package.podless
+                runs_in[spec.template.id.name] = spec
             elif stem.endswith("_2"):
                 spec = workflow_pb2.WorkflowSpec.FromString(data)
                 package.workflows[spec.template.id.name] = spec

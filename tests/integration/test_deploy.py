@@ -431,7 +431,7 @@ def test_task_types_have_an_enabled_plugin(flyte_package):
     enabled = set(plugins["enabled-plugins"])
     unhandled = [
         f"task {name}: type '{spec.template.type}'"
-        for name, spec in sorted(flyte_package.tasks.items())
+        for name, spec in sorted((flyte_package.tasks | flyte_package.podless).items())
         if by_type.get(spec.template.type) not in enabled
     ]
     assert not unhandled, (

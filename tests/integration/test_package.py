@@ -97,6 +97,12 @@ def package(flyte_package):
 
 def test_package_holds_every_task_workflow_and_launch_plan(package):
     assert set(package.tasks) == set(IMAGE_OF_TASK)
+    assert (
+        {name: spec.template.type for name, spec in package.podless.items()}
+        == {
+            "tasks.tune.share_prepared": "echo"  # no pod: propeller copies its input (tests/integration/test_dynamic_size.py)
+        }
+    )
     assert {"workflows.pipeline.training_pipeline", "workflows.comparison.hardware_comparison",
             "workflows.launch_plans.scheduled_training", "workflows.launch_plans.scheduled_comparison",
             "workflows.launch_plans.scheduled_scoring"} <= set(package.workflows)  # fmt: skip

@@ -338,11 +338,16 @@ def test_the_tf_gpu_image_gets_the_cuda_release_tensorflow_was_tested_with():
 
 @functools.cache
 def all_tasks() -> tuple[PythonTask, ...]:
-    """Every Flyte task the project's task modules define, whether or not a test names it."""
+    """Every Flyte task that runs in a pod the project's task modules define, whether or not a test
+    names it (an echo runs in propeller)."""
     found = {}
     for module in pkgutil.iter_modules(tasks.__path__, "tasks."):
         for value in vars(importlib.import_module(module.name)).values():
-            if isinstance(value, PythonTask) and value.name.startswith("tasks."):
+            if (
+                isinstance(value, PythonTask)
+                and value.name.startswith("tasks.")
+                and value.task_type != "echo"
+            ):
                 found[value.name] = value
     return tuple(found.values())
 
