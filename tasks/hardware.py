@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 
-from flytekit import PodTemplate, Resources
+from flytekit import Cache, PodTemplate, Resources
 from flytekit.extras.accelerators import (
     A100,
     A100_80GB,
@@ -100,6 +100,12 @@ class CpuProfile:
 
 # Seconds a preempted pod keeps after its workers' grace budget, for the launcher to exit.
 LAUNCHER_EXIT_MARGIN_S = 5
+# Each training task's trial copy (`*_trial`, which tuning runs) is cached under this version and its
+# inputs (the data, its config, the checkpoint it resumes): a rerun of a study reuses its finished
+# trials. Change it when training changes its results. On the task, not the node: propeller reads the
+# cache settings of a node's task template only (flytepropeller/pkg/controller/nodes/task/cache.go,
+# IsCacheable, tag v1.16.8), and flytekit's local runs do too.
+TRIAL_CACHE = Cache(version="tuning-trial-3")
 
 
 @dataclass(frozen=True)

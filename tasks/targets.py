@@ -18,13 +18,19 @@ from tasks.hardware import (
     TpuSliceProfile,
     TrainingProfile,
 )
-from tasks.train_tf import train_tf_gpu, train_tf_tpu
-from tasks.train_torch import train_torch, train_torch_multinode
+from tasks.train_tf import train_tf_gpu, train_tf_gpu_trial, train_tf_tpu, train_tf_tpu_trial
+from tasks.train_torch import (
+    train_torch,
+    train_torch_multinode,
+    train_torch_multinode_trial,
+    train_torch_trial,
+)
 
 
 @dataclass(frozen=True)
 class Target:
     task: PythonFunctionTask  # the training task, decorated with its profile's task options
+    trial_task: PythonFunctionTask  # the same, cached: what tuning trials run (tasks/tune.py)
     framework: str  # "pytorch" or "tensorflow", as the training runs and model bundles name it
     profile: TrainingProfile  # the hardware it declares, its image, and its planned overrides
     # What the planner may choose from; None: the target keeps its declared profile.
@@ -41,8 +47,10 @@ class Target:
 
 
 TARGETS = {
-    "gpu": Target(train_torch, "pytorch", TRAIN_GPU, GPU_CATALOG),
-    "gpu-multinode": Target(train_torch_multinode, "pytorch", TRAIN_GPU_MULTINODE, None),
-    "tpu": Target(train_tf_tpu, "tensorflow", TRAIN_TPU, TPU_CATALOG),
-    "gpu-tf": Target(train_tf_gpu, "tensorflow", TRAIN_TF_GPU, GPU_CATALOG),
+    "gpu": Target(train_torch, train_torch_trial, "pytorch", TRAIN_GPU, GPU_CATALOG),
+    "gpu-multinode": Target(
+        train_torch_multinode, train_torch_multinode_trial, "pytorch", TRAIN_GPU_MULTINODE, None
+    ),
+    "tpu": Target(train_tf_tpu, train_tf_tpu_trial, "tensorflow", TRAIN_TPU, TPU_CATALOG),
+    "gpu-tf": Target(train_tf_gpu, train_tf_gpu_trial, "tensorflow", TRAIN_TF_GPU, GPU_CATALOG),
 }

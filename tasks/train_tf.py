@@ -21,7 +21,7 @@ from tasks.core.training.preemption import Preempted, PreemptionNotice
 from tasks.core.training.records import Hardware, TrainingRun
 from tasks.core.training.telemetry import UtilisationSampler
 from tasks.core.training.tf_strategy import require_gpus, require_tpu, set_pjrt_defaults, tpu_target_strategy
-from tasks.hardware import TRAIN_TF_GPU, TRAIN_TPU, TrainingProfile
+from tasks.hardware import TRAIN_TF_GPU, TRAIN_TPU, TRIAL_CACHE, TrainingProfile
 from tasks.plumbing.checkpointing import flyte_checkpoint, handed_back, seed_checkpoint
 from tasks.plumbing.decks import DECKS, training_deck
 from tasks.plumbing.failures import retried_as_recoverable
@@ -78,12 +78,9 @@ def train_tensorflow(
     return trained
 
 
-@task(**TRAIN_TPU.task_options(), **DECKS)
-def train_tf_tpu(
+def train_on_tpu(
     prepared: PreparedData, hyperparameters: TrainConfig, resume_from: FlyteDirectory | None = None
 ) -> TrainedModel:
-    """TensorFlow on a TPU slice (TPUStrategy); with `resume_from`, continuing that checkpoint's run."""
-    begin_task()
     with retried_as_recoverable():  # which failures Flyte retries: tasks/plumbing/failures.py
         on_cluster = on_flyte_cluster()
         strategy = tpu_target_strategy(hyperparameters.tf_strategy, on_cluster)
@@ -93,15 +90,48 @@ def train_tf_tpu(
         return train_tensorflow(prepared, hyperparameters, TRAIN_TPU, strategy, resume_from)
 
 
-@task(**TRAIN_TF_GPU.task_options(), **DECKS)
-def train_tf_gpu(
+def train_on_gpus(
     prepared: PreparedData, hyperparameters: TrainConfig, resume_from: FlyteDirectory | None = None
 ) -> TrainedModel:
-    """TensorFlow on GPUs (MirroredStrategy); with `resume_from`, continuing that checkpoint's run."""
-    begin_task()
     with retried_as_recoverable():
         if on_flyte_cluster():
             require_gpus(TRAIN_TF_GPU.describe(), TRAIN_TF_GPU.gpus_per_node)
         return train_tensorflow(
             prepared, hyperparameters, TRAIN_TF_GPU, hyperparameters.tf_strategy, resume_from
         )
+
+
+@task(**TRAIN_TPU.task_options(), **DECKS)
+def train_tf_tpu(
+    prepared: PreparedData, hyperparameters: TrainConfig, resume_from: FlyteDirectory | None = None
+) -> TrainedModel:
+    """TensorFlow on a TPU slice (TPUStrategy); with `resume_from`, continuing that checkpoint's run."""
+    begin_task()
+    return train_on_tpu(prepared, hyperparameters, resume_from)
+
+
+@task(**TRAIN_TF_GPU.task_options(), **DECKS)
+def train_tf_gpu(
+    prepared: PreparedData, hyperparameters: TrainConfig, resume_from: FlyteDirectory | None = None
+) -> TrainedModel:
+    """TensorFlow on GPUs (MirroredStrategy); with `resume_from`, continuing that checkpoint's run."""
+    begin_task()
+    return train_on_gpus(prepared, hyperparameters, resume_from)
+
+
+@task(**TRAIN_TPU.task_options(), **DECKS, cache=TRIAL_CACHE)
+def train_tf_tpu_trial(
+    prepared: PreparedData, hyperparameters: TrainConfig, resume_from: FlyteDirectory | None = None
+) -> TrainedModel:
+    """`train_tf_tpu`, cached: a tuning trial (tasks/tune.py), which a rerun of its study reuses."""
+    begin_task()
+    return train_on_tpu(prepared, hyperparameters, resume_from)
+
+
+@task(**TRAIN_TF_GPU.task_options(), **DECKS, cache=TRIAL_CACHE)
+def train_tf_gpu_trial(
+    prepared: PreparedData, hyperparameters: TrainConfig, resume_from: FlyteDirectory | None = None
+) -> TrainedModel:
+    """`train_tf_gpu`, cached: a tuning trial (tasks/tune.py), which a rerun of its study reuses."""
+    begin_task()
+    return train_on_gpus(prepared, hyperparameters, resume_from)

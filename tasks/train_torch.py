@@ -40,7 +40,13 @@ from tasks.core.training.telemetry import UtilisationSampler
 from tasks.core.validation import batch_problems
 from tasks.ddp_worker import SetUpRefused, train_with_ddp
 from tasks.gpudirect import apply_node_profile
-from tasks.hardware import LAUNCHER_EXIT_MARGIN_S, TRAIN_GPU, TRAIN_GPU_MULTINODE, GpuTrainingProfile
+from tasks.hardware import (
+    LAUNCHER_EXIT_MARGIN_S,
+    TRAIN_GPU,
+    TRAIN_GPU_MULTINODE,
+    TRIAL_CACHE,
+    GpuTrainingProfile,
+)
 from tasks.plumbing.decks import DECKS, training_deck
 from tasks.plumbing.failures import retried_as_recoverable
 from tasks.plumbing.preemption_exit import preempted_exit
@@ -304,4 +310,22 @@ def train_torch_multinode(
 ) -> TrainedModel:
     """PyTorch DDP over several GPU nodes: a Kubeflow PyTorchJob, NCCL between nodes; with
     `resume_from`, continuing the run whose checkpoint it is (a promoted tuning trial)."""
+    return train_with_ddp(prepared, hyperparameters, TRAIN_GPU_MULTINODE, resume_from)
+
+
+@task(task_config=elastic(TRAIN_GPU), **TRAIN_GPU.task_options(), **DECKS, cache=TRIAL_CACHE)
+def train_torch_trial(
+    prepared: PreparedData, hyperparameters: TrainConfig, resume_from: FlyteDirectory | None = None
+) -> TrainedModel:
+    """`train_torch`, cached: a tuning trial (tasks/tune.py), which a rerun of its study reuses."""
+    return train_with_ddp(prepared, hyperparameters, TRAIN_GPU, resume_from)
+
+
+@task(
+    task_config=elastic(TRAIN_GPU_MULTINODE), **TRAIN_GPU_MULTINODE.task_options(), **DECKS, cache=TRIAL_CACHE
+)
+def train_torch_multinode_trial(
+    prepared: PreparedData, hyperparameters: TrainConfig, resume_from: FlyteDirectory | None = None
+) -> TrainedModel:
+    """`train_torch_multinode`, cached: a tuning trial, which a rerun of its study reuses."""
     return train_with_ddp(prepared, hyperparameters, TRAIN_GPU_MULTINODE, resume_from)

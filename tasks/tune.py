@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from flytekit import Cache, dynamic, task
+from flytekit import dynamic, task
 from flytekit.core.task import Echo
 
 from tasks.catalog import DEFAULT_PRICES_PER_HOUR
@@ -33,9 +33,6 @@ from tasks.targets import TARGETS
 from tasks.types import PreparedData, PreprocessPlan, ResourcePlan, TrainedModel
 
 log = logging.getLogger(__name__)
-# A trial's run is cached under this version and its inputs (the data, its config, the checkpoint it
-# resumes): a rerun of a study reuses its finished trials. Change it when training changes its results.
-TRIAL_CACHE = Cache(version="tuning-trial-2")
 # A @dynamic's nodes are written for propeller (futures.pb) with a copy of each value a task is called
 # with, and propeller reads that file only up to storage.limits.maxDownloadMBs (2 MiB unless set;
 # flytestdlib/storage/stow_store.go, ReadRaw). `prepared` holds the fitted encoding, a text column's
@@ -116,11 +113,9 @@ def tuning_round(
         if report.applied:
             config = planned_hyperparameters(config, report.training, on_flyte_cluster())
         resume = state.model(number).trained.checkpoint if work.rung else None
-        run = TARGETS[target].task(prepared=shared, hyperparameters=config, resume_from=resume)
+        run = TARGETS[target].trial_task(prepared=shared, hyperparameters=config, resume_from=resume)
         overrides = TARGETS[target].profile.overrides_for(report.training.choice) if report.applied else {}
-        trained.append(
-            run.with_overrides(**overrides, cache=TRIAL_CACHE, node_name=f"trial-{number}-rung-{work.rung}")
-        )
+        trained.append(run.with_overrides(**overrides, node_name=f"trial-{number}-rung-{work.rung}"))
         plans.append(report)
         describe_trial(state.study.trial(number), report, target)
     state = record_round(

@@ -56,6 +56,9 @@ LARGEST_TABLE = {"input_bytes": 100 * 2**30, "rows": 1_500_000_000, "columns": 1
 SPOT_POD_SHUTDOWN_S = 15
 INTERRUPTIBLE_TRAINING = (
     "train_torch.train_torch",
+    "train_torch.train_torch_trial",
+    "train_tf.train_tf_gpu_trial",
+    "train_tf.train_tf_tpu_trial",
     "train_tf.train_tf_gpu",
     "train_tf.train_tf_tpu",
 )
@@ -586,8 +589,9 @@ def test_the_multinode_pytorchjob_runs_on_demand_and_the_other_training_tasks_sp
     }
     assert interruptible == {f"tasks.{name}" for name in INTERRUPTIBLE_TRAINING}
     assert node_config()["ignore-retry-cause"] and node_config()["interruptible-failure-threshold"] == 1
-    (job,) = [demand for demand in demands["task"] if demand.nodes > 1]
-    assert not job.interruptible and unscheduled(job, default_pools()) is None
+    jobs = [demand for demand in demands["task"] if demand.nodes > 1]  # the task and its trial copy
+    assert len(jobs) == 2
+    assert all(not job.interruptible and unscheduled(job, default_pools()) is None for job in jobs)
 
 
 @pytest.mark.slow

@@ -14,6 +14,7 @@ from flyteidl.core import dynamic_job_pb2
 from tasks.core.planning.planner import PreprocessPlan
 from tasks.core.tuning.rounds import open_study
 from tasks.core.tuning.study import TuningSettings
+from tasks.hardware import TRIAL_CACHE
 from tasks.tune import TuningState, tuning_round
 from tests.conftest import POD_HYPERPARAMETERS
 from tests.flyte_package import REPO, environment_of
@@ -38,9 +39,14 @@ def round_futures(flyte_package, prepared, workdir) -> dynamic_job_pb2.DynamicJo
     return dynamic_job_pb2.DynamicJobSpec.FromString(futures.read_bytes())
 
 
+@pytest.fixture(scope="module")
+def first_round(flyte_package, prepared_by_a_pod, tmp_path_factory) -> dynamic_job_pb2.DynamicJobSpec:
+    return round_futures(flyte_package, prepared_by_a_pod, tmp_path_factory.mktemp("tuning") / "round")
+
+
 @pytest.mark.slow
-def test_a_tuning_round_holds_the_prepared_data_once(flyte_package, prepared_by_a_pod, tmp_path):
-    futures = round_futures(flyte_package, prepared_by_a_pod, tmp_path / "round")
+def test_a_tuning_round_holds_the_prepared_data_once(first_round):
+    futures = first_round
     bindings = {
         node.id: binding.binding
         for node in futures.nodes
@@ -54,6 +60,16 @@ def test_a_tuning_round_holds_the_prepared_data_once(flyte_package, prepared_by_
     assert all(binding.promise.node_id == echo for node, binding in bindings.items() if node != echo)
     echo_tasks = [task for task in futures.tasks if task.type == "echo"]
     assert len(echo_tasks) == 1 and not echo_tasks[0].HasField("container")  # no pod runs it
+
+
+@pytest.mark.slow
+def test_the_trials_run_a_cached_task_so_a_rerun_study_reuses_them(first_round):
+    """Propeller caches by the task template alone (nodes/task/cache.go, IsCacheable, tag v1.16.8): a
+    node's own cache override is not read, so trials run the training task's cached copy."""
+    trained = {node.task_node.reference_id.name for node in first_round.nodes if node.id.startswith("trial-")}
+    assert trained == {"tasks.train_torch.train_torch_trial"}
+    (template,) = [task for task in first_round.tasks if task.id.name in trained]
+    assert template.metadata.discoverable and template.metadata.discovery_version == TRIAL_CACHE.version
 
 
 def test_the_cluster_reads_objects_and_events_of_32_mib():

@@ -51,6 +51,10 @@ IMAGE_OF_TASK = {
     "tasks.train_torch.train_torch_multinode": "torch-gpu",
     "tasks.train_tf.train_tf_gpu": "tf-gpu",
     "tasks.train_tf.train_tf_tpu": "tpu",
+    "tasks.train_torch.train_torch_trial": "torch-gpu",
+    "tasks.train_torch.train_torch_multinode_trial": "torch-gpu",
+    "tasks.train_tf.train_tf_gpu_trial": "tf-gpu",
+    "tasks.train_tf.train_tf_tpu_trial": "tpu",
     "tasks.right_sizing.prepare_data": "ml-cpu",
     "tasks.right_sizing.train_on_target": "ml-cpu",
 }
@@ -85,6 +89,10 @@ RETRIES_OF_TASK = {
     "tasks.train_torch.train_torch_multinode": TRAIN_GPU_MULTINODE.attempts.retries,
     "tasks.train_tf.train_tf_gpu": TRAIN_TF_GPU.attempts.retries,
     "tasks.train_tf.train_tf_tpu": TRAIN_TPU.attempts.retries,
+    "tasks.train_torch.train_torch_trial": TRAIN_GPU.attempts.retries,
+    "tasks.train_torch.train_torch_multinode_trial": TRAIN_GPU_MULTINODE.attempts.retries,
+    "tasks.train_tf.train_tf_gpu_trial": TRAIN_TF_GPU.attempts.retries,
+    "tasks.train_tf.train_tf_tpu_trial": TRAIN_TPU.attempts.retries,
     "tasks.right_sizing.prepare_data": LAUNCHER_RETRIES,
     "tasks.right_sizing.train_on_target": LAUNCHER_RETRIES,
 }

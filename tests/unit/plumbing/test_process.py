@@ -22,6 +22,8 @@ OPENS_NO_STORAGE = {
     "tasks.schedule.data_partition": "formats a URI template into the data input",
     "tasks.train_torch.train_torch": "the launcher: each DDP worker begins with begin_task",
     "tasks.train_torch.train_torch_multinode": "the launcher: each DDP worker begins with begin_task",
+    "tasks.train_torch.train_torch_trial": "the launcher: each DDP worker begins with begin_task",
+    "tasks.train_torch.train_torch_multinode_trial": "the launcher: each DDP worker begins with begin_task",
 }
 
 
