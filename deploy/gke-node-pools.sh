@@ -90,8 +90,8 @@ pool cpu --machine-type n2-standard-8
 
 # train_torch, train_tf_gpu (1 x L4); planner option l4.
 training_pool l4 --machine-type g2-standard-8 --accelerator "type=nvidia-l4,count=1,$DRIVER"
-# train_torch_multinode (2 nodes x 8 H100, a PyTorchJob: MAX_NODES >= 2), spot first as the other
-# training tasks; planner option h100-80gb.
+# train_torch_multinode (2 nodes x 8 H100, a PyTorchJob: MAX_NODES >= 2), on demand (docs/reliability.md);
+# planner option h100-80gb, spot first.
 training_pool h100 --machine-type a3-highgpu-8g --accelerator "type=nvidia-h100-80gb,count=8,$DRIVER"
 # train_tf_tpu as declared (v5e 2x2); planner option tpu-v5e-2x2.
 training_pool tpu-v5e-2x2 --machine-type ct5lp-hightpu-4t

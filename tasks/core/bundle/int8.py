@@ -315,7 +315,7 @@ def odd_rows(feeds: dict[str, np.ndarray], numbers: list[str]) -> dict[str, np.n
     odd = {name: np.repeat(values[:1], 2, axis=0) for name, values in feeds.items()}
     for name in numbers:
         largest = np.nanmax(np.abs(feeds[name]), initial=1.0)
-        with np.errstate(over="ignore"):  # beyond float32: inf, a second non-finite row
+        with np.errstate(over="ignore"):  # beyond the input type's range: inf, a second non-finite row
             odd[name][0] = EXTREME_FACTOR * largest
         odd[name][1] = np.inf
     return odd

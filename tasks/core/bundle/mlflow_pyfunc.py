@@ -10,7 +10,8 @@ MLflow model folder runs it.
 columns in the order the export reads them, each with its kind and, where the export names it otherwise,
 its "input"; and the class labels). `predict` reads the columns by name and turns them into the
 export's inputs as the bundle reads a table:
-- an export that takes one "features" input (numeric columns): the numbers float64 `[rows, columns]`;
+- an export that takes one "features" input (numeric columns): the numbers float64 `[rows, columns]`
+  (float32 where an earlier release wrote the file so);
 - an export that takes the raw columns: one `[rows, 1]` input per column, text for categories and free
   text ('' where missing), float64 for numbers and booleans (NaN where missing) and for dates (seconds
   since 1970 UTC).
@@ -71,6 +72,9 @@ class OnnxModel:
         )
         inputs = [value.name for value in self.session.get_inputs()]
         self.takes_features = inputs == [FEATURES]
+        # float64, or float32 in a file an earlier release wrote, which a folder made from it now reads
+        single = self.session.get_inputs()[0].type == "tensor(float)"
+        self.features_dtype = np.float32 if single else np.float64
         if not self.takes_features and inputs != self.inputs:
             raise ValueError(f"{ONNX_FILE} takes the inputs {inputs}, not those {DESCRIPTION_FILE} lists")
 
@@ -104,7 +108,7 @@ class OnnxModel:
         table = arrow_columns(frame, [name for name, _ in self.columns])
         if self.takes_features:
             numbers = [read(kind_values.NUMERIC, table.column(name), name) for name, _ in self.columns]
-            return {FEATURES: np.column_stack(numbers).astype(np.float64)}
+            return {FEATURES: np.column_stack(numbers).astype(self.features_dtype)}
         return {
             input_name: feed(kind, table.column(name), name)
             for input_name, (name, kind) in zip(self.inputs, self.columns, strict=True)

@@ -12,7 +12,7 @@ import pyarrow.compute as pc
 
 from tasks.core.data.column_kinds import MICROS_PER_DAY, month_of, weekday_of
 from tasks.core.data.column_stats import BooleanStats, CategoryStats, DateStats, NumberStats
-from tasks.core.data.kind_values import MISSING_INSTANT, category_indices
+from tasks.core.data.kind_values import MISSING_INSTANT, category_as_read, category_indices
 from tasks.core.data.moments import FeatureMoments
 from tasks.core.data.words import bucket_counts
 
@@ -58,7 +58,7 @@ class CategoryEncoding:
         """Each value's one-hot column: its place in the vocabulary, else <other>, or <missing>. Of text,
         or of a dictionary of distinct texts (`distinct_categories`), looked up once per distinct value."""
         other = len(self.vocabulary)
-        vocabulary = pa.array(self.vocabulary, pa.string())
+        vocabulary = pa.array([category_as_read(value) for value in self.vocabulary], pa.string())
         if pa.types.is_dictionary(text.type):
             found = pc.fill_null(pc.index_in(text.dictionary, value_set=vocabulary), other)
             missing = other + 1 if self.indicator else other

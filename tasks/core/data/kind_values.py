@@ -9,7 +9,7 @@ as `DatasetError`s with the source and row (column_kinds.Place), the MLflow load
 `read_values` gives a column's values in the one form each kind reads:
 - numeric: float64, NaN where missing (null or NaN); text must parse as numbers; an infinite value is
   refused.
-- categorical: text, null where missing; integers as '3' (a whole float too, of any size: 3.0 as '3',
+- categorical: text, null where missing; integers as '3' (a whole float below 2**63 too: 3.0 as '3',
   4006381333905.0 as '4006381333905', as CSV and pandas read integer codes with a gap), booleans as
   'true'/'false'.
 - boolean: float64 0/1, NaN where missing; numbers must be 0 or 1, text one of `TEXT_BOOLEANS` (any case)
@@ -25,6 +25,7 @@ a date as seconds since 1970 UTC).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -130,7 +131,7 @@ def as_categories(column: pa.Array, where: Where) -> pa.Array:
 
 
 def float_categories(column: pa.Array) -> pa.Array:
-    """Floats as category text, NaN as missing: a whole number as its integer reads, whatever its size, so
+    """Floats as category text, NaN as missing: a whole number below 2**63 as its integer reads, so
     a column of integer codes that a gap made float (pandas) or a float part beside it (a folder of parts)
     gives the same categories: Arrow writes 4006381333905.0 as '4.006381333905e+12'."""
     if pa.types.is_float16(column.type):  # no arithmetic kernels; float32 holds every value
@@ -140,6 +141,16 @@ def float_categories(column: pa.Array) -> pa.Array:
     whole = pc.and_(pc.equal(pc.floor(column), column), pc.less(pc.abs(column), 2.0**63))
     integers = pc.cast(pc.if_else(whole, column, pa.scalar(0.0, column.type)), pa.int64())
     return pc.if_else(whole, pc.cast(integers, pa.string()), pc.cast(column, pa.string()))
+
+
+def category_as_read(value: str) -> str:
+    """A category as `float_categories` reads it today: a whole number an earlier release wrote in
+    exponent form ('4.006381333905e+12', from a float column) as its integer, so that the vocabulary of
+    an older bundle still finds those values; any other value as it is."""
+    if not re.fullmatch(r"-?\d(\.\d+)?e[+-]\d+", value):
+        return value
+    number = float(value)
+    return str(int(number)) if number.is_integer() and abs(number) < 2.0**63 else value
 
 
 def distinct_categories(column: pa.DictionaryArray, where: Where) -> pa.DictionaryArray:
@@ -163,17 +174,34 @@ def as_booleans(column: pa.Array, where: Where) -> np.ndarray:
         column = tokens_as_null(column)
         words = pc.utf8_lower(pc.utf8_trim_whitespace(column))
         index = pc.index_in(words, value_set=pa.array(TEXT_BOOLEANS))
+        values = index.to_numpy(zero_copy_only=False) % 2
         unknown = np.flatnonzero(
             pc.and_(pc.is_valid(words), pc.is_null(index)).to_numpy(zero_copy_only=False)
         )
-        if len(unknown):
-            raise where.not_a(BOOLEAN, column, int(unknown[0]))
-        return index.to_numpy(zero_copy_only=False) % 2
+        if len(unknown):  # numbers written as text ('1.0' where pandas wrote a 0/1 column with gaps)
+            values[unknown] = text_booleans_as_numbers(
+                pc.take(words, pa.array(unknown)), where, column, unknown
+            )
+        return values
     values = pc.cast(column, pa.float64(), safe=False).to_numpy(zero_copy_only=False)
     other = np.flatnonzero(~np.isnan(values) & (values != 0) & (values != 1))
     if len(other):
         raise where.not_a(BOOLEAN, column, int(other[0]))
     return values
+
+
+def text_booleans_as_numbers(words: pa.Array, where: Where, column: pa.Array, at: np.ndarray) -> np.ndarray:
+    """Words that are no boolean word as numbers, each 0 or 1; the first that is neither is refused."""
+    numbers = np.full(len(words), np.nan)
+    for index, word in enumerate(words.to_pylist()):
+        try:
+            numbers[index] = float(word)
+        except ValueError:
+            break
+    other = np.flatnonzero((numbers != 0) & (numbers != 1))
+    if len(other):
+        raise where.not_a(BOOLEAN, column, int(at[other[0]]))
+    return numbers
 
 
 def as_instants(column: pa.Array, where: Where) -> np.ndarray:
@@ -203,8 +231,9 @@ def instant_micros(column: pa.Array) -> np.ndarray:
 
 
 def text_instants(text: pa.Array) -> pa.Array:
-    """ISO text as naive timestamps in UTC: zoned values converted, naive ones taken as UTC."""
-    text = pc.utf8_trim_whitespace(text)
+    """ISO text as naive timestamps in UTC: zoned values converted, naive ones taken as UTC. A fraction
+    of a second past microseconds is cut, as a nanosecond timestamp is read (`instant_micros`)."""
+    text = pc.replace_substring_regex(pc.utf8_trim_whitespace(text), r"(\.\d{6})\d+", r"\1")
     zoned = pc.match_substring_regex(text, ZONE_SUFFIX)
     naive = pc.cast(null_where(zoned, text), pa.timestamp("us"))
     utc = pc.cast(null_where(pc.invert(zoned), text), pa.timestamp("us", tz="UTC"))

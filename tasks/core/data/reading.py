@@ -211,7 +211,7 @@ def open_dataset(
     """Open a local path or fsspec URI (s3://, gs://, ...) as a lazily-read pyarrow dataset.
 
     For CSV only: `label_column` is read as text, and so are the columns `column_kinds` (the user's,
-    column -> kind) declares categorical or text (see `csv_format_and_schema`); where `typed_columns` is
+    column -> kind) declares of any kind but numeric (see `csv_format_and_schema`); where `typed_columns` is
     given, every column but those is read as text (scoring passes columns the model does not read
     through as written).
     """

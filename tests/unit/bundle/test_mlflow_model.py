@@ -234,11 +234,13 @@ def test_a_missing_column_is_refused_by_name(model_dir):
         mlflow_pyfunc.OnnxModel(str(model_dir / "model")).predict(frame)
 
 
-def softmax_onnx(path: Path, n_features: int) -> None:
-    """An export that takes one "features" input, float64 `[rows, n]`: probabilities = softmax(features)."""
+def softmax_onnx(path: Path, n_features: int, single: bool = False) -> None:
+    """An export that takes one "features" input, float64 `[rows, n]` (float32 with `single`, as an
+    earlier release wrote it): probabilities = softmax(features)."""
     from onnx import TensorProto, helper, save
 
-    features = helper.make_tensor_value_info("features", TensorProto.DOUBLE, ["rows", n_features])
+    kind = TensorProto.FLOAT if single else TensorProto.DOUBLE
+    features = helper.make_tensor_value_info("features", kind, ["rows", n_features])
     probabilities = helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, ["rows", n_features])
     graph = helper.make_graph(
         [
@@ -254,10 +256,11 @@ def softmax_onnx(path: Path, n_features: int) -> None:
     save(model, str(path))
 
 
-def test_an_export_of_numeric_features_gets_the_numbers_in_order_as_float64(tmp_path):
+@pytest.mark.parametrize("single", [False, True], ids=["float64", "float32 of an earlier release"])
+def test_an_export_of_numeric_features_gets_the_numbers_in_order_as_its_input_takes_them(tmp_path, single):
     bundle = tmp_path / "bundle"
     bundle.mkdir()
-    softmax_onnx(bundle / "model.onnx", 2)
+    softmax_onnx(bundle / "model.onnx", 2, single)
     manifest = {"files": {"weights": "model.pt", "onnx": "model.onnx"}, "feature_names": ["b", "a"],
                 "class_labels": [0, 1], "label_kind": "integer", "encoding": numeric_encoding(["b", "a"], [0.5, -1.0]).to_dict(),
                 "scaler": {"mean": [0.5, -1.0], "scale": [1.0, 1.0]}}  # fmt: skip

@@ -151,6 +151,11 @@ def test_long_integer_codes_read_the_same_whether_a_gap_made_them_float():
     assert fitted.transform(with_a_gap)[:3].tolist() == fitted.transform(as_integers).tolist()
     from_floats = fit(with_a_gap, {"code": CATEGORICAL}).encoded_names()
     assert set(from_floats) - {"code=<missing>"} == set(fitted.encoded_names())
+    from tasks.core.data.encoders import CategoryEncoding
+
+    earlier = CategoryEncoding(["4.006381333905e+12", "1e+21"], indicator=False)  # an older bundle's words
+    codes = earlier.codes(pa.array(["4006381333905", "1e+21", "4.006381333905e+12"]))
+    assert codes.tolist() == [0, 1, 2] and earlier.names("code")[0] == "code=4.006381333905e+12"
     halves = fit(pa.table({"code": [0.5, 2.0]}), {"code": CATEGORICAL})
     assert set(halves.encoded_names()) == {"code=0.5", "code=2", "code=<other>"}
 
@@ -160,6 +165,11 @@ def test_long_integer_codes_read_the_same_whether_a_gap_made_them_float():
     [
         (["yes", "No", " TRUE ", "0", None], BOOLEAN, [[1, 0], [0, 0], [1, 0], [0, 0], [0.5, 1]]),
         (["true", "NA", " null ", "no"], BOOLEAN, [[1, 0], [0.5, 1], [0.5, 1], [0, 0]]),  # CSV null tokens
+        (
+            ["1.0", "0.0", None, "true", "0"],
+            BOOLEAN,
+            [[1, 0], [0, 0], [0.5, 1], [1, 0], [0, 0]],
+        ),  # pandas' CSV
         ([1, 0, 0, 1, 1], BOOLEAN, [[1], [0], [0], [1], [1]]),
         (["1.5", " 2 ", "", "1e1", None], NUMERIC, [[1.5, 0], [2, 0], [4.5, 1], [10, 0], [4.5, 1]]),
         ([True, False, True, True, False], NUMERIC, [[1], [0], [1], [1], [0]]),
@@ -210,6 +220,7 @@ def test_iso_text_dates_from_csv_are_dates_in_utc(tmp_path):
         pa.array([datetime(2024, 1, 1, tzinfo=UTC)], pa.timestamp("ms", tz="Europe/Paris")),
         pa.array(["2024-01-01T01:00:00+01:00"]),
         pa.array(["2024-01-01 00:00:00"]),
+        pa.array(["2024-01-01T00:00:00.000000999Z"]),  # nanoseconds, as Go writes them: cut, as typed
         pa.array([date(2024, 1, 1)]),
     ],
 )

@@ -21,9 +21,28 @@ from tasks.targets import TARGETS
 
 
 @pytest.mark.parametrize("target", sorted(TARGETS))
-def test_every_targets_task_resumes_a_trial_from_its_checkpoint(target):
-    hint, default = TARGETS[target].task.python_interface.inputs_with_defaults["resume_from"]
+def test_every_targets_trial_task_is_its_task_cached_and_resumes_from_a_checkpoint(target):
+    """A trial runs the target's task as it is, but cached (tasks/hardware.py, TRIAL_CACHE)."""
+    from tasks.hardware import TRIAL_CACHE
+
+    task, trial = TARGETS[target].task, TARGETS[target].trial_task
+    hint, default = trial.python_interface.inputs_with_defaults["resume_from"]
     assert typing.get_args(hint) == (FlyteDirectory, type(None)) and default is None
+    interface = (trial.python_interface.inputs, trial.python_interface.outputs)
+    assert interface == (task.python_interface.inputs, task.python_interface.outputs)
+    assert trial.name == f"{task.name}_trial"
+    assert (trial.metadata.cache, trial.metadata.cache_version) == (True, TRIAL_CACHE.version)
+    assert not task.metadata.cache
+    assert trial.accelerator.to_flyte_idl() == task.accelerator.to_flyte_idl()
+    same = ("container_image", "task_config", "pod_template", "resources", "environment")
+    assert {name: getattr(trial, name, None) for name in same} == {
+        name: getattr(task, name, None) for name in same
+    }
+    assert (trial.metadata.retries, trial.metadata.interruptible, trial.metadata.timeout) == (
+        task.metadata.retries,
+        task.metadata.interruptible,
+        task.metadata.timeout,
+    )
 
 
 def test_a_multi_node_trial_is_priced_at_its_declared_nodes():
