@@ -52,6 +52,7 @@ def gpudirect_package(tmp_path_factory):
     )
 
 
+@pytest.mark.heavy  # a second package, registered with an optional setting: the deploy scenario
 @pytest.mark.slow
 def test_registering_with_gpudirect_puts_the_variable_in_every_tasks_container(
     gpudirect_package, flyte_package
@@ -81,6 +82,7 @@ def launched_multinode_task(spec, inputs, workdir: Path) -> tasks_pb2.TaskTempla
     return template
 
 
+@pytest.mark.heavy  # a dynamic's pod per setting, one of them on a second package
 @pytest.mark.slow
 @pytest.mark.parametrize("registered_with_gpudirect", [True, False])
 def test_the_dynamic_launches_the_multi_node_task_with_gpudirect_as_registered(

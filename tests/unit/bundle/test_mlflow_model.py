@@ -114,7 +114,7 @@ def test_the_environment_pins_what_the_loader_imports(model_dir):
     assert imported(LOADER_SOURCE) == {
         "__future__", "json", "os", "numpy", "onnxruntime", "pandas", "pyarrow", KIND_VALUES_MODULE,
     }  # fmt: skip
-    standard = {"__future__", "collections", "dataclasses", "typing"}
+    standard = {"__future__", "collections", "dataclasses", "re", "typing"}
     assert imported(KIND_VALUES_SOURCE) == {*standard, "numpy", "pyarrow"}  # shipped alone: no project import
 
 
