@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import PurePosixPath
 
@@ -117,19 +118,34 @@ def folders(filesystem: fsspec.AbstractFileSystem, path: str) -> list[str]:
     return [entry["name"] for entry in entries if entry["type"] == "directory"]
 
 
-def prune_layouts(
+def served_now(
     filesystem: fsspec.AbstractFileSystem, prefix_path: str, settings: ServingSettings
+) -> dict[str, str]:
+    """Each server's configuration file (its path under the prefix) -> the version it serves now."""
+    configs = server_configs(settings.model_name).values()
+    return {config: served_version(read_text(filesystem, join(prefix_path, config))) for config in configs}
+
+
+def prune_layouts(
+    filesystem: fsspec.AbstractFileSystem,
+    prefix_path: str,
+    settings: ServingSettings,
+    served_before: Mapping[str, str] | None = None,
 ) -> list[str]:
     """Remove the layouts of versions past the newest `keep_versions` of each server's folder, except
-    the versions `LATEST` and that server's configuration file name. Returns what was removed, as paths
-    under the prefix."""
+    the versions `LATEST` and that server's configuration file name, and the one it named before this
+    publish promoted (`served_before`, from `served_now`): TF Serving reads its configuration file only
+    every --model_config_file_poll_wait_seconds, and meanwhile unloads a model whose version folder is
+    gone (tensorflow/serving, file_system_storage_path_source.cc: no version found, none aspired), so
+    that version stays until the next publish. Returns what was removed, as paths under the prefix."""
     if settings.keep_versions is None:
         return []
     latest = read_text(filesystem, join(prefix_path, LATEST)).strip()
+    before = served_before or {}
     removed = []
     for config in server_configs(settings.model_name).values():
         layout = str(PurePosixPath(config).parent)
-        held = {latest, served_version(read_text(filesystem, join(prefix_path, config)))}
+        held = {latest, served_version(read_text(filesystem, join(prefix_path, config))), before.get(config)}
         found = [PurePosixPath(path).name for path in folders(filesystem, join(prefix_path, layout))]
         versions = sorted((name for name in found if is_version(name)), key=int, reverse=True)
         for version in versions[settings.keep_versions :]:

@@ -70,6 +70,7 @@ from tasks.core.publish.retention import (
     prune_layouts,
     read_text,
     restore_layouts,
+    served_now,
     serving_settings,
     settings_text,
 )
@@ -177,9 +178,10 @@ def copy_version(local_dir: str, prefix: str, origin: str, decision: PromotionDe
         write_file(filesystem, join(target, PUBLISHED), json.dumps(record, indent=2).encode())
         for note in layouts.notes:
             logger.warning("published version %s of %s with %s", version, prefix, note)
+        served_before = served_now(filesystem, prefix_path, settings)
         if decision.promote:
             promote_published(filesystem, prefix, record, layouts, behind)
-        if pruned := prune_layouts(filesystem, prefix_path, settings):
+        if pruned := prune_layouts(filesystem, prefix_path, settings, served_before):
             logger.info("pruned %s of %s (%s: keep_versions)", ", ".join(pruned), prefix, SETTINGS)
     return join(prefix, str(version))
 

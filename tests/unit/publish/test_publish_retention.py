@@ -137,7 +137,22 @@ def test_tf_serving_is_pruned_alike_and_keeps_the_version_its_config_serves(bund
     assert version_folders(prefix / "tf_serving") == [keras, unserved[1]], (
         "the newest, and what models.config serves"
     )
-    assert version_folders(prefix / "triton" / "churn") == [torch[1]]
+    assert version_folders(prefix / "triton" / "churn") == torch, "the newest, and what it served before"
+
+
+def test_the_version_served_before_a_promotion_stays_until_the_next_publish(bundles, tmp_path):
+    """TF Serving reads models.config only every --model_config_file_poll_wait_seconds (docs/serving.md)
+    and unloads a model whose served version folder is gone: the promotion's prune must not take it."""
+    prefix = tmp_path / "churn"
+    prefix.mkdir()
+    (prefix / SETTINGS).write_text(json.dumps({"keep_versions": 1}))
+    first, second = publish(bundles["keras"], prefix), publish(bundles["keras"], prefix)
+    assert version_folders(prefix / "tf_serving") == [first, second]
+    server = text_format.Parse((prefix / "tf_serving" / "models.config").read_text(), TfServingConfig())
+    (config,) = server.model_config_list.config
+    assert list(config.model_version_policy.specific.versions) == [int(second)]
+    third = publish(bundles["keras"], prefix)
+    assert version_folders(prefix / "tf_serving") == [second, third]
 
 
 def test_null_keeps_every_version(bundles, tmp_path):
