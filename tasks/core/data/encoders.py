@@ -5,6 +5,7 @@ kind uses which: kind_records.py."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import pyarrow as pa
@@ -54,11 +55,16 @@ class CategoryEncoding:
     def width(self) -> int:
         return len(self.vocabulary) + 1 + self.indicator
 
+    @cached_property
+    def lookup(self) -> pa.Array:
+        """The vocabulary as values are read today (`category_as_read`), made once, not per batch."""
+        return pa.array([category_as_read(value) for value in self.vocabulary], pa.string())
+
     def codes(self, text: pa.Array) -> np.ndarray:
         """Each value's one-hot column: its place in the vocabulary, else <other>, or <missing>. Of text,
         or of a dictionary of distinct texts (`distinct_categories`), looked up once per distinct value."""
         other = len(self.vocabulary)
-        vocabulary = pa.array([category_as_read(value) for value in self.vocabulary], pa.string())
+        vocabulary = self.lookup
         if pa.types.is_dictionary(text.type):
             found = pc.fill_null(pc.index_in(text.dictionary, value_set=vocabulary), other)
             missing = other + 1 if self.indicator else other
